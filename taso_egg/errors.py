@@ -1,0 +1,49 @@
+"""One exception family for everything a user can get wrong.
+
+Messages name the node, operator and shapes at fault; the CLI prints them as one
+line and exits non-zero instead of showing a traceback.
+"""
+
+
+class TasoEggError(Exception):
+    """Base of every error taso-egg raises on purpose."""
+
+
+class ShapeError(TasoEggError):
+    """An operator was given inputs or parameters its shape rule rejects."""
+
+
+class GraphError(TasoEggError):
+    """A graph is malformed: cycle, dangling input, duplicate name, ..."""
+
+
+class OnnxImportError(TasoEggError):
+    """An ONNX model cannot be read or mapped (truncated file, dynamic shape, ...)."""
+
+
+class ExportError(TasoEggError):
+    """A graph cannot be written as ONNX."""
+
+
+class ExecutionError(TasoEggError):
+    """A graph could not be run (missing input, kernel failure)."""
+
+
+class VerificationError(TasoEggError):
+    """An optimized graph disagrees numerically with the original."""
+
+
+class ExtractionError(TasoEggError):
+    """An e-graph has no valid (complete, acyclic) extraction, or its file is malformed."""
+
+
+class RuleError(TasoEggError):
+    """A rule file is malformed or a rule is unsound."""
+
+
+class LimitError(TasoEggError):
+    """A limit argument is impossible (negative, zero where not allowed, ...)."""
+
+
+class ProfileError(TasoEggError):
+    """A cost profile is corrupt, foreign or missing."""
