@@ -1,0 +1,14 @@
+"""taso-egg: an equality-saturation superoptimizer for deep-learning graphs."""
+
+from .errors import (ExecutionError, ExportError, GraphError, OnnxImportError, ShapeError,
+                     TasoEggError, VerificationError)
+from .executor import random_inputs, run
+from .graph import Graph, Node, Tensor, new_graph
+from .onnx_io.exporter import export_onnx
+from .onnx_io.importer import load_onnx
+
+__all__ = [
+    "Graph", "Node", "Tensor", "new_graph", "run", "random_inputs", "load_onnx", "export_onnx",
+    "TasoEggError", "ShapeError", "GraphError", "OnnxImportError", "ExportError",
+    "ExecutionError", "VerificationError",
+]

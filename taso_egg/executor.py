@@ -1,0 +1,88 @@
+"""Run a graph with the operator table's kernels, on NumPy or CuPy (``xp``).
+
+It can time every operator (synchronising the device when it has one), which is
+what the profiler builds on.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Mapping
+
+import numpy as np
+
+from .errors import ExecutionError, TasoEggError
+from .graph import Graph, Node
+from .ops import OPS
+
+
+def random_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random feeds for every graph input (floats ~N(0,1); integers small, >= 0)."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for n in graph.inputs():
+        shape, dtype = n.params["shape"], np.dtype(n.params["dtype"])
+        if dtype.kind == "f":
+            feeds[n.params["name"]] = rng.standard_normal(shape).astype(dtype)
+        elif dtype.kind == "b":
+            feeds[n.params["name"]] = rng.random(shape) < 0.5
+        else:
+            feeds[n.params["name"]] = rng.integers(0, 2, size=shape).astype(dtype)
+    return feeds
+
+
+def run(graph: Graph, inputs: Mapping[str, np.ndarray] | None = None, xp=np,
+        op_seconds: dict[int, float] | None = None) -> dict[str, np.ndarray]:
+    """Compute the graph's outputs (by output name). ``inputs`` defaults to
+    ``random_inputs(graph)``. When ``op_seconds`` is a dict it receives each
+    operator node's wall time (device-synchronised)."""
+    if inputs is None:
+        inputs = random_inputs(graph)
+    values: dict[tuple[int, int], object] = {}
+    sync = _synchronizer(xp)
+    for node in graph.topo_order():
+        outs = _leaf_value(graph, node, inputs, xp)
+        if outs is None:
+            args = [values[(t.node, t.index)] for t in node.inputs]
+            start = time.perf_counter() if op_seconds is not None else 0.0
+            outs = _call_kernel(xp, node, args)
+            if op_seconds is not None:
+                sync()
+                op_seconds[node.id] = time.perf_counter() - start
+        for i, v in enumerate(outs):
+            values[(node.id, i)] = v
+    return {name: values[(t.node, t.index)] for name, t in graph.outputs}
+
+
+def _leaf_value(graph: Graph, node: Node, inputs, xp):
+    if node.op == "input":
+        name = node.params["name"]
+        if name not in inputs:
+            raise ExecutionError(f"input {name!r} ({node.outputs[0]}) was not fed")
+        arr = xp.asarray(inputs[name])
+        if tuple(arr.shape) != node.outputs[0].shape:
+            raise ExecutionError(f"input {name!r}: fed shape {list(arr.shape)}, graph expects "
+                                 f"{list(node.outputs[0].shape)}")
+        return [arr.astype(node.outputs[0].dtype, copy=False)]
+    if node.op == "weight":
+        return [xp.asarray(graph.weight_array(node))]
+    return None
+
+
+def _call_kernel(xp, node: Node, args):
+    try:
+        outs = OPS[node.op].kernel(xp, node.params, *args)
+    except TasoEggError:
+        raise
+    except Exception as e:  # a kernel bug or a device error: name the node
+        shapes = ", ".join(str(list(a.shape)) for a in args)
+        raise ExecutionError(f"{node.label()} failed on inputs {shapes}: {e}") from e
+    # Kernels compute in the inputs' precision; keep the declared dtypes exactly.
+    return [o.astype(t.dtype, copy=False) if str(o.dtype) != t.dtype else o
+            for o, t in zip(outs, node.outputs)]
+
+
+def _synchronizer(xp):
+    if xp is np:
+        return lambda: None
+    return lambda: xp.cuda.Device().synchronize()

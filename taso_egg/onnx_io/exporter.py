@@ -1,0 +1,186 @@
+"""Graph -> ONNX.
+
+Operators whose inputs are all weights or constants are computed once here and
+written as initializers (constant folding), so weight-only work is free at run time.
+The model is checked with onnx.checker before it is returned; writing goes through
+a temporary file so a failure never leaves a half-written model at the path.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import numpy as np
+
+from ..errors import ExportError, TasoEggError
+from ..executor import _call_kernel
+from ..graph import Graph, Node, Tensor
+from ..ops import OPS
+from .versions import ir_version_for
+
+
+def export_onnx(graph: Graph, path: str | os.PathLike | None = None, name: str = "taso_egg"):
+    """Return the graph as an onnx.ModelProto; also write it to ``path`` if given."""
+    import onnx
+
+    model = _Exporter(graph).build(name)
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as e:
+        raise ExportError(f"exported model fails onnx.checker: {e}") from None
+    if path is not None:
+        save_atomically(model, path)
+    return model
+
+
+def save_atomically(model, path) -> None:
+    """Write to a temporary file beside ``path`` and rename: all or nothing."""
+    import onnx
+
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ExportError(f"cannot write {path}: folder {folder} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=".taso_egg_", suffix=".onnx", dir=folder)
+    os.close(fd)
+    try:
+        onnx.save(model, tmp)
+        os.replace(tmp, path)
+    except Exception as e:
+        raise ExportError(f"cannot write {path}: {e}") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+class _Exporter:
+    def __init__(self, graph: Graph):
+        self.g = graph
+        self.nodes = []
+        self.initializers = []
+        self.opsets = {"": graph.opset}
+        self._used_names: set[str] = set()
+        self.names: dict[tuple[int, int], str] = {}
+
+    # --- the context op exporters call ---------------------------------------------
+
+    def fresh(self, hint: str) -> str:
+        name, k = hint, 1
+        while name in self._used_names:
+            name, k = f"{hint}_{k}", k + 1
+        self._used_names.add(name)
+        return name
+
+    def node(self, op_type, inputs, outputs, **attrs) -> None:
+        from onnx import helper
+
+        self.nodes.append(helper.make_node(op_type, list(inputs), list(outputs),
+                                           name=self.fresh(f"{op_type}_{len(self.nodes)}"), **attrs))
+
+    def raw_node(self, node, domain: str = "", opset: int | None = None) -> None:
+        if domain:
+            self.opsets[domain] = opset
+        self.nodes.append(node)
+
+    def int64s(self, values, hint: str) -> str:
+        return self.constant(np.asarray(values, dtype=np.int64), hint)
+
+    def constant(self, array: np.ndarray, hint: str) -> str:
+        from onnx import numpy_helper
+
+        name = self.fresh(hint)
+        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        return name
+
+    # --- the walk ------------------------------------------------------------------
+
+    def build(self, model_name: str):
+        from onnx import helper
+
+        g = self.g
+        order = g.topo_order()
+        outputs = g.outputs
+        if not outputs:
+            raise ExportError("graph has no outputs to export")
+        # Output and input names are the model's interface: claim them first.
+        for n in g.inputs():
+            self.names[(n.id, 0)] = self.fresh(n.params["name"])
+        for name, t in outputs:
+            if name in self._used_names and self.names.get((t.node, t.index)) != name:
+                raise ExportError(f"output name {name!r} is also an input or another output")
+            self._used_names.add(name)
+        constant = self._fold_constants(order)
+        out_names = {}
+        for name, t in outputs:
+            out_names.setdefault((t.node, t.index), name)
+        for n in order:
+            if n.op == "input":
+                continue
+            if n.id in constant:
+                for i in range(len(n.outputs)):
+                    if (n.id, i) in constant[n.id]:
+                        hint = n.params.get("name") or f"const{n.id}_{i}"
+                        self.names[(n.id, i)] = self.constant(constant[n.id][(n.id, i)], hint)
+                continue
+            spec = OPS[n.op]
+            if spec.export is None:
+                raise ExportError(f"{n.label()}: {n.op} has no ONNX form unless its inputs are "
+                                  f"all weights (then it is folded)")
+            ins = [self.names[(t.node, t.index)] for t in n.inputs]
+            outs = [out_names.get((n.id, i)) or self.fresh(f"t{n.id}_{i}") for i in range(len(n.outputs))]
+            for i, o in enumerate(outs):
+                self.names[(n.id, i)] = o
+            try:
+                spec.export(self, n.params, [t.type for t in n.inputs], ins, outs)
+            except TasoEggError:
+                raise
+            except Exception as e:
+                raise ExportError(f"{n.label()}: export failed: {e}") from e
+        return self._model(outputs, model_name)
+
+    def _fold_constants(self, order: list[Node]) -> dict[int, dict]:
+        """Compute every weight-only value that a run-time node (or an output) needs."""
+        g = self.g
+        weight_only: set[int] = set()
+        for n in order:
+            spec = OPS[n.op]
+            if spec.is_constant or (not spec.is_leaf and n.op != "opaque" and n.inputs
+                                    and all(t.node in weight_only for t in n.inputs)):
+                weight_only.add(n.id)
+        needed = {(t.node, t.index) for n in order if n.id not in weight_only
+                  for t in n.inputs if t.node in weight_only}
+        needed |= {(t.node, t.index) for _, t in g.outputs if t.node in weight_only}
+        values: dict[tuple[int, int], np.ndarray] = {}
+        for n in order:
+            if n.id not in weight_only:
+                continue
+            if n.op == "weight":
+                outs = [g.weight_array(n)]
+            else:
+                outs = _call_kernel(np, n, [values[(t.node, t.index)] for t in n.inputs])
+            for i, v in enumerate(outs):
+                values[(n.id, i)] = v
+        folded: dict[int, dict] = {nid: {} for nid in weight_only}
+        for key in needed:
+            folded[key[0]][key] = values[key]
+        return folded
+
+    def _model(self, outputs, model_name):
+        from onnx import helper
+
+        g = self.g
+        vi = lambda name, t: helper.make_tensor_value_info(  # noqa: E731
+            name, helper.np_dtype_to_tensor_dtype(np.dtype(t.dtype)), list(t.shape))
+        inputs = [vi(self.names[(n.id, 0)], n.outputs[0]) for n in g.inputs()]
+        outs = []
+        for name, t in outputs:
+            src = self.names[(t.node, t.index)]
+            if src != name:  # an output that is an input or shares a tensor: alias it
+                self.node("Identity", [src], [name])
+            outs.append(vi(name, t.type))
+        graph = helper.make_graph(self.nodes, model_name, inputs, outs, self.initializers)
+        opsets = [helper.make_opsetid(d, v) for d, v in sorted(self.opsets.items())]
+        ir = max(ir_version_for(g.opset), g.ir_version)
+        return helper.make_model(graph, opset_imports=opsets, ir_version=min(ir, 10),
+                                 producer_name="taso-egg")

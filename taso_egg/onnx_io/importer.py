@@ -1,0 +1,402 @@
+"""ONNX -> Graph.
+
+Every node ends up somewhere: mapped onto the operator table, folded into a constant
+(when all its inputs are known before run time, as exporters' shape arithmetic is
+once shapes are fixed), removed when it is an identity (Identity, inference
+Dropout), or kept as an opaque operator with its inferred output types.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from ..errors import GraphError, OnnxImportError, ShapeError, TasoEggError
+from ..graph import Graph, Tensor
+from ..ops import FLOAT_DTYPES, ONNX_IMPORTERS, TensorType
+from ..ops.opaque import run_node
+from .versions import MIN_OPSET
+
+log = logging.getLogger("taso_egg.onnx")
+
+# Ops that are never folded even with constant inputs: their value is not a
+# function of their inputs.
+_NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+                     "Multinomial", "Bernoulli"}
+# Folding a constant bigger than this (elements) into the file would bloat it more
+# than running the node costs: keep such nodes in the graph instead.
+_FOLD_LIMIT = 1 << 24
+
+
+def load_onnx(model, input_shapes: Mapping[str, Sequence[int]] | None = None) -> Graph:
+    """Read an ONNX model (path, bytes or ModelProto) into a Graph.
+
+    ``input_shapes`` fixes symbolic dimensions (e.g. a dynamic batch) by input name.
+    """
+    proto = _read(model)
+    return _Importer(proto, dict(input_shapes or {})).run()
+
+
+def _read(model):
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    if isinstance(model, onnx.ModelProto):
+        return model
+    where = "bytes"
+    try:
+        if isinstance(model, (bytes, bytearray)):
+            proto = onnx.load_from_string(bytes(model))
+        else:
+            where = os.fspath(model)
+            if not os.path.isfile(where):
+                raise OnnxImportError(f"{where}: no such file")
+            proto = onnx.load(where)
+    except TasoEggError:
+        raise
+    except (DecodeError, ValueError, RuntimeError, OSError) as e:
+        raise OnnxImportError(f"{where}: not a readable ONNX model ({type(e).__name__}: {e})") from None
+    if not proto.graph.node and not proto.graph.output:
+        raise OnnxImportError(f"{where}: not an ONNX model (no graph)")
+    return proto
+
+
+def _default_opset(proto) -> int:
+    for o in proto.opset_import:
+        if o.domain in ("", "ai.onnx"):
+            return o.version
+    raise OnnxImportError("model imports no version of the default ONNX domain")
+
+
+@dataclass
+class _Importer:
+    proto: object
+    input_shapes: dict
+    consts: dict[str, np.ndarray] = field(default_factory=dict)
+    values: dict[str, Tensor] = field(default_factory=dict)
+    types: dict[str, TensorType] = field(default_factory=dict)
+    opaque_seen: set = field(default_factory=set)
+
+    def run(self) -> Graph:
+        self._upgrade_opset()
+        graph = self.proto.graph
+        self.opset = _default_opset(self.proto)
+        self.domain_opsets = {o.domain: o.version for o in self.proto.opset_import}
+        self.g = Graph(opset=self.opset)
+        self.g.ir_version = self.proto.ir_version
+        initializers = {t.name for t in graph.initializer}
+        self._read_initializers()
+        for vi in graph.input:
+            if vi.name not in initializers:
+                self._add_input(vi)
+        self._infer_types()
+        for node in _topological(graph.node):
+            self._import_node(node)
+        for vi in graph.output:
+            if vi.name not in self.values and vi.name not in self.consts:
+                raise OnnxImportError(f"graph output {vi.name!r} is produced by no node")
+            self.g.mark_output(self.tensor(vi.name), vi.name)
+        return self.g
+
+    # --- set-up --------------------------------------------------------------------
+
+    def _upgrade_opset(self):
+        import onnx
+        from onnx import version_converter
+
+        opset = _default_opset(self.proto)
+        if opset < MIN_OPSET:
+            try:
+                self.proto = version_converter.convert_version(self.proto, MIN_OPSET)
+            except Exception as e:
+                raise OnnxImportError(f"model uses opset {opset}; converting it to opset "
+                                      f"{MIN_OPSET} failed: {e}") from None
+
+    def _read_initializers(self):
+        from onnx import numpy_helper
+
+        for t in self.proto.graph.initializer:
+            if t.data_location == 1 and not t.raw_data:  # EXTERNAL, not loaded
+                raise OnnxImportError(f"initializer {t.name!r} keeps its data in an external "
+                                      f"file that was not loaded; pass the model's path")
+            try:
+                self.consts[t.name] = numpy_helper.to_array(t)
+            except Exception as e:
+                raise OnnxImportError(f"initializer {t.name!r} is unreadable: {e}") from None
+
+    def _add_input(self, vi):
+        from onnx import helper
+
+        tt = vi.type.tensor_type
+        if not vi.type.HasField("tensor_type"):
+            raise OnnxImportError(f"input {vi.name!r} is not a tensor (sequences and maps are "
+                                  f"not supported)")
+        dtype = str(helper.tensor_dtype_to_np_dtype(tt.elem_type))
+        override = self.input_shapes.get(vi.name)
+        if override is not None:
+            shape = tuple(int(d) for d in override)
+            if len(shape) != len(tt.shape.dim):
+                raise OnnxImportError(f"input {vi.name!r}: input_shapes gives rank {len(shape)}, "
+                                      f"the model says rank {len(tt.shape.dim)}")
+        else:
+            shape = []
+            for axis, d in enumerate(tt.shape.dim):
+                if d.HasField("dim_value") and d.dim_value > 0:
+                    shape.append(d.dim_value)
+                else:
+                    sym = d.dim_param or "?"
+                    raise OnnxImportError(
+                        f"input {vi.name!r} has a symbolic dimension {sym!r} at axis {axis}; "
+                        f"pass input_shapes={{'{vi.name}': (...)}} (CLI: --input-shape "
+                        f"{vi.name}=...) to fix it")
+            shape = tuple(shape)
+        t = self.g.new_input(shape, name=vi.name, dtype=dtype)
+        self.values[vi.name] = t
+        self.types[vi.name] = t.type
+
+    def _infer_types(self):
+        """ONNX shape inference with the inputs fixed, for opaque nodes' outputs."""
+        import onnx
+        from onnx import helper
+
+        model = onnx.ModelProto()
+        model.CopyFrom(self.proto)
+        for vi in model.graph.input:
+            if vi.name in self.types:
+                t = self.types[vi.name]
+                vi.CopyFrom(helper.make_tensor_value_info(
+                    vi.name, helper.np_dtype_to_tensor_dtype(np.dtype(t.dtype)), list(t.shape)))
+        del model.graph.value_info[:]
+        # Initializer data is not needed for inference; dropping it keeps this cheap.
+        for init in model.graph.initializer:
+            init.ClearField("raw_data")
+            for fld in ("float_data", "int64_data", "int32_data", "double_data"):
+                if len(getattr(init, fld)) > 64:
+                    init.ClearField(fld)
+        self.inferred: dict[str, TensorType] = {}
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+        except Exception as e:  # inference is a help, not a requirement
+            log.debug("ONNX shape inference failed: %s", e)
+            return
+        for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
+            t = _static_type(vi)
+            if t is not None:
+                self.inferred[vi.name] = t
+
+    # --- per node ------------------------------------------------------------------
+
+    def _import_node(self, node):
+        from onnx import helper
+
+        for name in node.input:
+            if name and name not in self.values and name not in self.consts:
+                raise OnnxImportError(f"node {node.name or node.op_type!r} ({node.op_type}): "
+                                      f"input {name!r} is neither a graph input, an initializer "
+                                      f"nor produced by an earlier node")
+        attrs = {a.name: _attr_value(helper.get_attribute_value(a)) for a in node.attribute}
+        where = f"node {node.name or node.output[0]!r} ({node.op_type})"
+        try:
+            if self._alias(node) or self._fold(node, attrs):
+                return
+            outs = None
+            if node.domain in ("", "ai.onnx") and node.op_type in ONNX_IMPORTERS:
+                outs = ONNX_IMPORTERS[node.op_type](self, node, attrs)
+            if outs is None:
+                outs = self._opaque(node)
+        except ShapeError as e:
+            raise ShapeError(f"{where}: {e}") from None
+        except KeyError as e:
+            raise OnnxImportError(f"{where}: missing attribute or input {e}") from None
+        for name, t in zip(node.output, outs):
+            if name:
+                self.values[name] = t
+                self.types[name] = t.type
+                self.g.nodes[t.node].name = self.g.nodes[t.node].name or node.name
+
+    def _alias(self, node) -> bool:
+        """Identity and inference-mode Dropout forward their input."""
+        if node.op_type not in ("Identity", "Dropout") or node.domain not in ("", "ai.onnx"):
+            return False
+        if node.op_type == "Dropout" and len(node.output) > 1 and node.output[1]:
+            return False  # the mask is consumed: keep the node
+        src = node.input[0]
+        if src in self.consts:
+            self.consts[node.output[0]] = self.consts[src]
+        else:
+            self.values[node.output[0]] = self.values[src]
+            self.types[node.output[0]] = self.types[src]
+        return True
+
+    def _fold(self, node, attrs) -> bool:
+        """Evaluate nodes whose result is known before run time."""
+        if node.op_type == "Constant":
+            self.consts[node.output[0]] = _constant_value(node, attrs)
+            return True
+        if node.op_type in ("Shape", "Size") and node.input[0] in self.types:
+            shape = np.array(self.types[node.input[0]].shape, dtype=np.int64)
+            if node.op_type == "Size":
+                value = np.array(math.prod(shape.tolist()), dtype=np.int64)
+            else:
+                start, end = attrs.get("start", 0), attrs.get("end", len(shape))
+                value = shape[start:end]
+            self.consts[node.output[0]] = value
+            return True
+        present = [n for n in node.input if n]
+        if not present or not all(n in self.consts for n in present) \
+                or node.op_type in _NONDETERMINISTIC:
+            return False
+        if node.op_type in ONNX_IMPORTERS and any(
+                self.consts[n].dtype.kind == "f" and self.consts[n].size > 1 for n in present):
+            # Weight-only arithmetic of mapped ops stays in the graph (folded at export),
+            # so rewrites can still see it; only shape arithmetic folds here.
+            return False
+        arrays = [self.consts[n] for n in present]
+        outs = run_node(node.op_type, node.domain, self._opset_of(node), _attr_blobs(node),
+                        tuple((a.shape, str(a.dtype)) for a in arrays), len(node.output), arrays,
+                        _empty_positions(node))
+        if any(o.size > _FOLD_LIMIT for o in outs):
+            return False
+        for name, value in zip(node.output, outs):
+            self.consts[name] = value
+        return True
+
+    def _opaque(self, node):
+        if node.op_type not in self.opaque_seen:
+            self.opaque_seen.add(node.op_type)
+            log.warning("notice: ONNX operator %s%s is kept as an opaque node (carried "
+                        "through unchanged, not optimized)", node.op_type,
+                        f" (domain {node.domain})" if node.domain else "")
+        out_types = []
+        for name in node.output:
+            t = self.inferred.get(name)
+            if t is None:
+                t = self._probe_output_types(node)[list(node.output).index(name)]
+            out_types.append((t.shape, t.dtype))
+        ins = [self.tensor(n) for n in node.input if n]
+        return self.g.add_node("opaque", ins, node.name, op_type=node.op_type,
+                               domain=node.domain, opset=self._opset_of(node),
+                               attrs=_attr_blobs(node), out_types=tuple(out_types),
+                               empty_inputs=_empty_positions(node))
+
+    def _probe_output_types(self, node) -> list[TensorType]:
+        """Shape inference gave up: run the node once on zeros to learn its outputs."""
+        arrays = [self.consts[n] if n in self.consts else
+                  np.zeros(self.types[n].shape, dtype=self.types[n].dtype)
+                  for n in node.input if n]
+        outs = run_node(node.op_type, node.domain, self._opset_of(node), _attr_blobs(node),
+                        tuple((a.shape, str(a.dtype)) for a in arrays), len(node.output), arrays,
+                        _empty_positions(node))
+        return [TensorType(tuple(o.shape), str(o.dtype)) for o in outs]
+
+    def _opset_of(self, node) -> int:
+        return self.domain_opsets.get(node.domain or "", self.opset)
+
+    # --- what op importers call ------------------------------------------------------
+
+    def type(self, name: str) -> TensorType:
+        if name in self.consts:
+            a = self.consts[name]
+            return TensorType(tuple(a.shape), str(a.dtype))
+        return self.types[name]
+
+    def const(self, name: str):
+        return self.consts.get(name)
+
+    def tensor(self, name: str) -> Tensor:
+        """The graph tensor for an ONNX value; constants become weights on first use."""
+        if name not in self.values:
+            data = self.consts[name]
+            t = self.g.new_weight(data.shape, data=data, name=_weight_name(self.g, name))
+            self.values[name] = t
+            self.types[name] = t.type
+        return self.values[name]
+
+
+def _weight_name(g: Graph, name: str) -> str:
+    return name if name not in g._names else g._unique_name(name)
+
+
+def _topological(nodes):
+    """ONNX requires nodes in order, but not every producer obeys: sort, and name a
+    cycle when there is one."""
+    produced = {o: i for i, n in enumerate(nodes) for o in n.output if o}
+    order, state = [], [0] * len(nodes)  # 0 new, 1 on stack, 2 done
+    for start in range(len(nodes)):
+        if state[start]:
+            continue
+        stack = [(start, iter(nodes[start].input))]
+        state[start] = 1
+        while stack:
+            idx, it = stack[-1]
+            for name in it:
+                dep = produced.get(name)
+                if dep is None or state[dep] == 2:
+                    continue
+                if state[dep] == 1:
+                    n = nodes[dep]
+                    raise GraphError(f"ONNX graph has a cycle through node "
+                                     f"{n.name or n.output[0]!r} ({n.op_type})")
+                state[dep] = 1
+                stack.append((dep, iter(nodes[dep].input)))
+                break
+            else:
+                stack.pop()
+                state[idx] = 2
+                order.append(nodes[idx])
+    return order
+
+
+def _static_type(vi):
+    from onnx import helper
+
+    if not vi.type.HasField("tensor_type"):
+        return None
+    tt = vi.type.tensor_type
+    if not tt.HasField("shape") or not tt.elem_type:
+        return None
+    dims = []
+    for d in tt.shape.dim:
+        if not d.HasField("dim_value"):
+            return None
+        dims.append(d.dim_value)
+    return TensorType(tuple(dims), str(helper.tensor_dtype_to_np_dtype(tt.elem_type)))
+
+
+def _attr_value(v):
+    if isinstance(v, bytes):
+        return v.decode("utf-8", "replace")
+    if isinstance(v, list) and v and isinstance(v[0], bytes):
+        return [x.decode("utf-8", "replace") for x in v]
+    return v
+
+
+def _empty_positions(node) -> tuple[int, ...]:
+    return tuple(i for i, n in enumerate(node.input) if not n)
+
+
+def _attr_blobs(node) -> tuple[bytes, ...]:
+    return tuple(a.SerializeToString(deterministic=True)
+                 for a in sorted(node.attribute, key=lambda a: a.name))
+
+
+def _constant_value(node, attrs) -> np.ndarray:
+    from onnx import numpy_helper
+
+    for a in node.attribute:
+        if a.name == "value":
+            return numpy_helper.to_array(a.t)
+        if a.name == "value_float":
+            return np.array(a.f, dtype=np.float32)
+        if a.name == "value_floats":
+            return np.array(list(a.floats), dtype=np.float32)
+        if a.name == "value_int":
+            return np.array(a.i, dtype=np.int64)
+        if a.name == "value_ints":
+            return np.array(list(a.ints), dtype=np.int64)
+    raise OnnxImportError(f"Constant node {node.name!r} has no supported value attribute")

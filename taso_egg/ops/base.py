@@ -1,0 +1,130 @@
+"""The shape of an operator declaration, and the registry every other module reads.
+
+An operator is declared once, as an :class:`OpSpec`: its parameters with defaults,
+its shape rule (which validates), its kernel written against an array module ``xp``
+(NumPy on CPU, CuPy on GPU), its FLOP count, and its ONNX export. ONNX *import*
+handlers are registered beside the operator with :func:`onnx_importer`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from ..errors import ShapeError
+
+Shape = tuple[int, ...]
+FLOAT_DTYPES = ("float16", "float32", "float64")
+
+
+@dataclass(frozen=True)
+class TensorType:
+    shape: Shape
+    dtype: str = "float32"
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    def __str__(self) -> str:
+        return f"{self.dtype}{list(self.shape)}"
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One operator of the table.
+
+    ``infer(params, input_types) -> output_types`` validates and raises ShapeError.
+    ``kernel(xp, params, *arrays) -> list of arrays``.
+    ``flops(params, input_types, output_types) -> float`` (multiply-adds count 2).
+    ``export(ctx, node, input_names, output_names)`` emits ONNX nodes through ctx.
+    """
+
+    name: str
+    inputs: tuple[int, int | None]  # (min, max) tensor inputs; max None = variadic
+    defaults: Mapping[str, Any]
+    infer: Callable[[Mapping[str, Any], Sequence[TensorType]], list[TensorType]]
+    kernel: Callable[..., list]
+    export: Callable[..., None] | None = None
+    flops: Callable[..., float] | None = None
+    # Ops that only re-view memory cost nothing in TASO's model.
+    is_view: bool = False
+    # Leaves: inputs, weights and the generated constants.
+    is_leaf: bool = False
+    # A leaf whose value is known before run time (weights, constants): foldable.
+    is_constant: bool = False
+    doc: str = ""
+
+    def normalize_params(self, params: Mapping[str, Any], where: str = "") -> dict:
+        unknown = set(params) - set(self.defaults)
+        if unknown:
+            raise ShapeError(f"{where}{self.name}: unknown parameter(s) {sorted(unknown)}; "
+                             f"allowed: {sorted(self.defaults)}")
+        merged = dict(self.defaults)
+        merged.update(params)
+        return {k: _freeze(v) for k, v in merged.items()}
+
+
+def _freeze(v):
+    """Parameters must be hashable and canonical: lists become tuples."""
+    if isinstance(v, (list, tuple)):
+        return tuple(_freeze(x) for x in v)
+    if hasattr(v, "item") and getattr(v, "shape", None) == ():  # numpy scalar
+        return v.item()
+    return v
+
+
+OPS: dict[str, OpSpec] = {}
+ONNX_IMPORTERS: dict[str, Callable] = {}
+
+
+def register(spec: OpSpec) -> OpSpec:
+    if spec.name in OPS:
+        raise RuntimeError(f"operator {spec.name!r} declared twice")
+    OPS[spec.name] = spec
+    return spec
+
+
+def onnx_importer(*op_types: str):
+    """Register an ONNX import handler: ``handler(ctx, onnx_node) -> list of values``
+    or None when this node's attributes fall outside what the operator covers (the
+    node is then kept as an opaque operator)."""
+
+    def deco(fn):
+        for t in op_types:
+            ONNX_IMPORTERS[t] = fn
+        return fn
+
+    return deco
+
+
+def fail(op: str, msg: str, types: Sequence[TensorType] = ()) -> None:
+    shapes = ", ".join(str(t) for t in types)
+    raise ShapeError(f"{op}: {msg}" + (f" (inputs: {shapes})" if shapes else ""))
+
+
+def elementwise_flops(params, ins, outs) -> float:
+    return float(sum(o.size for o in outs))
+
+
+def broadcast_shapes(op: str, types: Sequence[TensorType]) -> Shape:
+    """NumPy broadcasting, with an error that names the operator and shapes."""
+    rank = max(len(t.shape) for t in types)
+    out = []
+    for axis in range(rank):
+        dims = {t.shape[axis - rank + len(t.shape)] for t in types if axis - rank + len(t.shape) >= 0}
+        dims.discard(1)
+        if len(dims) > 1:
+            fail(op, f"shapes do not broadcast at axis {axis}", types)
+        out.append(dims.pop() if dims else 1)
+    return tuple(out)
+
+
+def check_dims(op: str, dims: Sequence[int], what: str = "dims") -> Shape:
+    dims = tuple(int(d) for d in dims)
+    if any(d < 0 for d in dims):
+        fail(op, f"negative dimension in {what} {list(dims)}")
+    return dims

@@ -1,0 +1,128 @@
+"""Element-wise operators: ewadd, ewmul (NumPy broadcasting), smul, relu, sigmoid, tanh."""
+
+from __future__ import annotations
+
+from .base import (FLOAT_DTYPES, OpSpec, TensorType, broadcast_shapes, elementwise_flops,
+                   fail, onnx_importer, register)
+
+ACTIVATIONS = ("NONE", "RELU", "SIGMOID", "TANH")
+ACTIVATION_ONNX = {"RELU": "Relu", "SIGMOID": "Sigmoid", "TANH": "Tanh"}
+
+
+def sigmoid(xp, x):
+    # tanh form: no overflow warnings for large |x|
+    return (xp.tanh(x * 0.5) + 1) * 0.5
+
+
+def apply_activation(xp, y, act: str):
+    if act == "NONE":
+        return y
+    if act == "RELU":
+        return xp.maximum(y, 0)
+    if act == "SIGMOID":
+        return sigmoid(xp, y).astype(y.dtype, copy=False)
+    if act == "TANH":
+        return xp.tanh(y)
+    raise ValueError(act)
+
+
+def check_activation(op: str, act: str) -> None:
+    if act not in ACTIVATIONS:
+        fail(op, f"activation must be one of {ACTIVATIONS}, got {act!r}")
+
+
+def export_with_activation(ctx, op_type: str, ins, out: str, act: str, **attrs) -> None:
+    """Emit ``op_type`` and, when fused, its activation as a separate ONNX node."""
+    if act == "NONE":
+        ctx.node(op_type, ins, [out], **attrs)
+    else:
+        tmp = ctx.fresh(out + "_pre")
+        ctx.node(op_type, ins, [tmp], **attrs)
+        ctx.node(ACTIVATION_ONNX[act], [tmp], [out])
+
+
+def _binary_infer(name):
+    def infer(p, ins):
+        a, b = ins
+        if a.dtype != b.dtype:
+            fail(name, "input dtypes differ", ins)
+        return [TensorType(broadcast_shapes(name, ins), a.dtype)]
+
+    return infer
+
+
+def _binary_export(onnx_type):
+    def export(ctx, p, in_types, ins, outs):
+        ctx.node(onnx_type, ins, outs)
+
+    return export
+
+
+register(OpSpec(
+    name="ewadd", inputs=(2, 2), defaults={}, infer=_binary_infer("ewadd"),
+    kernel=lambda xp, p, a, b: [a + b], export=_binary_export("Add"), flops=elementwise_flops,
+    doc="Element-wise add with NumPy broadcasting."))
+
+register(OpSpec(
+    name="ewmul", inputs=(2, 2), defaults={}, infer=_binary_infer("ewmul"),
+    kernel=lambda xp, p, a, b: [a * b], export=_binary_export("Mul"), flops=elementwise_flops,
+    doc="Element-wise multiply with NumPy broadcasting."))
+
+
+def _smul_infer(p, ins):
+    x, s = ins
+    if s.shape != ():
+        fail("smul", "the scalar operand must have shape ()", ins)
+    if x.dtype != s.dtype:
+        fail("smul", "input dtypes differ", ins)
+    return [x]
+
+
+register(OpSpec(
+    name="smul", inputs=(2, 2), defaults={}, infer=_smul_infer,
+    kernel=lambda xp, p, x, s: [x * s], export=_binary_export("Mul"), flops=elementwise_flops,
+    doc="Scalar multiply: x times a 0-d tensor."))
+
+
+def _unary(name, onnx_type, fn):
+    def export(ctx, p, in_types, ins, outs):
+        ctx.node(onnx_type, ins, outs)
+
+    return register(OpSpec(
+        name=name, inputs=(1, 1), defaults={}, infer=lambda p, ins: [ins[0]],
+        kernel=lambda xp, p, x: [fn(xp, x)], export=export, flops=elementwise_flops,
+        doc=f"Element-wise {name}."))
+
+
+_unary("relu", "Relu", lambda xp, x: xp.maximum(x, 0))
+_unary("sigmoid", "Sigmoid", lambda xp, x: sigmoid(xp, x).astype(x.dtype, copy=False))
+_unary("tanh", "Tanh", lambda xp, x: xp.tanh(x))
+
+
+# --- ONNX import -------------------------------------------------------------------
+
+def _all_float(ctx, node) -> bool:
+    return all(ctx.type(n).dtype in FLOAT_DTYPES for n in node.input)
+
+
+@onnx_importer("Add", "Mul")
+def _import_binary(ctx, node, attrs):
+    if len(node.input) != 2 or not _all_float(ctx, node):
+        return None
+    a, b = (ctx.tensor(n) for n in node.input)
+    if node.op_type == "Add":
+        return [ctx.g.add(a, b)]
+    # A 0-d operand is TASO's scalar multiply; anything else broadcasts.
+    if b.shape == () and a.shape != ():
+        return [ctx.g.scalar_mul(a, b)]
+    if a.shape == () and b.shape != ():
+        return [ctx.g.scalar_mul(b, a)]
+    return [ctx.g.mul(a, b)]
+
+
+@onnx_importer("Relu", "Sigmoid", "Tanh")
+def _import_unary(ctx, node, attrs):
+    if not _all_float(ctx, node):
+        return None
+    fn = {"Relu": ctx.g.relu, "Sigmoid": ctx.g.sigmoid, "Tanh": ctx.g.tanh}[node.op_type]
+    return [fn(ctx.tensor(node.input[0]))]

@@ -1,0 +1,267 @@
+"""Layout operators: concat, split, reshape, transpose, and the weight transforms
+enlarge and merge_gconv that TASO's rewrites use."""
+
+from __future__ import annotations
+
+import math
+
+from .base import OpSpec, TensorType, check_dims, fail, onnx_importer, register
+
+
+def _axis(op, axis, rank, types):
+    if not -rank <= axis < rank:
+        fail(op, f"axis {axis} out of range for rank {rank}", types)
+    return axis % rank
+
+
+# --- concat ------------------------------------------------------------------------
+
+def _concat_infer(p, ins):
+    first = ins[0]
+    axis = _axis("concat", p["axis"], len(first.shape), ins)
+    for t in ins[1:]:
+        if len(t.shape) != len(first.shape) or t.dtype != first.dtype or any(
+                a != b for i, (a, b) in enumerate(zip(t.shape, first.shape)) if i != axis):
+            fail("concat", f"inputs must agree on every axis but {axis}", ins)
+    shape = list(first.shape)
+    shape[axis] = sum(t.shape[axis] for t in ins)
+    return [TensorType(tuple(shape), first.dtype)]
+
+
+register(OpSpec(
+    name="concat", inputs=(1, None), defaults={"axis": 0}, infer=_concat_infer,
+    kernel=lambda xp, p, *xs: [xp.concatenate(xs, axis=p["axis"])],
+    export=lambda ctx, p, in_types, ins, outs: ctx.node("Concat", ins, outs, axis=p["axis"]),
+    is_view=False, doc="Concatenate n tensors along an axis."))
+
+
+# --- split -------------------------------------------------------------------------
+
+def _split_infer(p, ins):
+    (x,) = ins
+    axis = _axis("split", p["axis"], len(x.shape), ins)
+    sizes = check_dims("split", p["sizes"], "sizes")
+    if not sizes or sum(sizes) != x.shape[axis]:
+        fail("split", f"sizes {list(sizes)} must sum to dimension {axis} ({x.shape[axis]})", ins)
+    outs = []
+    for s in sizes:
+        shape = list(x.shape)
+        shape[axis] = s
+        outs.append(TensorType(tuple(shape), x.dtype))
+    return outs
+
+
+def _split_kernel(xp, p, x):
+    bounds = [0]
+    for s in p["sizes"]:
+        bounds.append(bounds[-1] + s)
+    axis = p["axis"] % x.ndim
+    index = [slice(None)] * x.ndim
+    parts = []
+    for lo, hi in zip(bounds, bounds[1:]):
+        index[axis] = slice(lo, hi)
+        parts.append(x[tuple(index)])
+    return parts
+
+
+def _split_export(ctx, p, in_types, ins, outs):
+    ctx.node("Split", [ins[0], ctx.int64s(p["sizes"], "split_sizes")], outs, axis=p["axis"])
+
+
+register(OpSpec(
+    name="split", inputs=(1, 1), defaults={"axis": 0, "sizes": ()}, infer=_split_infer,
+    kernel=_split_kernel, export=_split_export, is_view=True,
+    doc="Split one tensor into len(sizes) outputs along an axis."))
+
+
+# --- reshape / transpose -----------------------------------------------------------
+
+def _reshape_infer(p, ins):
+    (x,) = ins
+    shape = check_dims("reshape", p["shape"], "target shape")
+    if math.prod(shape) != x.size:
+        fail("reshape", f"cannot reshape {x.size} elements into {list(shape)}", ins)
+    return [TensorType(shape, x.dtype)]
+
+
+def _reshape_export(ctx, p, in_types, ins, outs):
+    ctx.node("Reshape", [ins[0], ctx.int64s(p["shape"], "shape")], outs)
+
+
+register(OpSpec(
+    name="reshape", inputs=(1, 1), defaults={"shape": ()}, infer=_reshape_infer,
+    kernel=lambda xp, p, x: [x.reshape(p["shape"])], export=_reshape_export, is_view=True,
+    doc="Reshape to a fully known shape (no -1 or 0: the builder resolves them)."))
+
+
+def _transpose_infer(p, ins):
+    (x,) = ins
+    perm = tuple(p["perm"])
+    if sorted(perm) != list(range(len(x.shape))):
+        fail("transpose", f"perm {list(perm)} is not a permutation of the axes", ins)
+    return [TensorType(tuple(x.shape[i] for i in perm), x.dtype)]
+
+
+register(OpSpec(
+    name="transpose", inputs=(1, 1), defaults={"perm": ()}, infer=_transpose_infer,
+    kernel=lambda xp, p, x: [xp.ascontiguousarray(xp.transpose(x, p["perm"]))],
+    export=lambda ctx, p, in_types, ins, outs: ctx.node("Transpose", ins, outs, perm=list(p["perm"])),
+    is_view=True, doc="Permute axes."))
+
+
+# --- enlarge -----------------------------------------------------------------------
+
+def _enlarge_infer(p, ins):
+    w, ref = ins
+    if len(w.shape) != 4 or len(ref.shape) != 4:
+        fail("enlarge", "both operands must be conv kernels (rank 4)", ins)
+    (kh, kw), (rh, rw) = w.shape[2:], ref.shape[2:]
+    if rh < kh or rw < kw or (rh - kh) % 2 or (rw - kw) % 2:
+        fail("enlarge", "the reference kernel must be at least as large, larger by an even "
+                        "amount on each axis (so the kernel stays centred)", ins)
+    return [TensorType(w.shape[:2] + (rh, rw), w.dtype)]
+
+
+def _enlarge_pads(w_shape, ref_shape):
+    dh, dw = ref_shape[2] - w_shape[2], ref_shape[3] - w_shape[3]
+    return dh // 2, dw // 2
+
+
+def _enlarge_kernel(xp, p, w, ref):
+    ph, pw = _enlarge_pads(w.shape, ref.shape)
+    return [xp.pad(w, ((0, 0), (0, 0), (ph, ph), (pw, pw)))]
+
+
+def _enlarge_export(ctx, p, in_types, ins, outs):
+    ph, pw = _enlarge_pads(in_types[0].shape, in_types[1].shape)
+    ctx.node("Pad", [ins[0], ctx.int64s((0, 0, ph, pw, 0, 0, ph, pw), "pads")], outs)
+
+
+register(OpSpec(
+    name="enlarge", inputs=(2, 2), defaults={}, infer=_enlarge_infer,
+    kernel=_enlarge_kernel, export=_enlarge_export,
+    doc="Zero-pad a conv kernel, centred, to the kernel size of ref (a SAME conv "
+        "with the enlarged kernel computes the same)."))
+
+
+# --- merge_gconv -------------------------------------------------------------------
+
+def _merge_gconv_infer(p, ins):
+    (w,) = ins
+    groups, count = p["groups"], p["count"]
+    if len(w.shape) != 4:
+        fail("merge_gconv", "weight must be a conv kernel (rank 4)", ins)
+    if groups <= 0 or count <= 0 or groups % count or w.shape[0] % groups:
+        fail("merge_gconv", f"groups {groups} must divide out channels {w.shape[0]} and be a "
+                            f"multiple of count {count}", ins)
+    return [TensorType((w.shape[0], w.shape[1] * count) + w.shape[2:], w.dtype)]
+
+
+def _merge_gconv_kernel(xp, p, w):
+    groups, count = p["groups"], p["count"]
+    o, i = w.shape[:2]
+    out = xp.zeros((o, i * count) + w.shape[2:], dtype=w.dtype)
+    per_group = o // groups
+    for g in range(groups):
+        slot = (g % count) * i  # where old group g's channels sit inside the merged group
+        out[g * per_group:(g + 1) * per_group, slot:slot + i] = w[g * per_group:(g + 1) * per_group]
+    return [out]
+
+
+register(OpSpec(
+    name="merge_gconv", inputs=(1, 1), defaults={"groups": 1, "count": 1},
+    infer=_merge_gconv_infer, kernel=_merge_gconv_kernel,
+    doc="Rewrite a grouped conv kernel (with `groups` groups) so that `count` neighbouring "
+        "groups merge into one: the conv then runs with groups/count groups."))
+
+
+# --- ONNX import -------------------------------------------------------------------
+
+@onnx_importer("Concat")
+def _import_concat(ctx, node, attrs):
+    ins = [ctx.tensor(n) for n in node.input]
+    return [ctx.g.concat(int(attrs["axis"]), ins)]
+
+
+@onnx_importer("Split")
+def _import_split(ctx, node, attrs):
+    x_t = ctx.type(node.input[0])
+    axis = int(attrs.get("axis", 0)) % len(x_t.shape)
+    if len(node.input) > 1 and node.input[1]:
+        sizes = ctx.const(node.input[1])
+        if sizes is None:
+            return None
+        sizes = [int(s) for s in sizes]
+    elif "split" in attrs:
+        sizes = [int(s) for s in attrs["split"]]
+    else:  # equal parts; the last one smaller when it does not divide (opset 18)
+        n = len(node.output)
+        step = -(-x_t.shape[axis] // n)
+        sizes = [min(step, x_t.shape[axis] - k * step) for k in range(n)]
+    return ctx.g.split(ctx.tensor(node.input[0]), axis, sizes)
+
+
+def resolve_reshape(in_shape, target, allowzero=False):
+    """ONNX/NumPy reshape conventions (0 copies a dim, -1 infers one) -> a full shape."""
+    target = [int(v) for v in target]
+    out = [in_shape[i] if v == 0 and not allowzero else v for i, v in enumerate(target)]
+    if out.count(-1) == 1:
+        known = math.prod(v for v in out if v != -1)
+        out[out.index(-1)] = math.prod(in_shape) // known if known else 0
+    return tuple(out)
+
+
+@onnx_importer("Reshape")
+def _import_reshape(ctx, node, attrs):
+    target = ctx.const(node.input[1])
+    if target is None:
+        return None
+    x = ctx.tensor(node.input[0])
+    return [ctx.g.reshape(x, resolve_reshape(x.shape, target, attrs.get("allowzero", 0)))]
+
+
+@onnx_importer("Flatten")
+def _import_flatten(ctx, node, attrs):
+    x = ctx.tensor(node.input[0])
+    axis = int(attrs.get("axis", 1)) % (len(x.shape) + 1) if x.shape else 0
+    return [ctx.g.reshape(x, (math.prod(x.shape[:axis]), math.prod(x.shape[axis:])))]
+
+
+def _axes(ctx, node, attrs):
+    if len(node.input) > 1 and node.input[1]:
+        axes = ctx.const(node.input[1])
+        return None if axes is None else [int(a) for a in axes]
+    return attrs.get("axes")
+
+
+@onnx_importer("Squeeze")
+def _import_squeeze(ctx, node, attrs):
+    x = ctx.tensor(node.input[0])
+    axes = _axes(ctx, node, attrs)
+    if axes is None:
+        shape = tuple(d for d in x.shape if d != 1)
+    else:
+        drop = {a % len(x.shape) for a in axes}
+        shape = tuple(d for i, d in enumerate(x.shape) if i not in drop)
+    return [ctx.g.reshape(x, shape)]
+
+
+@onnx_importer("Unsqueeze")
+def _import_unsqueeze(ctx, node, attrs):
+    x = ctx.tensor(node.input[0])
+    axes = _axes(ctx, node, attrs)
+    if axes is None:
+        return None
+    rank = len(x.shape) + len(axes)
+    shape, it = [], iter(x.shape)
+    new = {a % rank for a in axes}
+    for i in range(rank):
+        shape.append(1 if i in new else next(it))
+    return [ctx.g.reshape(x, tuple(shape))]
+
+
+@onnx_importer("Transpose")
+def _import_transpose(ctx, node, attrs):
+    x = ctx.tensor(node.input[0])
+    perm = attrs.get("perm") or list(range(len(x.shape)))[::-1]
+    return [ctx.g.transpose(x, tuple(int(v) for v in perm))]

@@ -1,0 +1,422 @@
+"""Compute-heavy operators: conv2d, matmul, pooling, batchnorm.
+
+Padding is "SAME" (TensorFlow's rule, as TASO uses), "VALID", or explicit
+(top, left, bottom, right). Convolution runs as im2col + one batched matmul, which
+covers grouped and depth-wise convolutions with the same code on NumPy and CuPy.
+"""
+
+from __future__ import annotations
+
+from .base import (FLOAT_DTYPES, OpSpec, TensorType, broadcast_shapes, elementwise_flops,
+                   fail, onnx_importer, register)
+from .elementwise import apply_activation, check_activation, export_with_activation
+
+Pads = tuple[int, int, int, int]
+
+
+def same_pads(size: int, k: int, s: int) -> tuple[int, int]:
+    out = -(-size // s)
+    total = max((out - 1) * s + k - size, 0)
+    return total // 2, total - total // 2
+
+
+def resolve_pads(op: str, padding, hw, khw, strides) -> Pads:
+    if padding == "VALID":
+        return (0, 0, 0, 0)
+    if padding == "SAME":
+        (t, b), (l, r) = (same_pads(hw[i], khw[i], strides[i]) for i in range(2))
+        return (t, l, b, r)
+    if isinstance(padding, tuple) and len(padding) == 4 and all(
+            isinstance(v, int) and v >= 0 for v in padding):
+        return padding
+    fail(op, f"padding must be 'SAME', 'VALID' or four non-negative ints "
+             f"(top, left, bottom, right), got {padding!r}")
+
+
+def window_output(op, hw, khw, strides, pads, types) -> tuple[int, int]:
+    if any(s <= 0 for s in strides):
+        fail(op, f"strides must be positive, got {list(strides)}", types)
+    oh = (hw[0] + pads[0] + pads[2] - khw[0]) // strides[0] + 1
+    ow = (hw[1] + pads[1] + pads[3] - khw[1]) // strides[1] + 1
+    if oh <= 0 or ow <= 0 or khw[0] <= 0 or khw[1] <= 0:
+        fail(op, f"kernel {list(khw)} does not fit the padded input {list(hw)} "
+                 f"(pads {list(pads)})", types)
+    return oh, ow
+
+
+def windows(xp, x, khw, strides, pads, out_hw, pad_value=0.0):
+    """(N, C, H, W) -> (N, C, kh, kw, oh, ow): every kernel tap as a strided slice,
+    so the same code runs on NumPy and CuPy."""
+    t, l, b, r = pads
+    if any(pads):
+        x = xp.pad(x, ((0, 0), (0, 0), (t, b), (l, r)), constant_values=pad_value)
+    n, c = x.shape[:2]
+    (kh, kw), (sh, sw), (oh, ow) = khw, strides, out_hw
+    cols = xp.empty((n, c, kh, kw, oh, ow), dtype=x.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            cols[:, :, i, j] = x[:, :, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw]
+    return cols
+
+
+def _pads_for(p, in_type, khw):
+    return resolve_pads("", p["padding"], in_type.shape[2:], khw, p["strides"])
+
+
+# --- conv2d ------------------------------------------------------------------------
+
+CONV_DEFAULTS = {"strides": (1, 1), "padding": "SAME", "activation": "NONE"}
+
+
+def _conv_infer(p, ins):
+    x, w = ins[0], ins[1]
+    if len(x.shape) != 4 or len(w.shape) != 4:
+        fail("conv2d", "input must be NCHW and weight OIHW (rank 4)", ins)
+    if x.dtype != w.dtype:
+        fail("conv2d", "input and weight dtypes differ", ins)
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    if cg <= 0 or c % cg:
+        fail("conv2d", f"input channels {c} are not a multiple of weight in-channels {cg}", ins)
+    groups = c // cg
+    if o % groups:
+        fail("conv2d", f"out channels {o} not divisible by groups {groups}", ins)
+    check_activation("conv2d", p["activation"])
+    pads = resolve_pads("conv2d", p["padding"], (h, wd), (kh, kw), p["strides"])
+    oh, ow = window_output("conv2d", (h, wd), (kh, kw), p["strides"], pads, ins)
+    if len(ins) == 3 and ins[2].shape != (o,):
+        fail("conv2d", f"bias must have shape ({o},)", ins)
+    return [TensorType((n, o, oh, ow), x.dtype)]
+
+
+def _conv_kernel(xp, p, x, w, bias=None):
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    groups = c // cg
+    pads = resolve_pads("conv2d", p["padding"], (h, wd), (kh, kw), p["strides"])
+    oh, ow = window_output("conv2d", (h, wd), (kh, kw), p["strides"], pads, ())
+    if (kh, kw, *p["strides"]) == (1, 1, 1, 1) and not any(pads):
+        cols = x.reshape(n, groups, cg, h * wd)
+    else:
+        cols = windows(xp, x, (kh, kw), p["strides"], pads, (oh, ow))
+        cols = cols.reshape(n, groups, cg * kh * kw, oh * ow)
+    wm = w.reshape(groups, o // groups, cg * kh * kw)
+    y = xp.matmul(wm[None], cols).reshape(n, o, oh, ow)
+    if bias is not None:
+        y = y + bias.reshape(1, o, 1, 1)
+    return [apply_activation(xp, y, p["activation"])]
+
+
+def _conv_flops(p, ins, outs):
+    o, cg, kh, kw = ins[1].shape
+    return 2.0 * outs[0].size * cg * kh * kw
+
+
+def _conv_export(ctx, p, in_types, ins, outs):
+    x, w = in_types[0], in_types[1]
+    khw = w.shape[2:]
+    t, l, b, r = _pads_for(p, x, khw)
+    export_with_activation(ctx, "Conv", ins, outs[0], p["activation"],
+                           strides=list(p["strides"]), pads=[t, l, b, r],
+                           kernel_shape=list(khw), group=x.shape[1] // w.shape[1])
+
+
+register(OpSpec(
+    name="conv2d", inputs=(2, 3), defaults=CONV_DEFAULTS, infer=_conv_infer,
+    kernel=_conv_kernel, export=_conv_export, flops=_conv_flops,
+    doc="2-D convolution, NCHW x OIHW; groups = in_channels / weight.shape[1]; optional bias."))
+
+
+# --- matmul ------------------------------------------------------------------------
+
+def _matmul_infer(p, ins):
+    a, b = ins
+    if len(a.shape) < 2 or len(b.shape) < 2:
+        fail("matmul", "both operands need rank >= 2", ins)
+    if a.dtype != b.dtype:
+        fail("matmul", "operand dtypes differ", ins)
+    if a.shape[-1] != b.shape[-2]:
+        fail("matmul", f"inner dimensions differ ({a.shape[-1]} vs {b.shape[-2]})", ins)
+    check_activation("matmul", p["activation"])
+    batch = broadcast_shapes("matmul", [TensorType(a.shape[:-2]), TensorType(b.shape[:-2])])
+    return [TensorType(batch + (a.shape[-2], b.shape[-1]), a.dtype)]
+
+
+def _matmul_export(ctx, p, in_types, ins, outs):
+    export_with_activation(ctx, "MatMul", ins, outs[0], p["activation"])
+
+
+register(OpSpec(
+    name="matmul", inputs=(2, 2), defaults={"activation": "NONE"}, infer=_matmul_infer,
+    kernel=lambda xp, p, a, b: [apply_activation(xp, xp.matmul(a, b), p["activation"])],
+    export=_matmul_export,
+    flops=lambda p, ins, outs: 2.0 * outs[0].size * ins[0].shape[-1],
+    doc="Matrix multiply, 2-D or batched (batch dims broadcast), with fused activation."))
+
+
+# --- pooling -----------------------------------------------------------------------
+
+POOL_DEFAULTS = {"kernel": (2, 2), "strides": (2, 2), "padding": "VALID", "activation": "NONE"}
+
+
+def _pool_infer(name):
+    def infer(p, ins):
+        (x,) = ins
+        if len(x.shape) != 4:
+            fail(name, "input must be NCHW (rank 4)", ins)
+        check_activation(name, p["activation"])
+        pads = resolve_pads(name, p["padding"], x.shape[2:], p["kernel"], p["strides"])
+        if pads[0] >= p["kernel"][0] or pads[1] >= p["kernel"][1] or pads[2] >= p["kernel"][0] \
+                or pads[3] >= p["kernel"][1]:
+            fail(name, f"padding {list(pads)} must be smaller than the kernel {list(p['kernel'])}", ins)
+        oh, ow = window_output(name, x.shape[2:], p["kernel"], p["strides"], pads, ins)
+        return [TensorType(x.shape[:2] + (oh, ow), x.dtype)]
+
+    return infer
+
+
+def _pool_geometry(p, x):
+    pads = resolve_pads("", p["padding"], x.shape[2:], p["kernel"], p["strides"])
+    oh, ow = window_output("", x.shape[2:], p["kernel"], p["strides"], pads, ())
+    return pads, (oh, ow)
+
+
+def _maxpool_kernel(xp, p, x):
+    pads, out_hw = _pool_geometry(p, x)
+    cols = windows(xp, x, p["kernel"], p["strides"], pads, out_hw, pad_value=-xp.inf)
+    return [apply_activation(xp, cols.max(axis=(2, 3)), p["activation"])]
+
+
+def _avgpool_kernel(xp, p, x):
+    pads, out_hw = _pool_geometry(p, x)
+    kh, kw = p["kernel"]
+    sums = windows(xp, x, p["kernel"], p["strides"], pads, out_hw).sum(axis=(2, 3))
+    if p["count_include_pad"] or not any(pads):
+        y = sums / (kh * kw)
+    else:
+        ones = xp.ones((1, 1) + x.shape[2:], dtype=x.dtype)
+        counts = windows(xp, ones, p["kernel"], p["strides"], pads, out_hw).sum(axis=(2, 3))
+        y = sums / counts
+    return [apply_activation(xp, y.astype(x.dtype, copy=False), p["activation"])]
+
+
+def _pool_export(onnx_type):
+    def export(ctx, p, in_types, ins, outs):
+        t, l, b, r = _pads_for(p, in_types[0], p["kernel"])
+        attrs = dict(kernel_shape=list(p["kernel"]), strides=list(p["strides"]), pads=[t, l, b, r])
+        if onnx_type == "AveragePool":
+            attrs["count_include_pad"] = int(p["count_include_pad"])
+        export_with_activation(ctx, onnx_type, ins, outs[0], p["activation"], **attrs)
+
+    return export
+
+
+def _pool_flops(p, ins, outs):
+    return float(outs[0].size * p["kernel"][0] * p["kernel"][1])
+
+
+register(OpSpec(
+    name="maxpool2d", inputs=(1, 1), defaults=POOL_DEFAULTS, infer=_pool_infer("maxpool2d"),
+    kernel=_maxpool_kernel, export=_pool_export("MaxPool"), flops=_pool_flops,
+    doc="2-D max pooling (padding never wins the max)."))
+
+register(OpSpec(
+    name="avgpool2d", inputs=(1, 1), defaults={**POOL_DEFAULTS, "count_include_pad": 1},
+    infer=_pool_infer("avgpool2d"), kernel=_avgpool_kernel, export=_pool_export("AveragePool"),
+    flops=_pool_flops,
+    doc="2-D average pooling; count_include_pad=1 (TASO's, so conv with const_pool equals it) "
+        "or 0 (ONNX's default)."))
+
+
+def _gap_infer(p, ins):
+    (x,) = ins
+    if len(x.shape) != 4:
+        fail("global_avgpool", "input must be NCHW (rank 4)", ins)
+    return [TensorType(x.shape[:2] + (1, 1), x.dtype)]
+
+
+register(OpSpec(
+    name="global_avgpool", inputs=(1, 1), defaults={}, infer=_gap_infer,
+    kernel=lambda xp, p, x: [x.mean(axis=(2, 3), keepdims=True)],
+    export=lambda ctx, p, in_types, ins, outs: ctx.node("GlobalAveragePool", ins, outs),
+    flops=lambda p, ins, outs: float(ins[0].size),
+    doc="Average over H and W, keeping them as size 1."))
+
+
+# --- batchnorm ---------------------------------------------------------------------
+
+def _bn_infer(p, ins):
+    x = ins[0]
+    if len(x.shape) < 2:
+        fail("batchnorm", "input needs a channel axis (rank >= 2)", ins)
+    c = x.shape[1]
+    for t in ins[1:]:
+        if t.shape != (c,):
+            fail("batchnorm", f"scale, bias, mean and var must have shape ({c},)", ins)
+    return [x]
+
+
+def _bn_kernel(xp, p, x, scale, bias, mean, var):
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    inv = scale / xp.sqrt(var + p["epsilon"])
+    return [(x - mean.reshape(shape)) * inv.reshape(shape) + bias.reshape(shape)]
+
+
+register(OpSpec(
+    name="batchnorm", inputs=(5, 5), defaults={"epsilon": 1e-5}, infer=_bn_infer,
+    kernel=_bn_kernel,
+    export=lambda ctx, p, in_types, ins, outs: ctx.node(
+        "BatchNormalization", ins, outs, epsilon=float(p["epsilon"])),
+    flops=lambda p, ins, outs: 2.0 * outs[0].size,
+    doc="Inference batch normalization over axis 1 (x, scale, bias, mean, var)."))
+
+
+# --- ONNX import -------------------------------------------------------------------
+
+def _float_input(ctx, node) -> bool:
+    return ctx.type(node.input[0]).dtype in FLOAT_DTYPES
+
+
+def _onnx_padding(op, attrs, hw, khw, strides):
+    """ONNX auto_pad/pads -> our padding, canonicalized to SAME/VALID when equal, or
+    None when the ONNX form has no equivalent here."""
+    auto = attrs.get("auto_pad", "NOTSET")
+    if auto == "VALID":
+        return "VALID"
+    if auto == "SAME_UPPER":  # TensorFlow's SAME puts the odd pixel at the end too
+        return "SAME"
+    if auto == "SAME_LOWER":
+        (t, b), (l, r) = (same_pads(hw[i], khw[i], strides[i]) for i in range(2))
+        pads = (b, r, t, l)
+    else:
+        onnx_pads = attrs.get("pads", [0, 0, 0, 0])
+        if len(onnx_pads) != 4:
+            return None
+        pads = (onnx_pads[0], onnx_pads[1], onnx_pads[2], onnx_pads[3])
+    if pads == (0, 0, 0, 0):
+        return "VALID"
+    if pads == resolve_pads(op, "SAME", hw, khw, strides):
+        return "SAME"
+    return tuple(int(v) for v in pads)
+
+
+def _spatial_2d(attrs, key, default=(1, 1)):
+    v = attrs.get(key, list(default))
+    return tuple(int(x) for x in v) if len(v) == 2 else None
+
+
+@onnx_importer("Conv")
+def _import_conv(ctx, node, attrs):
+    x_t, w_t = ctx.type(node.input[0]), ctx.type(node.input[1])
+    if len(x_t.shape) != 4 or len(w_t.shape) != 4 or not _float_input(ctx, node):
+        return None
+    strides = _spatial_2d(attrs, "strides")
+    if strides is None or _spatial_2d(attrs, "dilations") != (1, 1):
+        return None
+    khw = w_t.shape[2:]
+    if "kernel_shape" in attrs and tuple(attrs["kernel_shape"]) != tuple(khw):
+        return None
+    if attrs.get("group", 1) != x_t.shape[1] // max(w_t.shape[1], 1):
+        return None
+    padding = _onnx_padding("conv2d", attrs, x_t.shape[2:], khw, strides)
+    if padding is None:
+        return None
+    bias = ctx.tensor(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+    return [ctx.g.conv2d(ctx.tensor(node.input[0]), ctx.tensor(node.input[1]), strides=strides,
+                         padding=padding, bias=bias)]
+
+
+@onnx_importer("MatMul")
+def _import_matmul(ctx, node, attrs):
+    a, b = (ctx.type(n) for n in node.input)
+    if len(a.shape) < 2 or len(b.shape) < 2 or not _float_input(ctx, node):
+        return None
+    return [ctx.g.matmul(ctx.tensor(node.input[0]), ctx.tensor(node.input[1]))]
+
+
+@onnx_importer("Gemm")
+def _import_gemm(ctx, node, attrs):
+    if not _float_input(ctx, node):
+        return None
+    g = ctx.g
+    a, b = ctx.tensor(node.input[0]), ctx.tensor(node.input[1])
+    if attrs.get("transA", 0):
+        a = g.transpose(a, (1, 0))
+    if attrs.get("transB", 0):
+        b = g.transpose(b, (1, 0))
+    y = g.matmul(a, b)
+    alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
+    if alpha != 1.0:
+        y = g.scalar_mul(y, alpha)
+    if len(node.input) > 2 and node.input[2]:
+        c = ctx.tensor(node.input[2])
+        if beta != 1.0:
+            c = g.scalar_mul(c, beta)
+        y = g.add(y, c)
+    return [y]
+
+
+def _pool_import_common(ctx, node, attrs):
+    x_t = ctx.type(node.input[0])
+    if len(x_t.shape) != 4 or len(node.output) != 1 or not _float_input(ctx, node):
+        return None
+    kernel = _spatial_2d(attrs, "kernel_shape", ())
+    strides = _spatial_2d(attrs, "strides")
+    if kernel is None or strides is None or _spatial_2d(attrs, "dilations") != (1, 1):
+        return None
+    padding = _onnx_padding("pool", attrs, x_t.shape[2:], kernel, strides)
+    if padding is None:
+        return None
+    if attrs.get("ceil_mode", 0):
+        padding = _ceil_mode_pads(x_t.shape[2:], kernel, strides, padding)
+    return x_t, kernel, strides, padding
+
+
+def _ceil_mode_pads(hw, kernel, strides, padding):
+    """ceil_mode adds output rows whose windows hang past the end; for max pooling
+    that is the same as extra end padding (which never wins the max)."""
+    t, l, b, r = resolve_pads("maxpool2d", padding, hw, kernel, strides)
+    extra = []
+    for size, k, s, before, after in ((hw[0], kernel[0], strides[0], t, b),
+                                       (hw[1], kernel[1], strides[1], l, r)):
+        out = -(-(size + before + after - k) // s) + 1
+        if (out - 1) * s >= size + before:  # last window must start inside the input
+            out -= 1
+        extra.append(max((out - 1) * s + k - (size + before + after), 0))
+    return (t, l, b + extra[0], r + extra[1])
+
+
+@onnx_importer("MaxPool")
+def _import_maxpool(ctx, node, attrs):
+    common = _pool_import_common(ctx, node, attrs)
+    if common is None or attrs.get("storage_order", 0):
+        return None
+    _, kernel, strides, padding = common
+    return [ctx.g.maxpool2d(ctx.tensor(node.input[0]), kernel, strides, padding)]
+
+
+@onnx_importer("AveragePool")
+def _import_avgpool(ctx, node, attrs):
+    if attrs.get("ceil_mode", 0):
+        return None  # border windows would divide by a different count
+    common = _pool_import_common(ctx, node, attrs)
+    if common is None:
+        return None
+    _, kernel, strides, padding = common
+    return [ctx.g.avgpool2d(ctx.tensor(node.input[0]), kernel, strides, padding,
+                            count_include_pad=int(attrs.get("count_include_pad", 0)))]
+
+
+@onnx_importer("GlobalAveragePool")
+def _import_gap(ctx, node, attrs):
+    if len(ctx.type(node.input[0]).shape) != 4 or not _float_input(ctx, node):
+        return None
+    return [ctx.g.global_avgpool(ctx.tensor(node.input[0]))]
+
+
+@onnx_importer("BatchNormalization")
+def _import_bn(ctx, node, attrs):
+    if attrs.get("training_mode", 0) or len(node.output) != 1 or not _float_input(ctx, node):
+        return None
+    x, scale, bias, mean, var = (ctx.tensor(n) for n in node.input)
+    return [ctx.g.batchnorm(x, scale, bias, mean, var, epsilon=float(attrs.get("epsilon", 1e-5)))]

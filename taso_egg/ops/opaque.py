@@ -1,0 +1,99 @@
+"""The opaque operator: any ONNX node the table does not cover, carried unchanged.
+
+It keeps op type, domain, opset, attributes (as serialized AttributeProtos, so they
+hash and compare) and its inferred output types. It runs through onnxruntime as a
+one-node model, one cached session per configuration.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from ..errors import ExecutionError
+from ..onnx_io.versions import ir_version_for
+from .base import OpSpec, TensorType, register
+
+
+def _opaque_infer(p, ins):
+    return [TensorType(tuple(shape), dtype) for shape, dtype in p["out_types"]]
+
+
+def _opaque_kernel(xp, p, *arrays):
+    host = [a if isinstance(a, np.ndarray) else xp.asnumpy(a) for a in arrays]
+    outs = run_node(p["op_type"], p["domain"], p["opset"], p["attrs"],
+                    tuple((a.shape, str(a.dtype)) for a in host), len(p["out_types"]), host,
+                    p["empty_inputs"])
+    return [o if xp is np else xp.asarray(o) for o in outs]
+
+
+def _opaque_export(ctx, p, in_types, ins, outs):
+    import onnx
+
+    node = onnx.helper.make_node(p["op_type"], with_gaps(ins, p["empty_inputs"]), outs, domain=p["domain"] or None,
+                                 name=ctx.fresh(p["op_type"]))
+    for blob in p["attrs"]:
+        attr = onnx.AttributeProto()
+        attr.ParseFromString(blob)
+        node.attribute.append(attr)
+    ctx.raw_node(node, domain=p["domain"], opset=p["opset"])
+
+
+register(OpSpec(
+    name="opaque", inputs=(0, None),
+    defaults={"op_type": "", "domain": "", "opset": 17, "attrs": (), "out_types": (),
+              "empty_inputs": ()},
+    infer=_opaque_infer, kernel=_opaque_kernel, export=_opaque_export,
+    flops=lambda p, ins, outs: float(sum(t.size for t in ins) + sum(t.size for t in outs)),
+    doc="An ONNX node outside the table, carried through untouched; a barrier to rewrites."))
+
+
+def with_gaps(names, empty_positions):
+    """Re-insert the '' placeholders of optional inputs left out in the middle."""
+    names = list(names)
+    for pos in sorted(empty_positions):
+        names.insert(pos, "")
+    return names
+
+
+def run_node(op_type, domain, opset, attrs, in_types, n_outputs, arrays, empty_inputs=()):
+    """Run one ONNX node (attributes as serialized protos) on NumPy arrays."""
+    session = _session(op_type, domain, opset, attrs, in_types, n_outputs, tuple(empty_inputs))
+    feeds = {f"in{i}": a for i, a in enumerate(arrays)}
+    try:
+        return session.run(None, feeds)
+    except Exception as e:  # onnxruntime raises its own exception types
+        raise ExecutionError(f"opaque {op_type}: onnxruntime failed: {e}") from None
+
+
+@lru_cache(maxsize=512)
+def _session(op_type, domain, opset, attrs, in_types, n_outputs, empty_inputs):
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper
+
+    inputs = [helper.make_tensor_value_info(f"in{i}", helper.np_dtype_to_tensor_dtype(np.dtype(dt)),
+                                            list(shape)) for i, (shape, dt) in enumerate(in_types)]
+    outputs = [helper.make_empty_tensor_value_info(f"out{i}") for i in range(n_outputs)]
+    node = helper.make_node(op_type, with_gaps([f"in{i}" for i in range(len(in_types))], empty_inputs),
+                            [f"out{i}" for i in range(n_outputs)], domain=domain or None)
+    for blob in attrs:
+        attr = onnx.AttributeProto()
+        attr.ParseFromString(blob)
+        node.attribute.append(attr)
+    opsets = [helper.make_opsetid("", opset if not domain else 17)]
+    if domain:
+        opsets.append(helper.make_opsetid(domain, opset))
+    model = helper.make_model(helper.make_graph([node], op_type, inputs, outputs),
+                              opset_imports=opsets,
+                              ir_version=ir_version_for(opset if not domain else 17))
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.intra_op_num_threads = 1
+    try:
+        return ort.InferenceSession(model.SerializeToString(), options,
+                                    providers=["CPUExecutionProvider"])
+    except Exception as e:
+        raise ExecutionError(f"opaque {op_type} (domain {domain or 'ai.onnx'}, opset {opset}): "
+                             f"onnxruntime cannot build it: {e}") from None
