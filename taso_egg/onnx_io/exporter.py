@@ -90,7 +90,7 @@ class _Exporter:
         from onnx import numpy_helper
 
         name = self.fresh(hint)
-        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        self.initializers.append(numpy_helper.from_array(np.asarray(array, order="C"), name))
         return name
 
     # --- the walk ------------------------------------------------------------------

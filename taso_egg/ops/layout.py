@@ -104,7 +104,7 @@ def _transpose_infer(p, ins):
 
 register(OpSpec(
     name="transpose", inputs=(1, 1), defaults={"perm": ()}, infer=_transpose_infer,
-    kernel=lambda xp, p, x: [xp.ascontiguousarray(xp.transpose(x, p["perm"]))],
+    kernel=lambda xp, p, x: [xp.transpose(x, p["perm"]).copy()],
     export=lambda ctx, p, in_types, ins, outs: ctx.node("Transpose", ins, outs, perm=list(p["perm"])),
     is_view=True, doc="Permute axes."))
 

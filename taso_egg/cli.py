@@ -1,0 +1,115 @@
+"""The ``taso-egg`` command line. User mistakes end as one line on stderr and exit
+code 1, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from .errors import TasoEggError
+
+
+def parse_input_shapes(items) -> dict[str, tuple[int, ...]]:
+    shapes = {}
+    for item in items or ():
+        name, _, dims = item.partition("=")
+        try:
+            shapes[name] = tuple(int(d) for d in dims.replace("x", ",").split(",") if d)
+        except ValueError:
+            raise TasoEggError(f"--input-shape {item!r}: expected NAME=D1,D2,... (e.g. x=1,3,224,224)")
+        if not name or not shapes[name]:
+            raise TasoEggError(f"--input-shape {item!r}: expected NAME=D1,D2,...")
+    return shapes
+
+
+def _add_model_args(p) -> None:
+    p.add_argument("model", help="ONNX file")
+    p.add_argument("--input-shape", action="append", metavar="NAME=D1,D2,...",
+                   help="fix a symbolic input dimension (repeatable)")
+
+
+def _cmd_inspect(args) -> int:
+    from .onnx_io.importer import load_onnx
+
+    g = load_onnx(args.model, parse_input_shapes(args.input_shape))
+    print(f"{args.model}: {len(g.nodes)} nodes, opset {g.opset}")
+    print(f"  inputs : " + ", ".join(f"{n.params['name']} {n.outputs[0]}" for n in g.inputs()))
+    print(f"  outputs: " + ", ".join(f"{name} {t.type}" for name, t in g.outputs))
+    print(f"  weights: {len(g.weights())}")
+    for op, count in sorted(g.op_counts().items(), key=lambda kv: (-kv[1], kv[0])):
+        extra = ""
+        if op == "opaque":
+            kinds = {}
+            for n in g.nodes.values():
+                if n.op == "opaque":
+                    kinds[n.params["op_type"]] = kinds.get(n.params["op_type"], 0) + 1
+            extra = "  (" + ", ".join(f"{k} x{v}" for k, v in sorted(kinds.items())) + ")"
+        print(f"  {op:<15} {count:>5}{extra}")
+    return 0
+
+
+def _cmd_convert(args) -> int:
+    """Load, export, and check that onnxruntime computes the same on both files."""
+    import onnx
+
+    from .executor import random_inputs
+    from .onnx_io.exporter import export_onnx, save_atomically
+    from .onnx_io.importer import load_onnx, _read
+    from .verify import compare_outputs, onnx_outputs
+
+    original = _read(args.model)
+    g = load_onnx(original, parse_input_shapes(args.input_shape))
+    model = export_onnx(g)
+    feeds = random_inputs(g)
+    err = compare_outputs(onnx_outputs(original, feeds), onnx_outputs(model, feeds),
+                          what="exported model")
+    save_atomically(model, args.output)
+    print(f"wrote {args.output}: {len(model.graph.node)} ONNX nodes "
+          f"(from {len(original.graph.node)}); outputs agree within {err:.2g} relative")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="taso-egg", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="show debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("inspect", help="summarize how an ONNX model maps onto the operator table")
+    _add_model_args(p)
+    p.set_defaults(func=_cmd_inspect)
+
+    p = sub.add_parser("convert", help="import and re-export an ONNX model, checked in onnxruntime")
+    _add_model_args(p)
+    p.add_argument("-o", "--output", required=True)
+    p.set_defaults(func=_cmd_convert)
+
+    try:
+        from .extract.cli import add_extract_arguments, run_extract_command
+    except ImportError:  # the extraction package is optional at this layer
+        pass
+    else:
+        p = sub.add_parser("extract", help="run an extractor on a serialized e-graph (JSON)")
+        add_extract_arguments(p)
+        p.set_defaults(func=run_extract_command)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except TasoEggError as e:
+        print(f"taso-egg: error: {e}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # output piped into head & co.
+        return 0
+    except KeyboardInterrupt:
+        print("taso-egg: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
