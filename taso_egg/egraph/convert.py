@@ -1,0 +1,368 @@
+"""Graph -> egglog program, and serialized e-graph + choice -> Graph.
+
+Both directions are iterative (no recursion), so a 2,000-layer chain converts. The
+way in writes one ``let`` per graph node. Conv biases become an explicit broadcast add
+(TASO's conv has no bias, so its rules apply), and a post-pass fuses them back.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from ..errors import ExtractionError
+from ..graph import Graph, Node, Tensor
+from ..ops import OPS, TensorType
+from .language import (MAX_RANK, OP_OF_CONSTRUCTOR, constructor, decode_padding, encode,
+                       op_params, returns_tuple)
+
+
+@dataclass
+class GraphProgram:
+    text: str
+    output_vars: list[str]
+    opaque: dict[str, Node]  # opaque key -> original node (its parameters and types)
+
+
+def _var(t: Tensor, multi: set[int]) -> str:
+    return f"$n{t.node}_{t.index}" if t.node in multi else f"$n{t.node}"
+
+
+def _egraph_supported(node: Node) -> bool:
+    """Configurations the e-graph's shape rules cover; others enter as barriers."""
+    ins = [t.type for t in node.inputs]
+    if node.op == "matmul":
+        a, b = ins
+        return (len(a.shape) == len(b.shape) and a.shape[:-2] == b.shape[:-2]) or len(b.shape) == 2
+    if node.op == "transpose":
+        return 1 <= len(ins[0].shape) <= MAX_RANK
+    if node.op in ("ewadd", "ewmul"):
+        return max(len(t.shape) for t in ins) <= MAX_RANK
+    return True
+
+
+def graph_to_program(graph: Graph) -> GraphProgram:
+    lines: list[str] = []
+    multi = {n.id for n in graph.nodes.values() if len(n.outputs) > 1 or n.op in ("split", "opaque")}
+    opaque: dict[str, Node] = {}
+    weight_ids = {n.id: i for i, n in enumerate(graph.weights())}
+    fresh = iter(range(1 << 62))
+
+    def emit(expr: str) -> str:
+        name = f"$h{next(fresh)}"
+        lines.append(f"(let {name} {expr})")
+        return name
+
+    for node in graph.topo_order():
+        ins = [_var(t, multi) for t in node.inputs]
+        op, p = node.op, node.params
+        if op == "opaque" or not _egraph_supported(node):
+            key = f"{op}#{node.id}"
+            opaque[key] = node
+            tlist = "(TNil)"
+            for v in reversed(ins):
+                tlist = f"(TCons {v} {tlist})"
+            lines.append(f'(let $n{node.id} (Opaque {encode("String", key)} {tlist}))')
+            for i, t in enumerate(node.outputs):
+                lines.append(f"(let $n{node.id}_{i} (Proj $n{node.id} {i}))")
+                lines.append(f"(set (shape $n{node.id}_{i}) {encode('IVec', t.shape)})")
+            continue
+        if op == "weight":
+            expr = f"(Weight {weight_ids[node.id]} {_params(op, p, skip_first=True)})"
+        elif op == "concat":
+            expr = ins[-1]
+            for v in reversed(ins[:-1]):
+                expr = f"(Concat {p['axis']} {v} {expr})"
+        elif op == "conv2d" and len(ins) == 3:
+            expr = _conv_with_bias(node, ins, emit)
+        elif op in ("ewadd", "ewmul"):
+            a, b = (_match_rank(v, t.type, len(node.outputs[0].shape), emit)
+                    for v, t in zip(ins, node.inputs))
+            expr = f"({constructor(op)} {a} {b})"
+        else:
+            expr = f"({constructor(op)} {_params(op, p)} {' '.join(ins)})"
+        lines.append(f"(let $n{node.id} {expr})")
+        if node.id in multi:
+            for i in range(len(node.outputs)):
+                lines.append(f"(let $n{node.id}_{i} (Proj $n{node.id} {i}))")
+    outputs = [_var(t, multi) for _, t in graph.outputs]
+    return GraphProgram("\n".join(lines) + "\n", outputs, opaque)
+
+
+def _params(op: str, p: dict, skip_first: bool = False) -> str:
+    params = op_params(op)[1:] if skip_first else op_params(op)
+    return " ".join(encode(kind, p[name], name) for name, kind in params)
+
+
+def _match_rank(var: str, t: TensorType, rank: int, emit) -> str:
+    if len(t.shape) == rank:
+        return var
+    shape = (1,) * (rank - len(t.shape)) + t.shape
+    return emit(f"(Reshape {encode('IVec', shape)} {var})")
+
+
+def _conv_with_bias(node: Node, ins: list[str], emit) -> str:
+    p = dict(node.params)
+    act = p["activation"]
+    p["activation"] = "NONE"
+    conv = emit(f"(Conv2d {_params('conv2d', p)} {ins[0]} {ins[1]})")
+    o = node.inputs[1].shape[0]
+    bias = emit(f"(Reshape {encode('IVec', (1, o, 1, 1))} {ins[2]})")
+    out = emit(f"(Ewadd {conv} {bias})")
+    if act != "NONE":
+        out = emit(f"({act.capitalize()} {out})")
+    return out
+
+
+# --- the way out -------------------------------------------------------------------------
+
+@dataclass
+class ENode:
+    id: str
+    op: str                 # operator name from the table, or "proj", "tnil", "tcons"
+    params: dict
+    children: list[str]     # child e-class ids (tensor-like sorts only)
+
+
+@dataclass
+class TensorEGraph:
+    """The serialized e-graph restricted to tensor classes, with decoded parameters."""
+    classes: dict[str, list[ENode]] = field(default_factory=dict)
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    roots: list[str] = field(default_factory=list)
+
+    @property
+    def num_nodes(self) -> int:
+        return sum(len(v) for v in self.classes.values())
+
+
+_TENSOR_SORTS = ("T", "TTup", "TList")
+
+
+def read_serialized(data: dict) -> TensorEGraph:
+    nodes, class_data = data["nodes"], data.get("class_data", {})
+    sort_of = {cid: info.get("type") for cid, info in class_data.items()}
+    values: dict[str, object] = {}
+
+    def value(nid: str):
+        if nid in values:
+            return values[nid]
+        node = nodes[nid]
+        op = node["op"]
+        if op in ("vec-of", "vec-empty"):
+            v = tuple(value(c) for c in node["children"])
+        elif op.startswith('"'):
+            v = json.loads(op)
+        else:
+            v = float(op) if any(ch in op for ch in ".eEn") else int(op)
+        values[nid] = v
+        return v
+
+    member = {}
+    for nid, node in nodes.items():
+        member.setdefault(node["eclass"], nid)
+    eg = TensorEGraph()
+    for nid, node in nodes.items():
+        sort = sort_of.get(node["eclass"])
+        op = node["op"]
+        if op == "shape":
+            eg.shapes[nodes[node["children"][0]]["eclass"]] = value(member[node["eclass"]])
+            continue
+        if sort not in _TENSOR_SORTS or node.get("subsumed"):
+            continue
+        eg.classes.setdefault(node["eclass"], []).append(_decode_node(nid, node, nodes, sort_of, value))
+    eg.roots = list(data.get("root_eclasses", []))
+    return eg
+
+
+def _decode_node(nid, node, nodes, sort_of, value) -> ENode:
+    op = node["op"]
+    kids = node["children"]
+    if op == "Proj":
+        return ENode(nid, "proj", {"index": value(kids[1])}, [nodes[kids[0]]["eclass"]])
+    if op in ("TNil", "TCons"):
+        return ENode(nid, op.lower(), {}, [nodes[k]["eclass"] for k in kids])
+    name = OP_OF_CONSTRUCTOR.get(op)
+    if name is None:
+        raise ExtractionError(f"serialized e-graph: unknown constructor {op!r} in node {nid}")
+    params = {}
+    spec = op_params(name)
+    for (pname, _), kid in zip(spec, kids):
+        v = value(kid)
+        params[pname] = decode_padding(v) if pname == "padding" else v
+    children = [nodes[k]["eclass"] for k in kids[len(spec):]]
+    return ENode(nid, name, params, children)
+
+
+def build_graph(eg: TensorEGraph, choice: dict[str, str], source: Graph,
+                opaque: dict[str, Node]) -> Graph:
+    """Rebuild a Graph from an extraction choice (class -> node id), iteratively."""
+    by_id = {n.id: n for nodes in eg.classes.values() for n in nodes}
+    g = Graph(opset=source.opset)
+    g.ir_version = source.ir_version
+    weights = {n.params["name"]: n for n in source.weights()}
+    built: dict[str, object] = {}  # class -> Tensor, list[Tensor] (tuples) or list (TList)
+    order = _postorder(eg, choice, by_id)
+    for cid in order:
+        n = by_id[choice[cid]]
+        kids = [built[c] for c in n.children]
+        built[cid] = _build_node(g, n, kids, weights, source, opaque)
+    for (name, _), cid in zip(source.outputs, eg.roots):
+        g.mark_output(built[cid], name)
+    return fuse_bias_and_activation(g)
+
+
+def _postorder(eg, choice, by_id) -> list[str]:
+    order, state = [], {}
+    for root in eg.roots:
+        stack = [(root, False)]
+        while stack:
+            cid, done = stack.pop()
+            if done:
+                state[cid] = 2
+                order.append(cid)
+                continue
+            if state.get(cid) == 2:
+                continue
+            if state.get(cid) == 1:
+                raise ExtractionError(f"extraction choice has a cycle through class {cid}")
+            if cid not in choice:
+                raise ExtractionError(f"extraction choice misses class {cid}")
+            state[cid] = 1
+            stack.append((cid, True))
+            for child in reversed(by_id[choice[cid]].children):
+                if state.get(child) != 2:
+                    if state.get(child) == 1:
+                        raise ExtractionError(f"extraction choice has a cycle through class {child}")
+                    stack.append((child, False))
+    return order
+
+
+def _build_node(g: Graph, n: ENode, kids, weights, source, opaque):
+    if n.op == "tnil":
+        return []
+    if n.op == "tcons":
+        return [kids[0]] + kids[1]
+    if n.op == "proj":
+        return kids[0][n.params["index"]]
+    if n.op == "input":
+        return g.new_input(n.params["shape"], name=n.params["name"], dtype=n.params["dtype"])
+    if n.op == "weight":
+        src = weights[n.params["name"]]
+        t = g.new_weight(n.params["shape"], name=n.params["name"], dtype=n.params["dtype"])
+        g.weight_data[t.node] = source.weight_array(src)
+        return t
+    if n.op == "opaque":
+        orig = opaque[n.params["key"]]
+        return g.add_node(orig.op, kids[0], orig.name, **orig.params)
+    params = dict(n.params)
+    if n.op == "concat":
+        return g.add_node("concat", kids, axis=params["axis"])[0]
+    outs = g.add_node(n.op, kids, **params)
+    return outs if returns_tuple(n.op) else outs[0]
+
+
+def fuse_bias_and_activation(g: Graph) -> Graph:
+    """Undo the bias split of the way in: conv -> add(reshaped weight-only bias) ->
+    activation becomes one conv node again, flattening nested concats as well."""
+    users: dict[tuple[int, int], list[Node]] = {}
+    for n in g.nodes.values():
+        for t in n.inputs:
+            users.setdefault((t.node, t.index), []).append(n)
+    outputs = {(t.node, t.index) for _, t in g.outputs}
+
+    def sole_user(t: Tensor):
+        us = users.get((t.node, t.index), [])
+        return us[0] if len(us) == 1 and (t.node, t.index) not in outputs else None
+
+    from ..cost import weight_only_nodes
+
+    weight_only = weight_only_nodes(g)
+    replace: dict[int, tuple] = {}  # node id to drop -> how its output is rebuilt
+    for n in list(g.topo_order()):
+        if n.op != "conv2d" or len(n.inputs) != 2 or n.params["activation"] != "NONE":
+            continue
+        add = sole_user(n.out())
+        if add is None or add.op != "ewadd":
+            continue
+        other = add.inputs[1] if add.inputs[0].node == n.id else add.inputs[0]
+        o = n.outputs[0].shape[1]
+        if other.node not in weight_only or other.shape not in ((1, o, 1, 1), (o, 1, 1)):
+            continue
+        act_node = sole_user(add.out())
+        act = act_node.op.upper() if act_node is not None and act_node.op in ("relu", "sigmoid", "tanh") else "NONE"
+        replace[n.id] = (other, add, act_node if act != "NONE" else None, act)
+    if not replace:
+        return _flatten_concats(g)
+    return _flatten_concats(_rebuild_with_fusions(g, replace))
+
+
+def _rebuild_with_fusions(g: Graph, replace) -> Graph:
+    new = Graph(opset=g.opset)
+    new.ir_version = g.ir_version
+    mapping: dict[tuple[int, int], Tensor] = {}
+    alias: dict[tuple[int, int], tuple[int, int]] = {}
+    for conv_id, (bias, add, act_node, act) in replace.items():
+        last = act_node if act_node is not None else add
+        alias[(last.id, 0)] = (conv_id, 0)
+    skip = {add.id for _, add, _, _ in replace.values()} | \
+           {a.id for _, _, a, _ in replace.values() if a is not None}
+    for n in g.topo_order():
+        if n.id in skip:
+            continue
+        ins = [mapping[alias.get((t.node, t.index), (t.node, t.index))] for t in n.inputs]
+        if n.op == "input":
+            outs = [new.new_input(n.params["shape"], n.params["name"], n.params["dtype"])]
+        elif n.op == "weight":
+            outs = [new.new_weight(n.params["shape"], name=n.params["name"], dtype=n.params["dtype"])]
+            new.weight_data[outs[0].node] = g.weight_array(n)
+        elif n.id in replace:
+            bias_t, _, _, act = replace[n.id]
+            o = n.outputs[0].shape[1]
+            b = mapping[(bias_t.node, bias_t.index)]
+            b = new.reshape(b, (o,))
+            params = dict(n.params, activation=act)
+            outs = new.add_node("conv2d", ins + [b], n.name, **params)
+        else:
+            outs = new.add_node(n.op, ins, n.name, **n.params)
+        for i, t in enumerate(outs):
+            mapping[(n.id, i)] = t
+    for name, t in g.outputs:
+        new.mark_output(mapping[alias.get((t.node, t.index), (t.node, t.index))], name)
+    return new
+
+
+def _flatten_concats(g: Graph) -> Graph:
+    """concat(a, concat(b, c)) on one axis, inner used once -> concat(a, b, c)."""
+    users: dict[int, int] = {}
+    for n in g.nodes.values():
+        for t in n.inputs:
+            users[t.node] = users.get(t.node, 0) + 1
+    outputs = {t.node for _, t in g.outputs}
+    changed = False
+    for n in g.topo_order():
+        if n.op != "concat":
+            continue
+        flat = []
+        for t in n.inputs:
+            src = g.nodes[t.node]
+            if src.op == "concat" and src.params["axis"] == n.params["axis"] \
+                    and users.get(src.id) == 1 and src.id not in outputs:
+                flat.extend(src.inputs)
+                changed = True
+            else:
+                flat.append(t)
+        n.inputs = tuple(flat)
+    if changed:
+        _drop_unused(g)
+    return g
+
+
+def _drop_unused(g: Graph) -> None:
+    live = {t.node for _, t in g.outputs}
+    for n in reversed(g.topo_order()):
+        if n.id in live:
+            live.update(t.node for t in n.inputs)
+    for nid in [nid for nid in g.nodes if nid not in live and g.nodes[nid].op != "input"]:
+        del g.nodes[nid]
+        g.weight_data.pop(nid, None)

@@ -1,0 +1,143 @@
+"""Bounded equality saturation: one egglog iteration at a time, limits checked after
+every iteration, statistics kept for the notebooks."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+
+from ..errors import LimitError
+from ..graph import Graph
+from .convert import GraphProgram, TensorEGraph, graph_to_program, read_serialized
+from .language import declarations
+
+# Functions that are analyses, not e-nodes of the tensor language.
+_ANALYSES = {"shape", "wlo", "whi", "pending"}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Saturation stops at whichever limit comes first."""
+    nodes: int = 20_000        # e-nodes in the tensor language
+    iterations: int = 15
+    seconds: float = 30.0
+    multi_iterations: int = 1  # iterations in which multi-pattern rules run (k_multi)
+
+    def __post_init__(self):
+        for name in ("nodes", "iterations", "multi_iterations"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < (0 if name == "multi_iterations" else 1):
+                raise LimitError(f"limit {name}={v!r} must be an integer >= "
+                                 f"{0 if name == 'multi_iterations' else 1}")
+        if not self.seconds > 0:
+            raise LimitError(f"limit seconds={self.seconds!r} must be positive")
+
+
+@dataclass
+class IterationStats:
+    iteration: int
+    enodes: int
+    eclasses: int
+    seconds: float
+    matches: dict[str, int]
+    multi: bool
+
+
+@dataclass
+class Saturation:
+    """The saturated e-graph of a graph, with how it got there."""
+    graph: Graph
+    egraph: object                  # egglog.bindings.EGraph
+    program: GraphProgram
+    stop_reason: str
+    iterations: list[IterationStats] = field(default_factory=list)
+    seconds: float = 0.0
+    rules: tuple = ()
+
+    def serialized(self) -> dict:
+        """The e-graph in egraph-serialize JSON form (analysis rows included)."""
+        from egglog.bindings import PanicSpan, Var
+
+        span = PanicSpan()
+        roots = [Var(span, v) for v in self.program.output_vars]
+        return json.loads(self.egraph.serialize(roots).to_json())
+
+    def tensor_egraph(self) -> TensorEGraph:
+        return read_serialized(self.serialized())
+
+    @property
+    def enodes(self) -> int:
+        return self.iterations[-1].enodes if self.iterations else 0
+
+
+def _sizes(egraph) -> int:
+    from egglog.bindings import PrintAllFunctionsSize
+
+    out = egraph.parse_and_run_program("(print-size)")
+    sizes = next(o for o in out if isinstance(o, PrintAllFunctionsSize)).sizes
+    return sum(n for name, n in sizes if name not in _ANALYSES)
+
+
+def _eclasses(egraph, program) -> int:
+    from egglog.bindings import PanicSpan, Var
+
+    data = json.loads(egraph.serialize([Var(PanicSpan(), program.output_vars[0])]).to_json())
+    sorts = {cid: info.get("type") for cid, info in data.get("class_data", {}).items()}
+    return sum(1 for s in sorts.values() if s in ("T", "TTup"))
+
+
+def _run(egraph, schedule: str):
+    from egglog.bindings import RunScheduleOutput
+
+    out = egraph.parse_and_run_program(f"(run-schedule {schedule})")
+    return next(o.report for o in out if isinstance(o, RunScheduleOutput))
+
+
+def saturate(graph: Graph, rules=None, limits: Limits | None = None, progress=None,
+             count_classes: bool = True) -> Saturation:
+    """Build the e-graph of ``graph`` and apply ``rules`` (parsed Rule objects;
+    default: the proved corpus) until saturation or a limit. ``progress`` is called
+    with each IterationStats."""
+    import egglog.bindings as eb
+
+    from ..rules.egglog import compile_rules
+    from ..rules.lang import load_corpus
+
+    limits = limits or Limits()
+    rules = tuple(load_corpus() if rules is None else rules)
+    start = time.perf_counter()
+    program = graph_to_program(graph)
+    egraph = eb.EGraph(num_threads=1)
+    egraph.parse_and_run_program(declarations() + compile_rules(rules) + program.text)
+    _run(egraph, "(saturate (run analysis))")
+    sat = Saturation(graph, egraph, program, "saturated", rules=rules)
+    has_multi = any(r.multi for r in rules)
+    for it in range(1, limits.iterations + 1):
+        t0 = time.perf_counter()
+        use_multi = has_multi and it <= limits.multi_iterations
+        before = _sizes(egraph)
+        schedule = "(seq (run rewrites) (run multi))" if use_multi else "(run rewrites)"
+        report = _run(egraph, schedule)
+        _run(egraph, "(saturate (run analysis))")
+        enodes = _sizes(egraph)
+        stats = IterationStats(it, enodes, _eclasses(egraph, program) if count_classes else 0,
+                               time.perf_counter() - t0,
+                               {k: v for k, v in report.num_matches_per_rule.items() if v}, use_multi)
+        sat.iterations.append(stats)
+        if progress:
+            progress(stats)
+        elapsed = time.perf_counter() - start
+        if not report.updated and enodes == before:
+            sat.stop_reason = "saturated"
+            break
+        if enodes >= limits.nodes:
+            sat.stop_reason = f"node limit ({limits.nodes})"
+            break
+        if elapsed >= limits.seconds:
+            sat.stop_reason = f"time limit ({limits.seconds:g} s)"
+            break
+    else:
+        sat.stop_reason = f"iteration limit ({limits.iterations})"
+    sat.seconds = time.perf_counter() - start
+    return sat
