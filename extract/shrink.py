@@ -7,7 +7,9 @@ Every rule keeps at least one optimal solution (or the incumbent, for the bound 
 - a node is dominated by another node of its class that costs no more and needs a
   subset of its child classes: swapping them keeps a solution complete and acyclic
   (no new edges) and no dearer;
-- a node with a child class that has no kept node left can never be completed.
+- a node that cannot be grounded (a child class with no kept node, or only nodes that
+  lead back into cycles) can never be completed.
+Nodes listed in ``protect`` (a known solution, used as the solver's warm start) stay.
 """
 
 from __future__ import annotations
@@ -15,52 +17,56 @@ from __future__ import annotations
 from .egraph import EGraph
 
 
-def shrink(egraph: EGraph, roots: tuple[int, ...], upper_bound: float) -> list[int]:
+def shrink(
+    egraph: EGraph, roots: tuple[int, ...], upper_bound: float, protect: frozenset[int] = frozenset()
+) -> list[int]:
     """Indices of the nodes to keep, in increasing order."""
     cost = egraph.node_cost
     child_sets = egraph.child_sets
-    node_class = egraph.node_class
+    node_class = egraph.node_class.tolist()
     alive = [
-        cost[n] <= upper_bound and node_class[n] not in child_sets[n]
+        n in protect or (cost[n] <= upper_bound and node_class[n] not in child_sets[n])
         for n in range(egraph.n_nodes)
     ]
     for members in egraph.class_nodes:
-        _drop_dominated(members, alive, cost, child_sets)
+        _drop_dominated(members, alive, cost, child_sets, protect)
     while True:
         before = sum(alive)
-        _drop_incompletable(egraph, alive)
+        _keep_groundable(egraph, alive)
         _keep_reachable(egraph, roots, alive)
         if sum(alive) == before:
             return [n for n in range(egraph.n_nodes) if alive[n]]
 
 
-def _drop_dominated(members, alive, cost, child_sets) -> None:
+def _drop_dominated(members, alive, cost, child_sets, protect) -> None:
     # Sorted by cost then fewer children, a node can only be dominated by an earlier one.
     live = sorted((n for n in members if alive[n]), key=lambda n: (cost[n], len(child_sets[n]), n))
-    kept: list[tuple[int, frozenset]] = []
+    kept: list[frozenset] = []
     for n in live:
         children = frozenset(child_sets[n])
-        if any(kids <= children for _, kids in kept):
+        if n not in protect and any(kids <= children for kids in kept):
             alive[n] = False
         else:
-            kept.append((n, children))
+            kept.append(children)
 
 
-def _drop_incompletable(egraph: EGraph, alive: list[bool]) -> None:
-    count = [0] * egraph.n_classes
-    for n in range(egraph.n_nodes):
-        if alive[n]:
-            count[egraph.node_class[n]] += 1
-    empty = [c for c in range(egraph.n_classes) if count[c] == 0]
-    while empty:
-        cls = empty.pop()
+def _keep_groundable(egraph: EGraph, alive: list[bool]) -> None:
+    # Least fixpoint: a class is grounded once one of its nodes has all children grounded.
+    missing = [len(egraph.child_sets[n]) for n in range(egraph.n_nodes)]
+    grounded = [False] * egraph.n_classes
+    ready = [n for n in range(egraph.n_nodes) if alive[n] and missing[n] == 0]
+    while ready:
+        cls = egraph.node_class[ready.pop()]
+        if grounded[cls]:
+            continue
+        grounded[cls] = True
         for user in egraph.parents[cls]:
-            if alive[user]:
-                alive[user] = False
-                owner = egraph.node_class[user]
-                count[owner] -= 1
-                if count[owner] == 0:
-                    empty.append(owner)
+            missing[user] -= 1
+            if missing[user] == 0 and alive[user]:
+                ready.append(user)
+    for n in range(egraph.n_nodes):
+        if alive[n] and missing[n] > 0:
+            alive[n] = False
 
 
 def _keep_reachable(egraph: EGraph, roots: tuple[int, ...], alive: list[bool]) -> None:

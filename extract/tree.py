@@ -17,9 +17,12 @@ from .egraph import EGraph
 from .result import HEURISTIC
 
 
-def tree_costs(egraph: EGraph) -> tuple[list[float], list[int]]:
-    """Best tree cost and its node for every class (inf / -1 where none is finite)."""
+def tree_costs(egraph: EGraph, allowed: list[bool] | None = None) -> tuple[list[float], list[int]]:
+    """Best tree cost and its node for every class (inf / -1 where none is finite),
+    using only the nodes marked in ``allowed`` if given."""
     cost = egraph.node_cost.tolist()
+    if allowed is not None:
+        cost = [c if ok else math.inf for c, ok in zip(cost, allowed)]
     children = egraph.node_children
     node_class = egraph.node_class.tolist()
     parents = egraph.parents

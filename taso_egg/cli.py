@@ -70,6 +70,70 @@ def _cmd_convert(args) -> int:
     return 0
 
 
+def _cmd_optimize(args) -> int:
+    from .api import optimize
+    from .egraph.saturate import Limits
+    from .executor import random_inputs
+    from .onnx_io.exporter import export_onnx, save_atomically
+    from .onnx_io.importer import _read, load_onnx
+    from .rules.lang import load_corpus, load_rule_file
+    from .verify import compare_outputs, onnx_outputs
+
+    limits = Limits(nodes=args.node_limit, iterations=args.iter_limit, seconds=args.time_limit,
+                    multi_iterations=args.multi_iterations)
+    rules = load_corpus()
+    for path in args.rules or ():
+        rules += load_rule_file(path)
+    original = _read(args.model)
+    g = load_onnx(original, parse_input_shapes(args.input_shape))
+    print(f"{args.model}: {len(g.nodes)} nodes; {len(rules)} rules; saturating "
+          f"(limits: {limits.nodes} e-nodes, {limits.iterations} iterations, {limits.seconds:g} s, "
+          f"multi-pattern iterations {limits.multi_iterations})", file=sys.stderr)
+
+    def progress(it):
+        top = sorted(it.matches.items(), key=lambda kv: -kv[1])[:3]
+        print(f"  iteration {it.iteration:>2}: {it.enodes:>7} e-nodes {it.eclasses:>7} e-classes "
+              f"{it.seconds:6.2f} s  " + ", ".join(f"{k} x{v}" for k, v in top), file=sys.stderr)
+
+    result = optimize(g, rules=rules, limits=limits, extractor=args.extractor, progress=progress)
+    model = export_onnx(result.graph)
+    feeds = random_inputs(g)
+    err = compare_outputs(onnx_outputs(original, feeds), onnx_outputs(model, feeds),
+                          what="optimized model in onnxruntime")
+    save_atomically(model, args.output)
+    _print_summary(result, err)
+    print(f"wrote {args.output}")
+    return 0
+
+
+def _print_summary(result, err: float) -> None:
+    st = result.stats
+    before, after = st["ops_before"], st["ops_after"]
+    print(f"{'operator':<16}{'before':>8}{'after':>8}")
+    for op in sorted(set(before) | set(after)):
+        print(f"{op:<16}{before.get(op, 0):>8}{after.get(op, 0):>8}")
+    print(f"{'cost':<16}{result.cost_before * 1e3:>8.3f}{result.cost_after * 1e3:>8.3f}  ms "
+          f"({result.cost_model}); predicted speedup {result.speedup:.3f}x")
+    print(f"e-graph: {st['enodes']} e-nodes, {st['eclasses']} e-classes after {st['iterations']} "
+          f"iterations; stopped: {st['stop_reason']}")
+    print(f"time: saturation {st['saturation_seconds']:.2f} s, extraction ({st['extractor']}, "
+          f"{st['extractor_status']}) {st['extraction_seconds']:.2f} s, total {st['total_seconds']:.2f} s")
+    print(f"check: outputs equal the original's in onnxruntime within {err:.2g} relative")
+
+
+def _cmd_zoo(args) -> int:
+    from . import zoo
+    from .onnx_io.exporter import export_onnx
+
+    builders = zoo.MODELS
+    if args.name not in builders:
+        raise TasoEggError(f"unknown zoo model {args.name!r}; choose from {', '.join(sorted(builders))}")
+    g = builders[args.name]()
+    export_onnx(g, args.output)
+    print(f"wrote {args.output}: {g.summary()}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="taso-egg", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="show debug logging")
@@ -83,6 +147,23 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(p)
     p.add_argument("-o", "--output", required=True)
     p.set_defaults(func=_cmd_convert)
+
+    p = sub.add_parser("optimize", help="saturate, extract the cheapest graph, check it, write ONNX")
+    _add_model_args(p)
+    p.add_argument("-o", "--output", required=True)
+    p.add_argument("--extractor", default="ilp", choices=["ilp", "greedy-dag", "tree"])
+    p.add_argument("--node-limit", type=int, default=20_000, help="stop past this many e-nodes")
+    p.add_argument("--iter-limit", type=int, default=15, help="stop after this many iterations")
+    p.add_argument("--time-limit", type=float, default=30.0, help="stop saturating after this many seconds")
+    p.add_argument("--multi-iterations", type=int, default=1,
+                   help="iterations in which multi-pattern rules run (k_multi)")
+    p.add_argument("--rules", action="append", metavar="FILE", help="extra .rules file (repeatable)")
+    p.set_defaults(func=_cmd_optimize)
+
+    p = sub.add_parser("zoo", help="write one of TASO's benchmark graphs (builder-made) as ONNX")
+    p.add_argument("name", help="model name, e.g. bert, bert-small, nasrnn, nasrnn-small")
+    p.add_argument("-o", "--output", required=True)
+    p.set_defaults(func=_cmd_zoo)
 
     try:
         from .extract.cli import add_extract_arguments, run_extract_command

@@ -32,10 +32,11 @@ def random_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def run(graph: Graph, inputs: Mapping[str, np.ndarray] | None = None, xp=np,
-        op_seconds: dict[int, float] | None = None) -> dict[str, np.ndarray]:
+        op_seconds: dict[int, float] | None = None, float64: bool = False) -> dict[str, np.ndarray]:
     """Compute the graph's outputs (by output name). ``inputs`` defaults to
     ``random_inputs(graph)``. When ``op_seconds`` is a dict it receives each
-    operator node's wall time (device-synchronised)."""
+    operator node's wall time (device-synchronised). ``float64`` computes every
+    floating-point tensor in double precision (for numerical checks)."""
     if inputs is None:
         inputs = random_inputs(graph)
     values: dict[tuple[int, int], object] = {}
@@ -45,7 +46,9 @@ def run(graph: Graph, inputs: Mapping[str, np.ndarray] | None = None, xp=np,
         if outs is None:
             args = [values[(t.node, t.index)] for t in node.inputs]
             start = time.perf_counter() if op_seconds is not None else 0.0
-            outs = _call_kernel(xp, node, args)
+            outs = _call_kernel(xp, node, args, float64)
+        elif float64:
+            outs = [_widen(o) for o in outs]
             if op_seconds is not None:
                 sync()
                 op_seconds[node.id] = time.perf_counter() - start
@@ -69,7 +72,11 @@ def _leaf_value(graph: Graph, node: Node, inputs, xp):
     return None
 
 
-def _call_kernel(xp, node: Node, args):
+def _widen(a):
+    return a.astype("float64") if a.dtype.kind == "f" else a
+
+
+def _call_kernel(xp, node: Node, args, float64: bool = False):
     try:
         outs = OPS[node.op].kernel(xp, node.params, *args)
     except TasoEggError:
@@ -77,8 +84,10 @@ def _call_kernel(xp, node: Node, args):
     except Exception as e:  # a kernel bug or a device error: name the node
         shapes = ", ".join(str(list(a.shape)) for a in args)
         raise ExecutionError(f"{node.label()} failed on inputs {shapes}: {e}") from e
-    # Kernels compute in the inputs' precision; keep the declared dtypes exactly.
-    return [o.astype(t.dtype, copy=False) if str(o.dtype) != t.dtype else o
+    # Kernels compute in the inputs' precision; keep the declared dtypes exactly
+    # (in float64 mode, floating-point tensors stay double).
+    return [o if str(o.dtype) == t.dtype or (float64 and o.dtype.kind == "f" and t.dtype.startswith("float"))
+            else o.astype("float64" if float64 and t.dtype.startswith("float") else t.dtype, copy=False)
             for o, t in zip(outs, node.outputs)]
 
 

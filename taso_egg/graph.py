@@ -109,7 +109,11 @@ class Graph:
 
     def new_input(self, dims: Sequence[int], name: str | None = None, dtype: str = "float32") -> Tensor:
         name = self._claim(name, "input")
-        return self.add_node("input", (), name, name=name, shape=tuple(dims), dtype=dtype)[0]
+        try:
+            return self.add_node("input", (), name, name=name, shape=tuple(dims), dtype=dtype)[0]
+        except Exception:
+            self._names.discard(name)  # a rejected call must not use up the name
+            raise
 
     def new_weight(self, dims: Sequence[int], data: np.ndarray | None = None,
                    name: str | None = None, dtype: str | None = None) -> Tensor:
@@ -121,7 +125,11 @@ class Graph:
                 raise ShapeError(f"weight {name or ''}: data shape {list(data.shape)} does not "
                                  f"match dims {list(dims)}")
         name = self._claim(name, "weight")
-        t = self.add_node("weight", (), name, name=name, shape=tuple(dims), dtype=dtype or "float32")[0]
+        try:
+            t = self.add_node("weight", (), name, name=name, shape=tuple(dims), dtype=dtype or "float32")[0]
+        except Exception:
+            self._names.discard(name)  # a rejected call must not use up the name
+            raise
         if data is not None:
             self.weight_data[t.node] = data.astype(t.dtype, copy=False)
         return t

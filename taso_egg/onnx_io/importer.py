@@ -247,6 +247,11 @@ class _Importer:
                 value = shape[start:end]
             self.consts[node.output[0]] = value
             return True
+        if node.op_type == "CastLike" and node.input[0] in self.consts:
+            # only the dtype of the second input matters, and it is known here
+            target = self.type(node.input[1]).dtype
+            self.consts[node.output[0]] = self.consts[node.input[0]].astype(target)
+            return True
         present = [n for n in node.input if n]
         if not present or not all(n in self.consts for n in present) \
                 or node.op_type in _NONDETERMINISTIC:

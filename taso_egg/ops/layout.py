@@ -223,7 +223,8 @@ def _import_reshape(ctx, node, attrs):
 @onnx_importer("Flatten")
 def _import_flatten(ctx, node, attrs):
     x = ctx.tensor(node.input[0])
-    axis = int(attrs.get("axis", 1)) % (len(x.shape) + 1) if x.shape else 0
+    axis = int(attrs.get("axis", 1))
+    axis = axis + len(x.shape) if axis < 0 else axis
     return [ctx.g.reshape(x, (math.prod(x.shape[:axis]), math.prod(x.shape[axis:])))]
 
 

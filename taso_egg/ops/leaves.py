@@ -6,6 +6,8 @@ is a function of their shape alone, so they fold into initializers at export.
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 
 from .base import OpSpec, TensorType, check_dims, fail, register
@@ -101,7 +103,7 @@ register(OpSpec(
 def weight_values(shape, dtype, key: str) -> np.ndarray:
     """Deterministic stand-in data for a weight built without data (keyed by name),
     scaled so that deep random networks keep activations in a sane range."""
-    seed = int.from_bytes(key.encode()[-8:].rjust(8, b"\0"), "little") ^ 0x5EED
+    seed = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
     rng = np.random.default_rng(seed)
     fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else max(int(np.prod(shape)), 1)
     scale = 1.0 / np.sqrt(max(fan_in, 1))

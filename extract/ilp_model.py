@@ -1,0 +1,124 @@
+"""The DAG-extraction integer program over a subset of e-nodes, built for HiGHS.
+
+Columns: one binary x per node, paid by its cost (so a shared node is paid once), then
+one continuous order variable t per class that lies on a cycle of the model's class
+graph. Rows:
+- each root class: sum of its nodes = 1;
+- each class: sum of its nodes <= 1 (a choice takes one node; tightens the relaxation);
+- each node n and child class d: sum of d's nodes >= x_n;
+- each node n of class c with a child class d in the same strongly connected component
+  (size M): t_c - t_d >= 1 - M (1 - x_n), so chosen edges strictly descend in t.
+  Edges between components can never close a cycle and get no order row.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import highspy
+import numpy as np
+
+from .check import used_classes
+from .cycles import strongly_connected
+from .egraph import EGraph
+
+
+class IlpModel:
+    def __init__(self, egraph: EGraph, nodes: list[int], roots: tuple[int, ...]):
+        self.egraph = egraph
+        self.roots = roots
+        self.nodes = nodes
+        classes = sorted({int(egraph.node_class[n]) for n in nodes})
+        self.class_pos = {c: i for i, c in enumerate(classes)}
+        self.col_class = [self.class_pos[int(egraph.node_class[n])] for n in nodes]
+        self.col_children = [[self.class_pos[d] for d in egraph.child_sets[n]] for n in nodes]
+        self.members: list[list[int]] = [[] for _ in classes]
+        for col, cls in enumerate(self.col_class):
+            self.members[cls].append(col)
+        succ: list[set[int]] = [set() for _ in classes]
+        for col, cls in enumerate(self.col_class):
+            succ[cls].update(self.col_children[col])
+        self.component = strongly_connected(len(classes), succ)
+        self.component_size = Counter(self.component)
+        cyclic = [c for c in range(len(classes)) if self.component_size[self.component[c]] > 1]
+        self.order_col = {c: len(nodes) + i for i, c in enumerate(cyclic)}
+
+    @property
+    def n_cols(self) -> int:
+        return len(self.nodes) + len(self.order_col)
+
+    def build(self, integer: bool, order: bool, verbose: bool = False) -> highspy.Highs:
+        """A HiGHS instance holding the model (the LP relaxation if not ``integer``;
+        without order rows if not ``order``, which then allows cycles)."""
+        h = highspy.Highs()
+        h.setOptionValue("output_flag", verbose)
+        h.setOptionValue("threads", 1)
+        h.setOptionValue("mip_rel_gap", 1e-6)
+        nx = len(self.nodes)
+        n_cols = self.n_cols if order else nx
+        upper = np.ones(n_cols)
+        if order:
+            for cls, col in self.order_col.items():
+                upper[col] = self.component_size[self.component[cls]] - 1
+        h.addVars(n_cols, np.zeros(n_cols), upper)
+        idx = np.arange(nx, dtype=np.int32)
+        h.changeColsCost(nx, idx, self.egraph.node_cost[self.nodes])
+        if integer:
+            h.changeColsIntegrality(nx, idx, np.full(nx, highspy.HighsVarType.kInteger))
+        _add_rows(h, self._rows(order))
+        return h
+
+    def _rows(self, order: bool):
+        inf = highspy.kHighsInf
+        for root in self.roots:
+            yield 1.0, 1.0, self.members[self.class_pos[root]], 1.0
+        for m in self.members:
+            if len(m) > 1:
+                yield -inf, 1.0, m, 1.0
+        for col, cls in enumerate(self.col_class):
+            for child in self.col_children[col]:
+                yield 0.0, inf, self.members[child] + [col], [1.0] * len(self.members[child]) + [-1.0]
+                if order and self.component[child] == self.component[cls] and cls in self.order_col:
+                    big = float(self.component_size[self.component[cls]])
+                    yield 1.0 - big, inf, [self.order_col[cls], self.order_col[child], col], [1.0, -1.0, -big]
+
+    def start(self, choice: dict[int, int], order: bool) -> highspy.HighsSolution:
+        """Column values of a valid choice whose nodes are all in the model."""
+        values = np.zeros(self.n_cols if order else len(self.nodes))
+        col_of = {n: i for i, n in enumerate(self.nodes)}
+        for node in choice.values():
+            values[col_of[node]] = 1.0
+        if order:
+            # Height within the component: children first, so each edge descends by >= 1.
+            for cls0 in used_classes(self.egraph, choice, self.roots):
+                cls = self.class_pos[cls0]
+                if cls in self.order_col:
+                    same = [
+                        values[self.order_col[d]] + 1
+                        for d in (self.class_pos[c] for c in self.egraph.child_sets[choice[cls0]])
+                        if self.component[d] == self.component[cls]
+                    ]
+                    values[self.order_col[cls]] = max(same, default=0.0)
+        sol = highspy.HighsSolution()
+        sol.col_value = values.tolist()
+        sol.value_valid = True
+        return sol
+
+    def choice(self, col_value) -> dict[int, int]:
+        """The chosen nodes (x > 0.5) as class -> node, in e-graph indices."""
+        x = np.asarray(col_value[: len(self.nodes)])
+        return {int(self.egraph.node_class[self.nodes[j]]): self.nodes[j] for j in np.flatnonzero(x > 0.5)}
+
+
+def _add_rows(h: highspy.Highs, rows) -> None:
+    lower, upper, starts, index, value = [], [], [], [], []
+    for lo, hi, cols, vals in rows:
+        lower.append(lo)
+        upper.append(hi)
+        starts.append(len(index))
+        index.extend(cols)
+        value.extend([vals] * len(cols) if isinstance(vals, float) else vals)
+    h.addRows(
+        len(lower), np.array(lower), np.array(upper), len(index),
+        np.array(starts, dtype=np.int32), np.array(index, dtype=np.int32), np.array(value),
+    )

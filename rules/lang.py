@@ -1,0 +1,776 @@
+"""The rule language: a reader for ``rules/*.rules`` files and the AST every back end
+(egglog compiler, graph pattern matcher, Z3 verifier, numeric checker) consumes.
+
+Syntax (S-expressions; ``;`` starts a comment that runs to the end of the line)::
+
+    (rule NAME :lhs PAT :rhs PAT [:if (GUARD ...)] [:example (BINDING ...)] [:doc "text"])
+    (multi NAME :lhs (PAT PAT) :rhs (PAT PAT) ...)      ; rhs[i] replaces lhs[i]
+
+Patterns (tensor positions)
+    ``?v``                      a tensor variable
+    ``(OP PARAM... INPUT...)``  an operator of the table (``taso_egg.ops.OPS``): its
+                                parameters first, in the order of ``OPS[op].defaults``,
+                                then its tensor inputs. Every parameter is required, with
+                                two documented exceptions that may be left out at the end
+                                (the AST then holds the default): ``dtype`` of the constants
+                                (``const_one``/``const_imm``/``const_iconv``/``const_pool``,
+                                default ``float32``) and ``count_include_pad`` of
+                                ``avgpool2d`` (default 1). ``concat`` is binary in patterns:
+                                ``(concat AXIS A B)``. The leaves ``input``/``weight`` and
+                                ``opaque`` cannot appear.
+    ``(proj I PAT)``            output I of a multi-output operator (``split``); a split
+                                anywhere else is an error.
+
+Parameters (parameter positions, guards)
+    ``?v`` (a parameter variable), an integer, a float, a bare symbol (a string such as
+    ``RELU``, ``SAME``), a quoted string, an int vector ``[1 1]``, and the expressions
+    ``(dim T I)``, ``(rank T)``, ``(shape T)`` (``T`` a tensor variable), ``(len V)``,
+    ``(at V I)``, ``(+ A B)``, ``(- A B)``, ``(* A B)``, ``(/ A B)`` (integer division,
+    floor), ``(vec A ...)``. Expressions are allowed in ``:rhs`` and ``:if`` only; the
+    ``:lhs`` parameters are variables or literals (a variable repeated in the lhs must
+    match equal values).
+
+Guards (``:if``)
+    ``(= A B)`` ``(!= A B)`` ``(< A B)`` ``(<= A B)`` ``(> A B)`` ``(>= A B)`` over
+    parameters; ``(weight T)``: tensor variable T is computed from weights only;
+    ``(before T1 T2)``: an anchoring order between two weight-only tensors (used by
+    saturation to apply a symmetric multi rule once; always true for numeric checks).
+
+Examples (``:example``)
+    ``((?x [1 4 5 5]) (?s [1 1]) (?p SAME) ...)``: a shape for each tensor variable, a
+    value for each parameter variable. When present it must bind every lhs variable.
+
+Variable names are stored without the ``?`` (``Var("x")`` for ``?x``; example keys are
+``"x"``). ``App.params`` always holds every parameter of the operator (omitted optional
+ones are filled with their default), so back ends never deal with omissions.
+
+Every error is a :class:`~taso_egg.errors.RuleError` whose message starts with
+``FILE:LINE: rule NAME:``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Union
+
+from taso_egg.errors import RuleError
+from taso_egg.ops import FLOAT_DTYPES, OPS
+from taso_egg.ops.elementwise import ACTIVATIONS
+
+# --- AST ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Var:
+    """A variable; ``name`` without the leading ``?``. Whether it is a tensor or a
+    parameter variable follows from where it is used (``Rule.tensor_vars()``)."""
+
+    name: str
+
+    def __str__(self) -> str:
+        return "?" + self.name
+
+
+@dataclass(frozen=True, eq=False)
+class Lit:
+    """A parameter literal: int, float, str (a symbol like RELU) or tuple of ints.
+    Equality is type-exact: ``Lit(1) != Lit(1.0)``."""
+
+    value: Union[int, float, str, tuple]
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Lit) and type(self.value) is type(other.value) \
+            and self.value == other.value
+
+    def __hash__(self) -> int:
+        return hash((type(self.value).__name__, self.value))
+
+    def __str__(self) -> str:
+        return _format_value(self.value)
+
+
+@dataclass(frozen=True)
+class ParamOp:
+    """A parameter expression: ``fn`` is one of PARAM_FNS. For ``dim``/``rank``/
+    ``shape`` the first argument is a tensor :class:`Var`."""
+
+    fn: str
+    args: tuple
+
+    def __str__(self) -> str:
+        return "(" + " ".join([self.fn] + [str(a) for a in self.args]) + ")"
+
+
+@dataclass(frozen=True)
+class App:
+    """Operator ``op`` applied to all its parameters (in ``OPS[op].defaults`` order;
+    for ``concat`` just ``axis``) and its tensor inputs (binary for ``concat``)."""
+
+    op: str
+    params: tuple
+    inputs: tuple
+
+    def param_dict(self) -> dict:
+        """``{parameter name: ParamExpr}``."""
+        return dict(zip(param_names(self.op), self.params))
+
+    def __str__(self) -> str:
+        return "(" + " ".join([self.op] + [str(a) for a in self.params + self.inputs]) + ")"
+
+
+@dataclass(frozen=True)
+class Proj:
+    """Output ``index`` of a multi-output operator application (``split``)."""
+
+    index: int
+    pattern: App
+
+    def __str__(self) -> str:
+        return f"(proj {self.index} {self.pattern})"
+
+
+Pattern = Union[Var, App, Proj]
+ParamExpr = Union[Var, Lit, ParamOp]
+
+
+@dataclass(frozen=True)
+class Guard:
+    """``kind`` is one of GUARD_KINDS; ``args`` are ParamExprs for comparisons and
+    tensor :class:`Var` for ``weight``/``before``."""
+
+    kind: str
+    args: tuple
+
+    def __str__(self) -> str:
+        return "(" + " ".join([self.kind] + [str(a) for a in self.args]) + ")"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One rewrite. ``lhs``/``rhs`` have one pattern (``rule``) or two (``multi``);
+    ``rhs[i]`` replaces ``lhs[i]``. ``example`` maps variable names (no ``?``) to a
+    shape tuple (tensor vars) or a parameter value; empty when the rule has none.
+    ``source`` is ``(file, line)`` of the rule's opening parenthesis."""
+
+    name: str
+    lhs: tuple
+    rhs: tuple
+    guards: tuple = ()
+    example: dict = field(default_factory=dict, hash=False)
+    doc: str = ""
+    source: tuple = ("<string>", 0)
+    multi: bool = False
+
+    def tensor_vars(self) -> tuple[str, ...]:
+        """Names of the tensor variables, in order of first appearance (lhs first)."""
+        return tuple(n for n, k in self._var_kinds().items() if k == "tensor")
+
+    def param_vars(self) -> tuple[str, ...]:
+        """Names of the parameter variables, in order of first appearance (lhs first)."""
+        return tuple(n for n, k in self._var_kinds().items() if k == "param")
+
+    def weight_vars(self) -> tuple[str, ...]:
+        """Tensor variables a ``(weight ?v)`` guard names."""
+        return tuple(g.args[0].name for g in self.guards if g.kind == "weight")
+
+    def _var_kinds(self) -> dict[str, str]:
+        kinds: dict[str, str] = {}
+        for p in self.lhs + self.rhs:
+            for name, kind in walk_vars(p):
+                kinds.setdefault(name, kind)
+        for g in self.guards:
+            for name, kind in guard_vars(g):
+                kinds.setdefault(name, kind)
+        return kinds
+
+    @property
+    def where(self) -> str:
+        return f"{self.source[0]}:{self.source[1]}: rule {self.name!r}"
+
+    def to_text(self) -> str:
+        """The rule in the surface syntax (parses back to an equal Rule)."""
+        head = "multi" if self.multi else "rule"
+        if self.multi:
+            lhs = "(" + " ".join(map(str, self.lhs)) + ")"
+            rhs = "(" + " ".join(map(str, self.rhs)) + ")"
+        else:
+            lhs, rhs = str(self.lhs[0]), str(self.rhs[0])
+        parts = [f"({head} {self.name}", f"  :lhs {lhs}", f"  :rhs {rhs}"]
+        if self.guards:
+            parts.append("  :if (" + " ".join(map(str, self.guards)) + ")")
+        if self.example:
+            parts.append("  :example (" + " ".join(
+                f"(?{k} {_format_value(v)})" for k, v in self.example.items()) + ")")
+        if self.doc:
+            parts.append("  :doc " + '"' + self.doc.replace("\\", "\\\\").replace('"', '\\"') + '"')
+        return "\n".join(parts) + ")"
+
+
+def walk_vars(node) -> Iterator[tuple[str, str]]:
+    """``(name, "tensor" | "param")`` for every variable occurrence in a pattern or
+    parameter expression (``node`` taken to be in a tensor position when a Var)."""
+    yield from _walk(node, "tensor")
+
+
+def _walk(node, kind):
+    if isinstance(node, Var):
+        yield node.name, kind
+    elif isinstance(node, App):
+        for p in node.params:
+            yield from _walk(p, "param")
+        for t in node.inputs:
+            yield from _walk(t, "tensor")
+    elif isinstance(node, Proj):
+        yield from _walk(node.pattern, "tensor")
+    elif isinstance(node, ParamOp):
+        for i, a in enumerate(node.args):
+            yield from _walk(a, "tensor" if i == 0 and node.fn in TENSOR_FNS else "param")
+
+
+def guard_vars(g: Guard) -> Iterator[tuple[str, str]]:
+    kind = "tensor" if g.kind in TENSOR_GUARDS else "param"
+    for a in g.args:
+        yield from _walk(a, kind)
+
+
+def _format_value(v) -> str:
+    if isinstance(v, tuple):
+        return "[" + " ".join(_format_value(x) for x in v) + "]"
+    if isinstance(v, str):
+        return v if _SYMBOL.fullmatch(v) else '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, float):
+        text = repr(v)
+        return text if ("." in text or "e" in text or "inf" in text or "nan" in text) else text + ".0"
+    return str(v)
+
+
+# --- the language's vocabulary -----------------------------------------------------
+
+# name -> (min args, max args or None)
+PARAM_FNS = {"dim": (2, 2), "rank": (1, 1), "shape": (1, 1), "len": (1, 1), "at": (2, 2),
+             "+": (2, 2), "-": (2, 2), "*": (2, 2), "/": (2, 2), "vec": (1, None)}
+TENSOR_FNS = ("dim", "rank", "shape")  # first argument is a tensor variable
+COMPARISONS = ("=", "!=", "<", "<=", ">", ">=")
+TENSOR_GUARDS = {"weight": 1, "before": 2}
+GUARD_KINDS = COMPARISONS + tuple(TENSOR_GUARDS)
+
+EXCLUDED_OPS = ("input", "weight", "opaque")
+MULTI_OUTPUT_OPS = ("split",)
+CONSTANT_OPS = ("const_iconv", "const_imm", "const_one", "const_pool")
+# Trailing parameters that may be left out of a pattern (the AST holds the default).
+OPTIONAL_PARAMS = {**{c: ("dtype",) for c in CONSTANT_OPS}, "avgpool2d": ("count_include_pad",)}
+
+
+def pattern_ops() -> list[str]:
+    """Operators allowed in patterns."""
+    return sorted(op for op in OPS if op not in EXCLUDED_OPS)
+
+
+def param_names(op: str) -> tuple[str, ...]:
+    return tuple(OPS[op].defaults)
+
+
+def input_arity(op: str) -> tuple[int, int]:
+    if op == "concat":
+        return 2, 2
+    lo, hi = OPS[op].inputs
+    return lo, hi if hi is not None else lo
+
+
+def signature(op: str) -> str:
+    """``(conv2d STRIDES PADDING ACTIVATION T T [T])``: for error messages."""
+    optional = OPTIONAL_PARAMS.get(op, ())
+    words = [f"[{p.upper()}]" if p in optional else p.upper() for p in param_names(op)]
+    lo, hi = input_arity(op)
+    words += ["T"] * lo + ["[T]"] * (hi - lo)
+    return "(" + " ".join([op] + words) + ")"
+
+
+# --- reader: text -> S-expressions with line numbers -------------------------------
+
+_TOKEN = re.compile(r"""
+    (?P<ws>\s+) | (?P<comment>;[^\n]*) | (?P<open>[(\[]) | (?P<close>[)\]])
+  | (?P<str>"(?:[^"\\]|\\.)*") | (?P<badstr>") | (?P<atom>[^\s()\[\];"]+)
+""", re.VERBOSE)
+_INT = re.compile(r"[+-]?\d+")
+_FLOAT = re.compile(r"[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?")
+_VARNAME = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*")
+_SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_\-.]*")
+
+
+@dataclass
+class _Atom:
+    kind: str  # var kw int float sym str
+    value: Any
+    line: int
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
+@dataclass
+class _List:
+    items: list
+    line: int
+    bracket: str  # "(" or "["
+
+    def __str__(self) -> str:
+        close = ")" if self.bracket == "(" else "]"
+        text = self.bracket + " ".join(map(str, self.items)) + close
+        return text if len(text) <= 60 else text[:57] + "..."
+
+    def head(self) -> str | None:
+        if self.bracket == "(" and self.items and isinstance(self.items[0], _Atom) \
+                and self.items[0].kind == "sym":
+            return self.items[0].value
+        return None
+
+
+def _read(text: str, filename: str) -> list:
+    stack: list[_List] = []
+    top: list = []
+    line = 1
+    pos = 0
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        kind, tok = m.lastgroup, m.group()
+        pos = m.end()
+        here = line
+        line += tok.count("\n")
+        if kind in ("ws", "comment"):
+            continue
+        if kind == "badstr":
+            raise RuleError(f"{filename}:{here}: unterminated string")
+        if kind == "open":
+            stack.append(_List([], here, tok))
+            continue
+        if kind == "close":
+            if not stack:
+                raise RuleError(f"{filename}:{here}: unexpected {tok!r} with nothing open")
+            lst = stack.pop()
+            want = ")" if lst.bracket == "(" else "]"
+            if tok != want:
+                raise RuleError(f"{filename}:{here}: {tok!r} closes the {lst.bracket!r} opened "
+                                f"on line {lst.line} (expected {want!r})")
+            (stack[-1].items if stack else top).append(lst)
+            continue
+        (stack[-1].items if stack else top).append(_atom(tok, kind, here, filename))
+    if stack:
+        lst = stack[-1]
+        raise RuleError(f"{filename}:{lst.line}: {lst.bracket!r} opened here is never closed")
+    return top
+
+
+def _atom(tok: str, kind: str, line: int, filename: str) -> _Atom:
+    if kind == "str":
+        value = re.sub(r"\\(.)", r"\1", tok[1:-1], flags=re.S)
+        return _Atom("str", value, line, tok)
+    if tok.startswith("?"):
+        if not _VARNAME.fullmatch(tok[1:]):
+            raise RuleError(f"{filename}:{line}: bad variable name {tok!r}")
+        return _Atom("var", tok[1:], line, tok)
+    if tok.startswith(":") and len(tok) > 1:
+        return _Atom("kw", tok, line, tok)
+    if _INT.fullmatch(tok):
+        return _Atom("int", int(tok), line, tok)
+    if _FLOAT.fullmatch(tok):
+        return _Atom("float", float(tok), line, tok)
+    return _Atom("sym", tok, line, tok)
+
+
+# --- parser: S-expressions -> AST --------------------------------------------------
+
+
+class _RuleParser:
+    """Parses one top-level form; tracks variable kinds and where they were bound."""
+
+    def __init__(self, form: _List, filename: str):
+        self.form = form
+        self.filename = filename
+        self.name: str | None = None
+        self.kinds: dict[str, tuple[str, int]] = {}  # var -> (kind, first line)
+        self.bound: set[str] = set()
+        self.section = ":lhs"
+
+    def error(self, node, msg: str) -> RuleError:
+        line = node.line if node is not None else self.form.line
+        who = f" rule {self.name!r}:" if self.name else ""
+        return RuleError(f"{self.filename}:{line}:{who} {msg}")
+
+    # -- top level --
+
+    def parse(self) -> Rule:
+        form = self.form
+        head = form.head()
+        if form.bracket != "(" or head not in ("rule", "multi"):
+            raise self.error(form, f"expected (rule NAME ...) or (multi NAME ...), got {form}")
+        multi = head == "multi"
+        if len(form.items) < 2 or not isinstance(form.items[1], _Atom) \
+                or form.items[1].kind not in ("sym", "int"):
+            raise self.error(form, f"({head} ...) needs a name (a bare symbol) after {head!r}")
+        self.name = str(form.items[1].value)
+        sections: dict[str, Any] = {}
+        rest = form.items[2:]
+        i = 0
+        while i < len(rest):
+            kw = rest[i]
+            if not (isinstance(kw, _Atom) and kw.kind == "kw"):
+                raise self.error(kw, f"expected a keyword (:lhs :rhs :if :example :doc), got {kw}")
+            if kw.value not in (":lhs", ":rhs", ":if", ":example", ":doc"):
+                raise self.error(kw, f"unknown keyword {kw.value} (allowed: :lhs :rhs :if "
+                                     f":example :doc)")
+            if kw.value in sections:
+                raise self.error(kw, f"{kw.value} given twice")
+            if i + 1 >= len(rest) or (isinstance(rest[i + 1], _Atom) and rest[i + 1].kind == "kw"):
+                raise self.error(kw, f"{kw.value} has no value")
+            sections[kw.value] = rest[i + 1]
+            i += 2
+        for required in (":lhs", ":rhs"):
+            if required not in sections:
+                raise self.error(form, f"missing {required}")
+
+        self.section = ":lhs"
+        lhs = self._sides(sections[":lhs"], multi)
+        for p in lhs:
+            for name, _ in walk_vars(p):
+                self.bound.add(name)
+        self.section = ":rhs"
+        rhs = self._sides(sections[":rhs"], multi)
+        self.section = ":if"
+        guards = self._guards(sections[":if"]) if ":if" in sections else ()
+        example = self._example(sections[":example"]) if ":example" in sections else {}
+        doc = ""
+        if ":doc" in sections:
+            d = sections[":doc"]
+            if not (isinstance(d, _Atom) and d.kind == "str"):
+                raise self.error(d, ':doc takes a quoted string, e.g. :doc "why it holds"')
+            doc = d.value
+        return Rule(self.name, lhs, rhs, guards, example, doc, (self.filename, form.line), multi)
+
+    def _sides(self, node, multi: bool) -> tuple:
+        sec = self.section
+        if multi:
+            if not (isinstance(node, _List) and node.bracket == "(" and node.head() is None):
+                raise self.error(node, f"multi rule {sec} must be a list of exactly 2 patterns, "
+                                       f"e.g. ((matmul ...) (matmul ...)), got {node}")
+            if len(node.items) != 2:
+                raise self.error(node, f"multi rule {sec} must have exactly 2 patterns, "
+                                       f"got {len(node.items)}")
+            pats = tuple(self._tensor(n) for n in node.items)
+        else:
+            pats = (self._tensor(node),)
+        if sec == ":lhs":
+            for n, p in zip(node.items if multi else [node], pats):
+                if isinstance(p, Var):
+                    raise self.error(n, f"the :lhs root must be an operator pattern, not the "
+                                        f"bare variable {p}")
+        return pats
+
+    # -- variables --
+
+    def _var(self, atom: _Atom, kind: str) -> Var:
+        name = atom.value
+        prev = self.kinds.get(name)
+        if prev is not None and prev[0] != kind:
+            raise self.error(atom, f"?{name} is used both as a {prev[0]} (line {prev[1]}) and "
+                                   f"as a {kind} variable")
+        if prev is None:
+            self.kinds[name] = (kind, atom.line)
+        if self.section != ":lhs" and name not in self.bound:
+            raise self.error(atom, f"?{name} in {self.section} is not bound by :lhs")
+        return Var(name)
+
+    # -- patterns --
+
+    def _tensor(self, node, allow_multi: bool = False):
+        if isinstance(node, _Atom):
+            if node.kind == "var":
+                return self._var(node, "tensor")
+            raise self.error(node, f"expected a tensor pattern (?var or (OP ...)), got {node}")
+        head = node.head()
+        if head is None:
+            raise self.error(node, f"expected a tensor pattern (?var or (OP ...)), got {node}")
+        args = node.items[1:]
+        if head == "proj":
+            return self._proj(node, args)
+        if head in PARAM_FNS:
+            raise self.error(node, f"parameter expression ({head} ...) used where a tensor is "
+                                   f"expected")
+        if head in EXCLUDED_OPS:
+            hint = ("leaves are written as ?variables" if head != "opaque"
+                    else "opaque operators are barriers to rewriting")
+            raise self.error(node, f"operator {head!r} cannot appear in a pattern ({hint})")
+        if head not in OPS:
+            raise self.error(node, f"unknown operator {head!r}; known: {', '.join(pattern_ops())}")
+        app = self._app(node, head, args)
+        if head in MULTI_OUTPUT_OPS and not allow_multi:
+            raise self.error(node, f"{head} has several outputs; select one with "
+                                   f"(proj I ({head} ...))")
+        return app
+
+    def _proj(self, node, args) -> Proj:
+        if len(args) != 2:
+            raise self.error(node, f"(proj I PATTERN) takes 2 arguments, got {len(args)}")
+        idx, inner = args
+        if not (isinstance(idx, _Atom) and idx.kind == "int" and idx.value >= 0):
+            raise self.error(idx, f"proj index must be a non-negative integer, got {idx}")
+        pat = self._tensor(inner, allow_multi=True)
+        if not (isinstance(pat, App) and pat.op in MULTI_OUTPUT_OPS):
+            raise self.error(inner, f"proj selects an output of a multi-output operator "
+                                    f"({', '.join(MULTI_OUTPUT_OPS)}), got {inner}")
+        if pat.op == "split":
+            sizes = pat.param_dict()["sizes"]
+            if isinstance(sizes, Lit) and idx.value >= len(sizes.value):
+                raise self.error(idx, f"proj index {idx.value} out of range: split has "
+                                      f"{len(sizes.value)} outputs")
+        return Proj(idx.value, pat)
+
+    def _app(self, node, op: str, args) -> App:
+        names = param_names(op)
+        if op == "concat":
+            names = ("axis",)
+        optional = OPTIONAL_PARAMS.get(op, ())
+        lo, hi = input_arity(op)
+        n = len(args)
+        fits = [k for k in range(len(names) - len(optional), len(names) + 1) if lo <= n - k <= hi]
+        if not fits:
+            counts = sorted({k + m for k in range(len(names) - len(optional), len(names) + 1)
+                             for m in range(lo, hi + 1)})
+            want = " or ".join(map(str, counts))
+            raise self.error(node, f"{op} takes {want} arguments {signature(op)}, got {n}")
+        k = max(fits)
+        params = []
+        for name, a in zip(names, args[:k]):
+            params.append(self._op_param(a, op, name))
+        for name in names[k:]:
+            params.append(Lit(OPS[op].defaults[name]))
+        inputs = tuple(self._tensor(a) for a in args[k:])
+        return App(op, tuple(params), inputs)
+
+    def _op_param(self, node, op: str, name: str):
+        if self.section == ":lhs" and isinstance(node, _List) and node.head() in PARAM_FNS:
+            raise self.error(node, f"parameter expressions are not allowed in :lhs (parameter "
+                                   f"{name!r} of {op}); bind a ?variable and add an :if guard")
+        expr = self._param(node)
+        if isinstance(expr, Lit):
+            self._check_literal(node, op, name, expr.value)
+        return expr
+
+    def _check_literal(self, node, op: str, name: str, v) -> None:
+        default = OPS[op].defaults[name]
+        bad = None
+        if name == "activation":
+            if v not in ACTIVATIONS:
+                bad = f"one of {', '.join(ACTIVATIONS)}"
+        elif name == "padding":
+            if not (v in ("SAME", "VALID") or isinstance(v, tuple) and len(v) == 4):
+                bad = "SAME, VALID or [top left bottom right]"
+        elif name == "dtype":
+            if v not in FLOAT_DTYPES:
+                bad = f"one of {', '.join(FLOAT_DTYPES)}"
+        elif isinstance(default, tuple):
+            if not isinstance(v, tuple):
+                bad = "an int vector such as [1 1]"
+        elif isinstance(default, bool) or isinstance(default, int):
+            if not isinstance(v, int):
+                bad = "an integer"
+        elif isinstance(default, float):
+            if not isinstance(v, (int, float)) or isinstance(v, bool):
+                bad = "a number"
+        elif isinstance(default, str):
+            if not isinstance(v, str):
+                bad = "a symbol"
+        if bad:
+            raise self.error(node, f"parameter {name!r} of {op} must be {bad}, got "
+                                   f"{_format_value(v)}")
+
+    # -- parameters --
+
+    def _param(self, node):
+        if isinstance(node, _Atom):
+            if node.kind == "var":
+                return self._var(node, "param")
+            if node.kind in ("int", "float", "sym", "str"):
+                return Lit(node.value)
+            raise self.error(node, f"expected a parameter, got {node}")
+        if node.bracket == "[":
+            return Lit(self._int_vector(node))
+        head = node.head()
+        if head not in PARAM_FNS:
+            what = f"operator {head!r}" if head in OPS or head == "proj" else f"{node}"
+            raise self.error(node, f"expected a parameter (?var, literal, [ints] or one of "
+                                   f"{' '.join(PARAM_FNS)}), got {what}")
+        args = node.items[1:]
+        lo, hi = PARAM_FNS[head]
+        if len(args) < lo or (hi is not None and len(args) > hi):
+            want = str(lo) if lo == hi else f"at least {lo}"
+            raise self.error(node, f"({head} ...) takes {want} argument(s), got {len(args)}")
+        out = []
+        for i, a in enumerate(args):
+            if i == 0 and head in TENSOR_FNS:
+                if not (isinstance(a, _Atom) and a.kind == "var"):
+                    raise self.error(a, f"({head} T ...) takes a tensor ?variable, got {a}")
+                out.append(self._var(a, "tensor"))
+                continue
+            e = self._param(a)
+            if isinstance(e, Lit):
+                wants_vec = head in ("len", "at") and i == 0
+                if wants_vec and not isinstance(e.value, tuple):
+                    raise self.error(a, f"({head} V ...) takes an int vector, got {a}")
+                if not wants_vec and not (isinstance(e.value, int) and not isinstance(e.value, bool)):
+                    raise self.error(a, f"argument {i + 1} of ({head} ...) must be an integer, "
+                                        f"got {a}")
+            out.append(e)
+        return ParamOp(head, tuple(out))
+
+    def _int_vector(self, node: _List) -> tuple:
+        vals = []
+        for a in node.items:
+            if not (isinstance(a, _Atom) and a.kind == "int"):
+                raise self.error(a if isinstance(a, _Atom) else node,
+                                 f"vector literals hold integers only, got {a} (use (vec ...) "
+                                 f"for computed vectors)")
+            vals.append(a.value)
+        return tuple(vals)
+
+    # -- guards --
+
+    def _guards(self, node) -> tuple:
+        if not (isinstance(node, _List) and node.bracket == "(" and node.head() is None):
+            raise self.error(node, f":if takes a list of guards, e.g. :if ((= ?a ?b)), got {node}")
+        guards = []
+        for g in node.items:
+            head = g.head() if isinstance(g, _List) else None
+            if head not in GUARD_KINDS:
+                raise self.error(g, f"unknown guard {g} (allowed: {' '.join(GUARD_KINDS)})")
+            args = g.items[1:]
+            if head in TENSOR_GUARDS:
+                if len(args) != TENSOR_GUARDS[head]:
+                    raise self.error(g, f"({head} ...) takes {TENSOR_GUARDS[head]} tensor "
+                                        f"variable(s), got {len(args)}")
+                vs = []
+                for a in args:
+                    if not (isinstance(a, _Atom) and a.kind == "var"):
+                        raise self.error(a, f"({head} ...) takes tensor ?variables, got {a}")
+                    vs.append(self._var(a, "tensor"))
+                guards.append(Guard(head, tuple(vs)))
+            else:
+                if len(args) != 2:
+                    raise self.error(g, f"({head} A B) takes 2 arguments, got {len(args)}")
+                guards.append(Guard(head, tuple(self._param(a) for a in args)))
+        return tuple(guards)
+
+    # -- example --
+
+    def _example(self, node) -> dict:
+        if not (isinstance(node, _List) and node.bracket == "(" and node.head() is None):
+            raise self.error(node, f":example takes a list of bindings, e.g. ((?x [2 3]) "
+                                   f"(?s [1 1])), got {node}")
+        example: dict[str, Any] = {}
+        for b in node.items:
+            if not (isinstance(b, _List) and b.bracket == "(" and len(b.items) == 2
+                    and isinstance(b.items[0], _Atom) and b.items[0].kind == "var"):
+                raise self.error(b, f"an :example binding is (?var VALUE), got {b}")
+            var, val = b.items
+            name = var.value
+            if name not in self.bound:
+                raise self.error(var, f":example binds ?{name}, which :lhs does not use")
+            if name in example:
+                raise self.error(var, f":example binds ?{name} twice")
+            kind = self.kinds[name][0]
+            if kind == "tensor":
+                if not (isinstance(val, _List) and val.bracket == "["):
+                    raise self.error(val, f"tensor ?{name} needs a shape such as [2 3], got {val}")
+                shape = self._int_vector(val)
+                if any(d < 0 for d in shape):
+                    raise self.error(val, f"shape of ?{name} has a negative dimension")
+                example[name] = shape
+            else:
+                if isinstance(val, _List) and val.bracket == "(":
+                    raise self.error(val, f"example value of ?{name} must be a literal, got {val}")
+                example[name] = self._param(val).value
+        missing = [n for n in self.kinds if n in self.bound and n not in example]
+        if missing:
+            raise self.error(node, ":example does not bind " + ", ".join("?" + m for m in missing))
+        return example
+
+
+# --- entry points ------------------------------------------------------------------
+
+
+def parse_rules(text: str, filename: str = "<string>") -> list[Rule]:
+    """Parse a rule file's text. Rule names must be unique within it."""
+    rules: list[Rule] = []
+    seen: dict[str, Rule] = {}
+    for form in _read(text, filename):
+        if not isinstance(form, _List):
+            raise RuleError(f"{filename}:{form.line}: expected (rule NAME ...) or "
+                            f"(multi NAME ...) at top level, got {form}")
+        rule = _RuleParser(form, filename).parse()
+        _check_unique(rule, seen)
+        rules.append(rule)
+    return rules
+
+
+def _check_unique(rule: Rule, seen: dict[str, Rule]) -> None:
+    prev = seen.get(rule.name)
+    if prev is not None:
+        raise RuleError(f"{rule.where}: duplicate rule name (first defined at "
+                        f"{prev.source[0]}:{prev.source[1]})")
+    seen[rule.name] = rule
+
+
+def load_rule_file(path) -> list[Rule]:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise RuleError(f"{path}: cannot read rule file: {e}") from None
+    return parse_rules(text, str(path))
+
+
+def corpus_files() -> list:
+    """Every ``*.rules`` file of the ``taso_egg.rules`` package, sorted by file name."""
+    from importlib.resources import files
+
+    root = files("taso_egg.rules")
+    return sorted((f for f in root.iterdir() if f.name.endswith(".rules") and f.is_file()),
+                  key=lambda f: f.name)
+
+
+def load_corpus(names=None) -> list[Rule]:
+    """All rules of the corpus files (sorted by file name, rules in file order).
+    ``names`` restricts to some files, by stem or file name (``"taso_hand"`` or
+    ``"taso_hand.rules"``). Rule names must be unique across the files read."""
+    available = corpus_files()
+    if names is not None:
+        if isinstance(names, str):
+            names = [names]
+        by_name = {f.name: f for f in available}
+        chosen = []
+        for n in names:
+            key = n if n.endswith(".rules") else n + ".rules"
+            if key not in by_name:
+                raise RuleError(f"no rule file {key!r} in the corpus; available: "
+                                f"{sorted(by_name)}")
+            if by_name[key] not in chosen:
+                chosen.append(by_name[key])
+        available = sorted(chosen, key=lambda f: f.name)
+    rules: list[Rule] = []
+    seen: dict[str, Rule] = {}
+    for f in available:
+        for rule in parse_rules(f.read_text(encoding="utf-8"), str(f)):
+            _check_unique(rule, seen)
+            rules.append(rule)
+    return rules
+
+
+__all__ = [
+    "Var", "Lit", "App", "Proj", "ParamOp", "Guard", "Rule", "Pattern", "ParamExpr",
+    "PARAM_FNS", "COMPARISONS", "GUARD_KINDS", "MULTI_OUTPUT_OPS", "OPTIONAL_PARAMS",
+    "parse_rules", "load_rule_file", "load_corpus", "corpus_files", "walk_vars", "guard_vars",
+    "param_names", "pattern_ops", "signature",
+]

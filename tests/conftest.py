@@ -1,0 +1,74 @@
+"""Shared helpers for the foundation tests: seeded data, output comparison, and the
+"our executor vs the exported model in onnxruntime" check."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+import taso_egg
+from taso_egg.verify import onnx_outputs
+
+RTOL = 1e-5
+
+
+def rel_err(ref, got) -> float:
+    """Max abs difference relative to the reference's scale."""
+    ref = np.asarray(ref, dtype=np.float64)
+    got = np.asarray(got, dtype=np.float64)
+    assert ref.shape == got.shape, f"shape {got.shape} != expected {ref.shape}"
+    if ref.size == 0:
+        return 0.0
+    assert np.all(np.isfinite(ref) == np.isfinite(got))
+    scale = max(float(np.max(np.abs(ref))), 1e-12)
+    return float(np.max(np.abs(got - ref))) / scale
+
+
+def assert_close(expected: dict, actual: dict, rtol: float = RTOL) -> None:
+    assert set(expected) == set(actual), f"outputs {sorted(actual)} != {sorted(expected)}"
+    for name in expected:
+        err = rel_err(expected[name], actual[name])
+        assert err <= rtol, f"output {name!r}: relative error {err:.3g} > {rtol:g}"
+
+
+def feeds_for(g, seed: int = 0) -> dict:
+    return taso_egg.random_inputs(g, seed)
+
+
+def check_against_ort(g, feeds=None, rtol: float = RTOL):
+    """Run ``g`` with our kernels, export it, run the export in onnxruntime, compare.
+    Returns (our outputs, the exported model)."""
+    g.validate()
+    feeds = feeds_for(g) if feeds is None else feeds
+    ours = taso_egg.run(g, feeds)
+    assert ours, "graph has no outputs"
+    model = taso_egg.export_onnx(g)
+    onnx.checker.check_model(model)
+    theirs = onnx_outputs(model, feeds)
+    assert_close(theirs, ours, rtol)
+    return ours, model
+
+
+def make_model(nodes, inputs, outputs, initializers=(), opset: int = 17, domains=()):
+    """A small ONNX model from onnx.helper pieces (opset-appropriate IR version)."""
+    from onnx import helper
+
+    from taso_egg.onnx_io.versions import ir_version_for
+
+    graph = helper.make_graph(list(nodes), "test", list(inputs), list(outputs), list(initializers))
+    opsets = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, v) for d, v in domains]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=ir_version_for(opset))
+
+
+def vi(name, shape, elem=onnx.TensorProto.FLOAT):
+    return onnx.helper.make_tensor_value_info(name, elem, shape)
+
+
+def init(name, array):
+    return onnx.numpy_helper.from_array(np.asarray(array), name)
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)

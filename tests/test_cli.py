@@ -1,0 +1,130 @@
+"""The ``taso-egg`` command line, run in-process."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from taso_egg.cli import main
+from taso_egg.verify import onnx_outputs
+
+from conftest import assert_close, init, make_model, vi
+
+
+def _model(batch=1):
+    rng = np.random.default_rng(11)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Softmax", ["p"], ["y"], axis=1)]
+    return make_model(nodes, [vi("x", [batch, 2, 6, 6])], [vi("y", None)],
+                      [init("w", rng.standard_normal((3, 2, 3, 3)).astype(np.float32))])
+
+
+@pytest.fixture
+def model_path(tmp_path):
+    path = tmp_path / "small.onnx"
+    onnx.save(_model(), path)
+    return path
+
+
+def _assert_one_error_line(err: str) -> None:
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("taso-egg: error: ")
+    assert "Traceback" not in err
+
+
+def test_inspect(model_path, capsys):
+    assert main(["inspect", str(model_path)]) == 0
+    out, err = capsys.readouterr()
+    assert str(model_path) in out
+    assert "opset 17" in out
+    assert "x float32[1, 2, 6, 6]" in out
+    assert "y float32[1, 3, 3, 3]" in out
+    assert "weights: 1" in out
+    for op in ("conv2d", "relu", "maxpool2d", "opaque"):
+        assert op in out
+    assert "Softmax x1" in out
+    assert "Traceback" not in err
+
+
+def test_convert(model_path, tmp_path, capsys):
+    out_path = tmp_path / "converted.onnx"
+    assert main(["convert", str(model_path), "-o", str(out_path)]) == 0
+    out, err = capsys.readouterr()
+    assert f"wrote {out_path}" in out and "agree" in out
+    converted = onnx.load(out_path)
+    onnx.checker.check_model(converted)
+    feeds = {"x": np.random.default_rng(0).standard_normal((1, 2, 6, 6)).astype(np.float32)}
+    assert_close(onnx_outputs(_model(), feeds), onnx_outputs(converted, feeds))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["converted.onnx", "small.onnx"]
+
+
+def test_input_shape_option(tmp_path, capsys):
+    path = tmp_path / "dyn.onnx"
+    onnx.save(_model(batch="N"), path)
+    assert main(["inspect", str(path)]) == 1
+    _, err = capsys.readouterr()
+    _assert_one_error_line(err)
+    assert "'x'" in err and "'N'" in err
+    assert main(["inspect", str(path), "--input-shape", "x=2,2,6,6"]) == 0
+    out, _ = capsys.readouterr()
+    assert "x float32[2, 2, 6, 6]" in out
+    out_path = tmp_path / "fixed.onnx"
+    assert main(["convert", str(path), "--input-shape", "x=3x2x6x6", "-o", str(out_path)]) == 0
+    assert out_path.exists()
+
+
+@pytest.mark.parametrize("bad", ["x", "x=", "=1,2", "x=1,a"])
+def test_bad_input_shape_option(model_path, capsys, bad):
+    assert main(["inspect", str(model_path), "--input-shape", bad]) == 1
+    _, err = capsys.readouterr()
+    _assert_one_error_line(err)
+    assert "--input-shape" in err
+
+
+def test_missing_file_error(tmp_path, capsys):
+    assert main(["inspect", str(tmp_path / "missing.onnx")]) == 1
+    out, err = capsys.readouterr()
+    _assert_one_error_line(err)
+    assert "missing.onnx" in err
+    assert out == ""
+
+
+def test_convert_failing_input_leaves_no_output(tmp_path, capsys):
+    data = _model().SerializeToString()
+    bad = tmp_path / "truncated.onnx"
+    bad.write_bytes(data[: len(data) // 2])
+    out_path = tmp_path / "out.onnx"
+    assert main(["convert", str(bad), "-o", str(out_path)]) == 1
+    _, err = capsys.readouterr()
+    _assert_one_error_line(err)
+    assert "truncated.onnx" in err
+    assert not out_path.exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["truncated.onnx"]
+
+
+def test_convert_text_input_keeps_existing_output(tmp_path, capsys):
+    bad = tmp_path / "notes.txt"
+    bad.write_text("not a model\n")
+    out_path = tmp_path / "out.onnx"
+    out_path.write_bytes(b"old")
+    assert main(["convert", str(bad), "-o", str(out_path)]) == 1
+    _assert_one_error_line(capsys.readouterr().err)
+    assert out_path.read_bytes() == b"old"
+
+
+def test_convert_to_missing_folder(model_path, tmp_path, capsys):
+    assert main(["convert", str(model_path), "-o", str(tmp_path / "nope" / "o.onnx")]) == 1
+    _, err = capsys.readouterr()
+    _assert_one_error_line(err)
+    assert "does not exist" in err
+
+
+def test_usage_error_exits_2(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["convert"])
+    assert e.value.code == 2
