@@ -23,6 +23,9 @@ class Extractor:
 
     name: ClassVar[str]
 
+    def __init__(self, verbose: bool = False):
+        self.verbose = verbose  # let the solver print its own log, if it has one
+
     def extract(
         self, egraph: EGraph, roots: Iterable[str] | None = None, time_limit: float | None = None
     ) -> ExtractionResult:

@@ -23,9 +23,12 @@ from .result import HEURISTIC
 from .tree import choice_from_picks, tree_costs
 
 
-def greedy_dag_picks(egraph: EGraph) -> list[int]:
-    """The greedy node of every class (-1 where no finite, cycle-free set exists)."""
+def greedy_dag_picks(egraph: EGraph, allowed: list[bool] | None = None) -> list[int]:
+    """The greedy node of every class (-1 where no finite, cycle-free set exists),
+    using only the nodes marked in ``allowed`` if given."""
     cost = egraph.node_cost.tolist()
+    if allowed is not None:
+        cost = [c if ok else math.inf for c, ok in zip(cost, allowed)]
     child_sets = egraph.child_sets
     node_class = egraph.node_class.tolist()
     parents = egraph.parents

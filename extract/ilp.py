@@ -22,7 +22,7 @@ from ..errors import ExtractionError
 from .base import Extractor, Solution
 from .check import check_choice, used_classes
 from .egraph import EGraph
-from .greedy_dag import GreedyDagExtractor
+from .greedy_dag import GreedyDagExtractor, greedy_dag_picks
 from .ilp_model import IlpModel
 from .result import NO_IMPROVEMENT, OPTIMAL, TIME_LIMIT
 from .shrink import shrink
@@ -36,9 +36,6 @@ _OPTIMAL = highspy.HighsModelStatus.kOptimal
 
 class IlpExtractor(Extractor):
     name = "ilp"
-
-    def __init__(self, verbose: bool = False):
-        self.verbose = verbose
 
     def solve(self, egraph: EGraph, roots: tuple[int, ...], time_limit: float | None) -> Solution:
         limit = DEFAULT_TIME_LIMIT if time_limit is None else time_limit
@@ -107,20 +104,21 @@ class _Incumbent:
 
 
 def _close(egraph: EGraph, allowed: list[int], nodes: list[int]) -> list[int]:
-    """``nodes`` plus, for every class any of them needs, that class's tree pick among
-    ``allowed`` (and recursively what it needs), so that the restricted model stays
-    completable and inside the full one."""
+    """``nodes`` plus the greedy-DAG and tree picks among ``allowed`` of every class that
+    they touch or need, recursively: completable, inside the full model, and holding
+    the nodes that the two greedy extractors found good."""
     mask = [False] * egraph.n_nodes
     for n in allowed:
         mask[n] = True
-    _, pick = tree_costs(egraph, mask)
+    picks = (tree_costs(egraph, mask)[1], greedy_dag_picks(egraph, mask))
     keep = set(nodes)
-    have = {int(egraph.node_class[n]) for n in keep}
-    stack = list(keep)
+    have: set[int] = set()
+    stack = [int(egraph.node_class[n]) for n in keep]
     while stack:
-        for cls in egraph.child_sets[stack.pop()]:
-            if cls not in have:
-                have.add(cls)
-                keep.add(pick[cls])
-                stack.append(pick[cls])
+        cls = stack.pop()
+        if cls in have:
+            continue
+        have.add(cls)
+        keep.update(p[cls] for p in picks if p[cls] >= 0)
+        stack.extend(d for n in egraph.class_nodes[cls] if n in keep for d in egraph.child_sets[n])
     return sorted(keep)

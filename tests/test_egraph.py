@@ -291,13 +291,7 @@ def test_shape_cases_cover_every_operator():
     assert expected - covered == set(), f"operators without an e-graph shape case: {expected - covered}"
 
 
-_BIAS_BUG = ("BUG: convert._rebuild_with_fusions builds the fused conv before the bias reshape "
-             "it reads (topo ties by id), KeyError on every conv with a bias")
-
-
-@pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.xfail(strict=True, raises=KeyError, reason=_BIAS_BUG))
-    if n == "conv_bias_relu" else n for n in sorted(CASES)])
+@pytest.mark.parametrize("name", sorted(CASES))
 def test_round_trip_each_case(name):
     """No rules: extraction gives back the same computation (the bridge's rank-matching
     reshapes may stay; explicit (0,0,0,0) pads come back as VALID)."""
@@ -325,12 +319,6 @@ def _matmul_broadcast_output(g):
     g.mark_output(g.matmul(_x(g, (1, 3, 4), "a"), _x(g, (2, 4, 5), "b")), "y")
 
 
-_BARRIER_BUG = ("BUG: convert.graph_to_program computes `multi` before deciding a node is an "
-                "unsupported-config barrier, so users of the barrier refer to the Opaque TTup "
-                "($nK) instead of (Proj $nK 0)")
-
-
-@pytest.mark.xfail(strict=True, reason=_BARRIER_BUG)
 @pytest.mark.parametrize("build", [_matmul_broadcast, _ewadd_rank7, _matmul_broadcast_output],
                          ids=["matmul-broadcast-batch", "ewadd-rank7", "matmul-broadcast-as-output"])
 def test_unsupported_configuration_round_trips_as_barrier(build):
@@ -345,11 +333,6 @@ def test_unsupported_configuration_round_trips_as_barrier(build):
     check_graphs_equivalent(g, out)
 
 
-_AXIS_BUG = ("BUG: negative concat/split axes (valid in the IR via add_node) reach the e-graph "
-             "unnormalized: concat gets no shape, split panics in vec-set")
-
-
-@pytest.mark.xfail(strict=True, reason=_AXIS_BUG)
 @pytest.mark.parametrize("op", ["concat", "split"])
 def test_negative_axis_from_add_node(op):
     g = new_graph()

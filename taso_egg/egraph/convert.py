@@ -43,7 +43,8 @@ def _egraph_supported(node: Node) -> bool:
 
 def graph_to_program(graph: Graph) -> GraphProgram:
     lines: list[str] = []
-    multi = {n.id for n in graph.nodes.values() if len(n.outputs) > 1 or n.op in ("split", "opaque")}
+    multi = {n.id for n in graph.nodes.values()
+             if len(n.outputs) > 1 or n.op in ("split", "opaque") or not _egraph_supported(n)}
     opaque: dict[str, Node] = {}
     weight_ids = {n.id: i for i, n in enumerate(graph.weights())}
     fresh = iter(range(1 << 62))
@@ -70,9 +71,12 @@ def graph_to_program(graph: Graph) -> GraphProgram:
         if op == "weight":
             expr = f"(Weight {weight_ids[node.id]} {_params(op, p, skip_first=True)})"
         elif op == "concat":
-            expr = ins[-1]
+            expr, axis = ins[-1], p["axis"] % len(node.outputs[0].shape)
             for v in reversed(ins[:-1]):
-                expr = f"(Concat {p['axis']} {v} {expr})"
+                expr = f"(Concat {axis} {v} {expr})"
+        elif op == "split":
+            p = dict(p, axis=p["axis"] % len(node.outputs[0].shape))
+            expr = f"(Split {_params(op, p)} {ins[0]})"
         elif op == "conv2d" and len(ins) == 3:
             expr = _conv_with_bias(node, ins, emit)
         elif op in ("ewadd", "ewmul"):
@@ -307,7 +311,7 @@ def _rebuild_with_fusions(g: Graph, replace) -> Graph:
         alias[(last.id, 0)] = (conv_id, 0)
     skip = {add.id for _, add, _, _ in replace.values()} | \
            {a.id for _, _, a, _ in replace.values() if a is not None}
-    for n in g.topo_order():
+    for n in _order_with_bias_edges(g, replace):
         if n.id in skip:
             continue
         ins = [mapping[alias.get((t.node, t.index), (t.node, t.index))] for t in n.inputs]
@@ -330,6 +334,31 @@ def _rebuild_with_fusions(g: Graph, replace) -> Graph:
     for name, t in g.outputs:
         new.mark_output(mapping[alias.get((t.node, t.index), (t.node, t.index))], name)
     return new
+
+
+def _order_with_bias_edges(g: Graph, replace) -> list[Node]:
+    """Topological order in which each fused conv also comes after its bias."""
+    import heapq
+
+    deps = {n.id: {t.node for t in n.inputs} for n in g.nodes.values()}
+    for conv_id, (bias, _, _, _) in replace.items():
+        deps[conv_id].add(bias.node)
+    users: dict[int, list[int]] = {nid: [] for nid in deps}
+    for nid, ds in deps.items():
+        for d in ds:
+            users[d].append(nid)
+    indegree = {nid: len(ds) for nid, ds in deps.items()}
+    ready = [nid for nid, d in indegree.items() if d == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        nid = heapq.heappop(ready)
+        order.append(g.nodes[nid])
+        for u in users[nid]:
+            indegree[u] -= 1
+            if indegree[u] == 0:
+                heapq.heappush(ready, u)
+    return order
 
 
 def _flatten_concats(g: Graph) -> Graph:

@@ -1,0 +1,48 @@
+"""`taso-egg extract`: run one extractor on a serialized e-graph file.
+
+Errors (TasoEggError) propagate to the CLI's single handler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from .egraph import load_egraph
+from .registry import EXTRACTORS, extract
+from .table import fmt_gap, format_table
+
+
+def add_extract_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("egraph", type=Path, help="egraph-serialize JSON file")
+    parser.add_argument("--extractor", choices=list(EXTRACTORS), default="greedy-dag")
+    parser.add_argument(
+        "--time-limit", type=float, default=None, metavar="S",
+        help="seconds for the ILP (default 60); the greedy extractors ignore it",
+    )
+    parser.add_argument("--roots", nargs="+", metavar="ECLASS", help="root e-class ids (default: the file's)")
+    parser.add_argument("-o", "--output", type=Path, help="write the choice as JSON (class id -> node id)")
+    parser.add_argument("--verbose", action="store_true", help="show the solver's log")
+
+
+def run_extract_command(args: argparse.Namespace) -> int:
+    egraph = load_egraph(args.egraph)
+    result = extract(
+        egraph, args.extractor, roots=args.roots, time_limit=args.time_limit, verbose=args.verbose
+    )
+    print(format_table(
+        ["e-graph", "extractor", "DAG cost", "seconds", "gap", "status"],
+        [[args.egraph.name, result.extractor, f"{result.dag_cost:.6f}", f"{result.seconds:.2f}",
+          fmt_gap(result.gap), result.status]],
+    ))
+    if args.output is not None:
+        payload = {
+            "extractor": result.extractor,
+            "dag_cost": result.dag_cost,
+            "status": result.status,
+            "lower_bound": result.lower_bound,
+            "choices": egraph.named_choice(result.choice),
+        }
+        args.output.write_text(json.dumps(payload, indent=1) + "\n")
+    return 0

@@ -1,0 +1,31 @@
+"""Extractors by name, and one call to run any of them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..errors import ExtractionError
+from .base import Extractor
+from .egraph import EGraph
+from .greedy_dag import GreedyDagExtractor
+from .ilp import IlpExtractor
+from .result import ExtractionResult
+from .tree import TreeExtractor
+
+EXTRACTORS: dict[str, type[Extractor]] = {
+    cls.name: cls for cls in (TreeExtractor, GreedyDagExtractor, IlpExtractor)
+}
+
+
+def extract(
+    egraph: EGraph,
+    extractor: str = "greedy-dag",
+    roots: Iterable[str] | None = None,
+    time_limit: float | None = None,
+    verbose: bool = False,
+) -> ExtractionResult:
+    """Run the named extractor on the e-graph (roots default to the file's own)."""
+    if extractor not in EXTRACTORS:
+        known = ", ".join(EXTRACTORS)
+        raise ExtractionError(f"unknown extractor {extractor!r} (known: {known})")
+    return EXTRACTORS[extractor](verbose=verbose).extract(egraph, roots=roots, time_limit=time_limit)

@@ -1,0 +1,160 @@
+"""optimize(): TASO's merges on BERT attention and NasRNN, determinism, memory, and the
+numerical check that guards every result."""
+
+from __future__ import annotations
+
+import resource
+import sys
+
+import pytest
+
+from taso_egg import zoo
+from taso_egg.api import Extraction, optimize
+from taso_egg.egraph.saturate import Limits
+from taso_egg.errors import VerificationError
+from taso_egg.graph import new_graph
+from taso_egg.verify import check_graphs_equivalent
+
+
+def _bert1():
+    return zoo.bert(layers=1, batch=2, seq=8, hidden=64, heads=4)
+
+
+def _nas1():
+    return zoo.nasrnn(steps=1, hidden=32)
+
+
+_RUNS = {
+    "bert-ilp": (_bert1, "ilp", None),
+    "bert-greedy": (_bert1, "greedy-dag", None),
+    "nas-ilp": (_nas1, "ilp", Limits(multi_iterations=2)),
+    "nas-greedy": (_nas1, "greedy-dag", Limits(multi_iterations=2)),
+}
+_CACHE: dict = {}
+
+
+def _run(key):
+    if key not in _CACHE:
+        build, extractor, limits = _RUNS[key]
+        g = build()
+        _CACHE[key] = (g, optimize(g, extractor=extractor, limits=limits))
+        r = _CACHE[key][1]
+        print(f"{key}: cost {r.cost_before:.4g} -> {r.cost_after:.4g} (x{r.speedup:.3f}), "
+              f"{r.stats['stop_reason']}, {r.stats['enodes']} e-nodes, "
+              f"{r.stats['extractor_status']}, ops {dict(r.stats['ops_after'])}")
+    return _CACHE[key]
+
+
+def test_bert_attention_qkv_merge_with_ilp():
+    g, r = _run("bert-ilp")
+    before, after = g.op_counts(), r.graph.op_counts()
+    assert before["matmul"] == 6
+    assert after["matmul"] < before["matmul"]
+    assert after["concat"] >= 1 and after["split"] >= 1
+    assert r.cost_after < r.cost_before
+    assert r.speedup > 1
+    assert r.original is g and r.graph is not g
+    assert r.stats["ops_before"] == before and r.stats["ops_after"] == after
+    assert r.stats["extractor"] == "ilp"
+    check_graphs_equivalent(g, r.graph)
+    check_graphs_equivalent(g, r.graph, seed=7)
+
+
+def test_nasrnn_step_pairs_merge_with_ilp():
+    g, r = _run("nas-ilp")
+    assert g.op_counts()["matmul"] == 16
+    assert r.graph.op_counts()["matmul"] <= 8
+    assert r.cost_after < r.cost_before
+    check_graphs_equivalent(g, r.graph)
+    check_graphs_equivalent(g, r.graph, seed=3)
+
+
+@pytest.mark.parametrize("model", ["bert", "nas"])
+def test_greedy_dag_is_sound_and_no_better_than_ilp(model):
+    g, greedy = _run(f"{model}-greedy")
+    _, ilp = _run(f"{model}-ilp")
+    assert greedy.cost_after <= greedy.cost_before
+    check_graphs_equivalent(g, greedy.graph)
+    # the ILP is optimal on the same e-graph, so it is at least as cheap
+    assert ilp.stats["extractor_status"] == "optimal"
+    assert ilp.cost_after <= greedy.cost_after * (1 + 1e-9)
+    if model == "nas":
+        assert greedy.cost_after < greedy.cost_before
+        assert greedy.graph.op_counts()["matmul"] < 16
+
+
+@pytest.mark.parametrize("key", ["bert-ilp", "nas-greedy"])
+def test_optimize_is_deterministic(key):
+    g, first = _run(key)
+    build, extractor, limits = _RUNS[key]
+    again = optimize(build(), extractor=extractor, limits=limits)
+    assert again.graph.structural_hash() == first.graph.structural_hash()
+    assert again.cost_after == first.cost_after
+    assert again.stats["enodes"] == first.stats["enodes"]
+
+
+def test_peak_memory_on_two_layer_models():
+    runs = {
+        "bert": optimize(zoo.bert(layers=2, batch=2, seq=8, hidden=64, heads=4)),
+        "nasrnn": optimize(zoo.nasrnn(steps=2, hidden=32)),
+    }
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if sys.platform == "darwin":  # bytes there
+        peak_kb //= 1024
+    for name, r in runs.items():
+        print(f"{name}: {r.stats['enodes']} e-nodes, {r.stats['stop_reason']}, x{r.speedup:.3f}")
+        assert r.cost_after <= r.cost_before
+    print(f"peak RSS {peak_kb / 1024:.0f} MiB")
+    assert peak_kb < 4 * 1024 * 1024
+
+
+# --- verification --------------------------------------------------------------------
+
+def _mlp(act: str, input_name: str = "x"):
+    g = new_graph()
+    x = g.new_input((2, 4), name=input_name)
+    h = g.matmul(x, g.new_weight((4, 3), name="w1"))
+    h = getattr(g, act)(h)
+    g.mark_output(g.matmul(h, g.new_weight((3, 2), name="w2")), "y")
+    return g
+
+
+def test_equivalent_graphs_pass():
+    assert check_graphs_equivalent(_mlp("relu"), _mlp("relu")) == 0.0
+
+
+@pytest.mark.parametrize("act", ["sigmoid", "tanh"])
+def test_changed_activation_raises(act):
+    with pytest.raises(VerificationError, match="differs"):
+        check_graphs_equivalent(_mlp("relu"), _mlp(act))
+
+
+def test_renamed_input_raises():
+    with pytest.raises(VerificationError, match="inputs"):
+        check_graphs_equivalent(_mlp("relu"), _mlp("relu", input_name="z"))
+
+
+def test_optimize_rejects_a_wrong_extraction(monkeypatch):
+    """optimize must check the extracted graph: feed it one with relu -> sigmoid."""
+    import taso_egg.api as api
+
+    wrong = _mlp("sigmoid")
+
+    def fake_extract(saturation, extractor="greedy-dag", cost_model=None, time_limit=None):
+        return Extraction(wrong, 0.0, 0.0, extractor, "fake")
+
+    monkeypatch.setattr(api, "extract_graph", fake_extract)
+    with pytest.raises(VerificationError):
+        api.optimize(_mlp("relu"), rules=[])
+    api.optimize(_mlp("relu"), rules=[], verify=False)  # the check is what raised
+
+
+def test_optimize_conv_with_bias():
+    g = new_graph()
+    x = g.new_input((1, 3, 8, 8), name="x")
+    t = g.conv2d(x, g.new_weight((4, 3, 3, 3), name="w1"), bias=g.new_weight((4,), name="b1"),
+                 activation="RELU")
+    g.mark_output(g.conv2d(t, g.new_weight((4, 4, 1, 1), name="w2")), "y")
+    r = optimize(g)
+    assert r.graph.op_counts()["conv2d"] == 2
+    check_graphs_equivalent(g, r.graph)
