@@ -323,8 +323,11 @@ def _rebuild_with_fusions(g: Graph, replace) -> Graph:
         elif n.id in replace:
             bias_t, _, _, act = replace[n.id]
             o = n.outputs[0].shape[1]
-            b = mapping[(bias_t.node, bias_t.index)]
-            b = new.reshape(b, (o,))
+            src = g.nodes[bias_t.node]
+            if src.op == "reshape" and src.inputs[0].shape == (o,):
+                b = mapping[(src.inputs[0].node, src.inputs[0].index)]  # the bias as it came in
+            else:
+                b = new.reshape(mapping[(bias_t.node, bias_t.index)], (o,))
             params = dict(n.params, activation=act)
             outs = new.add_node("conv2d", ins + [b], n.name, **params)
         else:
@@ -333,6 +336,7 @@ def _rebuild_with_fusions(g: Graph, replace) -> Graph:
             mapping[(n.id, i)] = t
     for name, t in g.outputs:
         new.mark_output(mapping[alias.get((t.node, t.index), (t.node, t.index))], name)
+    _drop_unused(new)
     return new
 
 
