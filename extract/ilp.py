@@ -2,10 +2,11 @@
 
 1. Greedy DAG gives a first solution: an upper bound and the warm start.
 2. The node set is shrunk (see shrink.py) with that bound.
-3. Neighbourhood: the LP relaxation without order rows is cheap; the nodes it uses,
-   plus the incumbent's, closed under tree picks so that every class they need has a
-   node, make a small MIP that HiGHS often solves to optimality in seconds. This is a
-   heuristic (it only finds solutions), capped at half the time.
+3. The LP relaxation without order rows is cheap and a valid lower bound (if it meets
+   the greedy cost, greedy is optimal). Neighbourhood: the nodes it uses, plus the
+   incumbent's, closed under greedy-DAG and tree picks so that every class they need
+   has a node, make a small MIP that HiGHS often solves to optimality in seconds. This
+   only finds solutions (its bound proves nothing), and gets at most half the time.
 4. The full MIP, warm-started from the best solution so far, runs for the rest of the
    time; its dual bound is the proven lower bound.
 Every solution read back from HiGHS is checked to be complete and acyclic before it
@@ -59,7 +60,7 @@ class IlpExtractor(Extractor):
         if bound is not None:
             lower = bound if lower is None else max(lower, bound)
         if status == _OPTIMAL:
-            return Solution(best.choice, OPTIMAL, best.cost)
+            return Solution(best.choice, OPTIMAL, lower)
         return Solution(best.choice, TIME_LIMIT if best.improved else NO_IMPROVEMENT, lower)
 
     def _mip(self, model: IlpModel, best: _Incumbent, deadline: float):

@@ -50,7 +50,7 @@ class IlpModel:
     def build(self, integer: bool, order: bool, verbose: bool = False) -> highspy.Highs:
         """A HiGHS instance holding the model (the LP relaxation if not ``integer``;
         without order rows if not ``order``, which then allows cycles)."""
-        h = highspy.Highs()
+        h = _quiet_highs() if not verbose else highspy.Highs()
         h.setOptionValue("output_flag", verbose)
         h.setOptionValue("threads", 1)
         h.setOptionValue("mip_rel_gap", 1e-6)
@@ -122,3 +122,21 @@ def _add_rows(h: highspy.Highs, rows) -> None:
         len(lower), np.array(lower), np.array(upper), len(index),
         np.array(starts, dtype=np.int32), np.array(index, dtype=np.int32), np.array(value),
     )
+
+
+def _quiet_highs() -> highspy.Highs:
+    """HiGHS prints its banner on the C-level stdout when constructed, before any
+    option can silence it: point file descriptor 1 at /dev/null for that moment."""
+    import os
+    import sys
+
+    sys.stdout.flush()
+    saved = os.dup(1)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        return highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)

@@ -89,18 +89,11 @@ def _weight_only_classes(eg: TensorEGraph) -> set[str]:
 def extract_graph(saturation: Saturation, extractor: str = "greedy-dag",
                   cost_model: CostModel | None = None, time_limit: float | None = None) -> Extraction:
     """Pick the cheapest graph in a saturated e-graph (DAG cost) and rebuild it."""
+    from .extract import EXTRACTORS
     from .extract import egraph as xeg
-    from .extract.greedy_dag import GreedyDagExtractor
-    from .extract.tree import TreeExtractor
 
-    extractors = {"greedy-dag": GreedyDagExtractor, "tree": TreeExtractor}
-    try:
-        from .extract.ilp import IlpExtractor
-        extractors["ilp"] = IlpExtractor
-    except ImportError:
-        pass
-    if extractor not in extractors:
-        raise ExtractionError(f"unknown extractor {extractor!r}; choose from {sorted(extractors)}")
+    if extractor not in EXTRACTORS:
+        raise ExtractionError(f"unknown extractor {extractor!r}; choose from {sorted(EXTRACTORS)}")
     model = cost_model or AnalyticCost()
     eg = saturation.tensor_egraph()
     weight_only = _weight_only_classes(eg)
@@ -119,7 +112,7 @@ def extract_graph(saturation: Saturation, extractor: str = "greedy-dag",
             ops.append(n.op)
     roots = [index[r] for r in eg.roots]
     xgraph = xeg.EGraph(class_ids, node_ids, node_class, costs, children, roots, ops, "saturation")
-    result = extractors[extractor]().extract(xgraph, None, time_limit)
+    result = EXTRACTORS[extractor]().extract(xgraph, None, time_limit)
     choice = {class_ids[c]: node_ids[n] for c, n in result.choice.items()}
     graph = build_graph(eg, choice, saturation.graph, saturation.program.opaque)
     return Extraction(graph, result.dag_cost, result.seconds, extractor, result.status)
