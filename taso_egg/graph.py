@@ -265,14 +265,15 @@ class Graph:
     def op_counts(self) -> Counter:
         return Counter(n.op for n in self.nodes.values() if n.op not in ("input", "weight"))
 
-    def topo_order(self) -> list[Node]:
-        """Nodes in dependency order (Kahn's algorithm, ties by id for determinism)."""
+    def topo_order(self, extra_deps: Mapping[int, set[int]] | None = None) -> list[Node]:
+        """Nodes in dependency order (Kahn's algorithm, ties by id for determinism).
+        ``extra_deps`` adds ordering edges (node id -> ids that must come first)."""
         import heapq
 
         indegree = {nid: 0 for nid in self.nodes}
         users: dict[int, list[int]] = {nid: [] for nid in self.nodes}
         for n in self.nodes.values():
-            for src in {t.node for t in n.inputs}:
+            for src in {t.node for t in n.inputs} | set((extra_deps or {}).get(n.id, ())):
                 if src not in self.nodes:
                     raise GraphError(f"{n.label()}: input comes from missing node {src}")
                 indegree[n.id] += 1

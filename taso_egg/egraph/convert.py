@@ -311,7 +311,8 @@ def _rebuild_with_fusions(g: Graph, replace) -> Graph:
         alias[(last.id, 0)] = (conv_id, 0)
     skip = {add.id for _, add, _, _ in replace.values()} | \
            {a.id for _, _, a, _ in replace.values() if a is not None}
-    for n in _order_with_bias_edges(g, replace):
+    # each fused conv must also come after its bias
+    for n in g.topo_order({conv_id: {bias.node} for conv_id, (bias, _, _, _) in replace.items()}):
         if n.id in skip:
             continue
         ins = [mapping[alias.get((t.node, t.index), (t.node, t.index))] for t in n.inputs]
@@ -338,31 +339,6 @@ def _rebuild_with_fusions(g: Graph, replace) -> Graph:
         new.mark_output(mapping[alias.get((t.node, t.index), (t.node, t.index))], name)
     _drop_unused(new)
     return new
-
-
-def _order_with_bias_edges(g: Graph, replace) -> list[Node]:
-    """Topological order in which each fused conv also comes after its bias."""
-    import heapq
-
-    deps = {n.id: {t.node for t in n.inputs} for n in g.nodes.values()}
-    for conv_id, (bias, _, _, _) in replace.items():
-        deps[conv_id].add(bias.node)
-    users: dict[int, list[int]] = {nid: [] for nid in deps}
-    for nid, ds in deps.items():
-        for d in ds:
-            users[d].append(nid)
-    indegree = {nid: len(ds) for nid, ds in deps.items()}
-    ready = [nid for nid, d in indegree.items() if d == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        nid = heapq.heappop(ready)
-        order.append(g.nodes[nid])
-        for u in users[nid]:
-            indegree[u] -= 1
-            if indegree[u] == 0:
-                heapq.heappush(ready, u)
-    return order
 
 
 def _flatten_concats(g: Graph) -> Graph:
