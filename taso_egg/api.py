@@ -91,6 +91,7 @@ def extract_graph(saturation: Saturation, extractor: str = "greedy-dag",
     """Pick the cheapest graph in a saturated e-graph (DAG cost) and rebuild it."""
     from .extract import EXTRACTORS
     from .extract import egraph as xeg
+    from .extract.check import used_classes
 
     if extractor not in EXTRACTORS:
         raise ExtractionError(f"unknown extractor {extractor!r}; choose from {sorted(EXTRACTORS)}")
@@ -113,8 +114,8 @@ def extract_graph(saturation: Saturation, extractor: str = "greedy-dag",
     roots = [index[r] for r in eg.roots]
     xgraph = xeg.EGraph(class_ids, node_ids, node_class, costs, children, roots, ops, "saturation")
     result = EXTRACTORS[extractor]().extract(xgraph, None, time_limit)
-    choice = {class_ids[c]: node_ids[n] for c, n in result.choice.items()}
-    graph = build_graph(eg, choice, saturation.graph, saturation.program.opaque)
+    picks = [(class_ids[c], node_ids[result.choice[c]]) for c in used_classes(xgraph, result.choice)]
+    graph = build_graph(eg, picks, saturation.graph, saturation.program.opaque)
     return Extraction(graph, result.dag_cost, result.seconds, extractor, result.status)
 
 

@@ -198,48 +198,22 @@ def _decode_node(nid, node, nodes, sort_of, value) -> ENode:
     return ENode(nid, name, params, children)
 
 
-def build_graph(eg: TensorEGraph, choice: dict[str, str], source: Graph,
+def build_graph(eg: TensorEGraph, picks: list[tuple[str, str]], source: Graph,
                 opaque: dict[str, Node]) -> Graph:
-    """Rebuild a Graph from an extraction choice (class -> node id), iteratively."""
+    """Rebuild a Graph from an extraction: (class, chosen node id) pairs, children
+    before parents (as ``extract.check.used_classes`` orders a validated choice)."""
     by_id = {n.id: n for nodes in eg.classes.values() for n in nodes}
     g = Graph(opset=source.opset)
     g.ir_version = source.ir_version
     weights = {n.params["name"]: n for n in source.weights()}
     built: dict[str, object] = {}  # class -> Tensor, list[Tensor] (tuples) or list (TList)
-    order = _postorder(eg, choice, by_id)
-    for cid in order:
-        n = by_id[choice[cid]]
+    for cid, nid in picks:
+        n = by_id[nid]
         kids = [built[c] for c in n.children]
         built[cid] = _build_node(g, n, kids, weights, source, opaque)
     for (name, _), cid in zip(source.outputs, eg.roots):
         g.mark_output(built[cid], name)
     return fuse_bias_and_activation(g)
-
-
-def _postorder(eg, choice, by_id) -> list[str]:
-    order, state = [], {}
-    for root in eg.roots:
-        stack = [(root, False)]
-        while stack:
-            cid, done = stack.pop()
-            if done:
-                state[cid] = 2
-                order.append(cid)
-                continue
-            if state.get(cid) == 2:
-                continue
-            if state.get(cid) == 1:
-                raise ExtractionError(f"extraction choice has a cycle through class {cid}")
-            if cid not in choice:
-                raise ExtractionError(f"extraction choice misses class {cid}")
-            state[cid] = 1
-            stack.append((cid, True))
-            for child in reversed(by_id[choice[cid]].children):
-                if state.get(child) != 2:
-                    if state.get(child) == 1:
-                        raise ExtractionError(f"extraction choice has a cycle through class {child}")
-                    stack.append((child, False))
-    return order
 
 
 def _build_node(g: Graph, n: ENode, kids, weights, source, opaque):
