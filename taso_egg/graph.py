@@ -101,11 +101,7 @@ class Graph:
         return [node.out(i) for i in range(len(out_types))]
 
     def _unique_name(self, base: str) -> str:
-        name, k = base, 1
-        while name in self._names:
-            name, k = f"{base}_{k}", k + 1
-        self._names.add(name)
-        return name
+        return claim_unique_name(base, self._names)
 
     def new_input(self, dims: Sequence[int], name: str | None = None, dtype: str = "float32") -> Tensor:
         name = self._claim(name, "input")
@@ -337,6 +333,15 @@ class Graph:
 
     def __repr__(self) -> str:
         return self.summary()
+
+
+def claim_unique_name(base: str, used: set[str]) -> str:
+    """``base``, or ``base_1``, ``base_2``, ... : the first not in ``used``; claims it."""
+    name, k = base, 1
+    while name in used:
+        name, k = f"{base}_{k}", k + 1
+    used.add(name)
+    return name
 
 
 def _padding(padding):

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import ExportError, TasoEggError
 from ..executor import _call_kernel
-from ..graph import Graph, Node, Tensor
+from ..graph import Graph, Node, Tensor, claim_unique_name
 from ..ops import OPS
 from .versions import ir_version_for
 
@@ -66,11 +66,7 @@ class _Exporter:
     # --- the context op exporters call ---------------------------------------------
 
     def fresh(self, hint: str) -> str:
-        name, k = hint, 1
-        while name in self._used_names:
-            name, k = f"{hint}_{k}", k + 1
-        self._used_names.add(name)
-        return name
+        return claim_unique_name(hint, self._used_names)
 
     def node(self, op_type, inputs, outputs, **attrs) -> None:
         from onnx import helper
