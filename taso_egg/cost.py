@@ -43,19 +43,8 @@ class AnalyticCost:
         return max(flops / self.peak_flops, nbytes / self.bandwidth) + self.overhead
 
 
-def weight_only_nodes(graph: Graph) -> set[int]:
-    """Nodes computed from weights and constants alone: folded at export, free."""
-    out: set[int] = set()
-    for n in graph.topo_order():
-        spec = OPS[n.op]
-        if spec.is_constant or (not spec.is_leaf and n.op != "opaque" and n.inputs
-                                and all(t.node in out for t in n.inputs)):
-            out.add(n.id)
-    return out
-
-
 def graph_cost(graph: Graph, model: CostModel) -> float:
     """Sum of operator costs, weight-only work excluded."""
-    folded = weight_only_nodes(graph)
+    folded = graph.weight_only_nodes()
     return sum(model.cost(n.op, n.params, [t.type for t in n.inputs], n.outputs)
                for n in graph.nodes.values() if n.id not in folded)

@@ -261,6 +261,17 @@ class Graph:
     def op_counts(self) -> Counter:
         return Counter(n.op for n in self.nodes.values() if n.op not in ("input", "weight"))
 
+    def weight_only_nodes(self) -> set[int]:
+        """Nodes computed from weights and constants alone: folded into initializers at
+        export, so free at run time."""
+        out: set[int] = set()
+        for n in self.topo_order():
+            spec = OPS[n.op]
+            if spec.is_constant or (not spec.is_leaf and n.op != "opaque" and n.inputs
+                                    and all(t.node in out for t in n.inputs)):
+                out.add(n.id)
+        return out
+
     def topo_order(self, extra_deps: Mapping[int, set[int]] | None = None) -> list[Node]:
         """Nodes in dependency order (Kahn's algorithm, ties by id for determinism).
         ``extra_deps`` adds ordering edges (node id -> ids that must come first)."""

@@ -253,9 +253,7 @@ def fuse_bias_and_activation(g: Graph) -> Graph:
         us = users.get((t.node, t.index), [])
         return us[0] if len(us) == 1 and (t.node, t.index) not in outputs else None
 
-    from ..cost import weight_only_nodes
-
-    weight_only = weight_only_nodes(g)
+    weight_only = g.weight_only_nodes()
     replace: dict[int, tuple] = {}  # node id to drop -> how its output is rebuilt
     for n in list(g.topo_order()):
         if n.op != "conv2d" or len(n.inputs) != 2 or n.params["activation"] != "NONE":

@@ -138,12 +138,7 @@ class _Exporter:
     def _fold_constants(self, order: list[Node]) -> dict[int, dict]:
         """Compute every weight-only value that a run-time node (or an output) needs."""
         g = self.g
-        weight_only: set[int] = set()
-        for n in order:
-            spec = OPS[n.op]
-            if spec.is_constant or (not spec.is_leaf and n.op != "opaque" and n.inputs
-                                    and all(t.node in weight_only for t in n.inputs)):
-                weight_only.add(n.id)
+        weight_only = g.weight_only_nodes()
         needed = {(t.node, t.index) for n in order if n.id not in weight_only
                   for t in n.inputs if t.node in weight_only}
         needed |= {(t.node, t.index) for _, t in g.outputs if t.node in weight_only}
