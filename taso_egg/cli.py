@@ -34,8 +34,8 @@ def _cmd_inspect(args) -> int:
 
     g = load_onnx(args.model, parse_input_shapes(args.input_shape))
     print(f"{args.model}: {len(g.nodes)} nodes, opset {g.opset}")
-    print(f"  inputs : " + ", ".join(f"{n.params['name']} {n.outputs[0]}" for n in g.inputs()))
-    print(f"  outputs: " + ", ".join(f"{name} {t.type}" for name, t in g.outputs))
+    print("  inputs : " + ", ".join(f"{n.params['name']} {n.outputs[0]}" for n in g.inputs()))
+    print("  outputs: " + ", ".join(f"{name} {t.type}" for name, t in g.outputs))
     print(f"  weights: {len(g.weights())}")
     for op, count in sorted(g.op_counts().items(), key=lambda kv: (-kv[1], kv[0])):
         extra = ""
@@ -51,7 +51,6 @@ def _cmd_inspect(args) -> int:
 
 def _cmd_convert(args) -> int:
     """Load, export, and check that onnxruntime computes the same on both files."""
-    import onnx
 
     from .executor import random_inputs
     from .onnx_io.exporter import export_onnx, save_atomically

@@ -54,7 +54,7 @@ def check_graphs_equivalent(original, candidate, seed: int = 0, rtol: float = RT
     nothing. Then the check runs in float64 with the float inputs rescaled, searched
     on a log scale, until the original's outputs are finite and non-negligible; if no
     such scale exists the check fails as inconclusive rather than pass vacuously."""
-    from .executor import random_inputs, run
+    from .executor import random_inputs
 
     feeds = random_inputs(original, seed)
     candidate_inputs = {n.params["name"] for n in candidate.inputs()}

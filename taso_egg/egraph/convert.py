@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from ..errors import ExtractionError
 from ..graph import Graph, Node, Tensor
-from ..ops import OPS, TensorType
+from ..ops import TensorType
 from .language import (MAX_RANK, OP_OF_CONSTRUCTOR, constructor, decode_padding, encode,
                        op_params, returns_tuple)
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import ExportError, TasoEggError
 from ..executor import _call_kernel
-from ..graph import Graph, Node, Tensor, claim_unique_name
+from ..graph import Graph, Node, claim_unique_name
 from ..ops import OPS
 from .versions import ir_version_for
 
@@ -92,7 +92,6 @@ class _Exporter:
     # --- the walk ------------------------------------------------------------------
 
     def build(self, model_name: str):
-        from onnx import helper
 
         g = self.g
         order = g.topo_order()

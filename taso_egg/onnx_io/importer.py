@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import GraphError, OnnxImportError, ShapeError, TasoEggError
 from ..graph import Graph, Tensor
-from ..ops import FLOAT_DTYPES, ONNX_IMPORTERS, TensorType
+from ..ops import ONNX_IMPORTERS, TensorType
 from ..ops.opaque import run_node
 from .versions import MIN_OPSET
 
@@ -106,7 +106,6 @@ class _Importer:
     # --- set-up --------------------------------------------------------------------
 
     def _upgrade_opset(self):
-        import onnx
         from onnx import version_converter
 
         opset = _default_opset(self.proto)

@@ -8,7 +8,7 @@ handlers are registered beside the operator with :func:`onnx_importer`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import ShapeError

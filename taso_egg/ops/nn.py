@@ -7,8 +7,7 @@ covers grouped and depth-wise convolutions with the same code on NumPy and CuPy.
 
 from __future__ import annotations
 
-from .base import (FLOAT_DTYPES, OpSpec, TensorType, broadcast_shapes, elementwise_flops,
-                   fail, onnx_importer, register)
+from .base import (FLOAT_DTYPES, OpSpec, TensorType, broadcast_shapes, fail, onnx_importer, register)
 from .elementwise import apply_activation, check_activation, export_with_activation
 
 Pads = tuple[int, int, int, int]
