@@ -14,7 +14,7 @@ from .registry import EXTRACTORS, extract
 from .table import fmt_gap, format_table
 
 
-def add_extract_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("egraph", type=Path, help="egraph-serialize JSON file")
     parser.add_argument("--extractor", choices=list(EXTRACTORS), default="greedy-dag")
     parser.add_argument(
@@ -26,7 +26,7 @@ def add_extract_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verbose", action="store_true", help="show the solver's log")
 
 
-def run_extract_command(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     egraph = load_egraph(args.egraph)
     result = extract(
         egraph, args.extractor, roots=args.roots, time_limit=args.time_limit, verbose=args.verbose

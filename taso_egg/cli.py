@@ -4,6 +4,7 @@ code 1, never a traceback."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 
@@ -133,6 +134,13 @@ def _cmd_zoo(args) -> int:
     return 0
 
 
+# Subcommands that live beside the code they drive: (name, module, help). Each module
+# has add_arguments(parser) and run(args) -> exit code.
+PLUGGED_COMMANDS = [
+    ("extract", "taso_egg.extract.cli", "run an extractor on a serialized e-graph (JSON)"),
+]
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="taso-egg", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="show debug logging")
@@ -164,14 +172,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True)
     p.set_defaults(func=_cmd_zoo)
 
-    try:
-        from .extract.cli import add_extract_arguments, run_extract_command
-    except ImportError:  # the extraction package is optional at this layer
-        pass
-    else:
-        p = sub.add_parser("extract", help="run an extractor on a serialized e-graph (JSON)")
-        add_extract_arguments(p)
-        p.set_defaults(func=run_extract_command)
+    for name, module, help_text in PLUGGED_COMMANDS:
+        command = importlib.import_module(module)
+        p = sub.add_parser(name, help=help_text)
+        command.add_arguments(p)
+        p.set_defaults(func=command.run)
     return parser
 
 

@@ -13,7 +13,7 @@ from taso_egg.errors import ExtractionError, LimitError
 from taso_egg.extract import EXTRACTORS, check_choice, extract, load_egraph
 from taso_egg.extract.bench import default_data_dir
 from taso_egg.extract.bench import main as bench_main
-from taso_egg.extract.cli import add_extract_arguments, run_extract_command
+from taso_egg.extract.cli import add_arguments as add_extract_arguments, run as run_extract_command
 from taso_egg.extract.greedy_dag import acyclic_choice
 from taso_egg.extract.result import OPTIMAL
 from taso_egg.extract.shrink import shrink
