@@ -42,22 +42,22 @@ def run(graph: Graph, inputs: Mapping[str, np.ndarray] | None = None, xp=np,
     values: dict[tuple[int, int], object] = {}
     sync = _synchronizer(xp)
     for node in graph.topo_order():
-        outs = _leaf_value(graph, node, inputs, xp)
+        outs = leaf_value(graph, node, inputs, xp)
         if outs is None:
             args = [values[(t.node, t.index)] for t in node.inputs]
             start = time.perf_counter() if op_seconds is not None else 0.0
-            outs = _call_kernel(xp, node, args, float64)
-        elif float64:
-            outs = [_widen(o) for o in outs]
+            outs = call_kernel(xp, node, args, float64)
             if op_seconds is not None:
                 sync()
                 op_seconds[node.id] = time.perf_counter() - start
+        elif float64:
+            outs = [_widen(o) for o in outs]
         for i, v in enumerate(outs):
             values[(node.id, i)] = v
     return {name: values[(t.node, t.index)] for name, t in graph.outputs}
 
 
-def _leaf_value(graph: Graph, node: Node, inputs, xp):
+def leaf_value(graph: Graph, node: Node, inputs, xp):
     if node.op == "input":
         name = node.params["name"]
         if name not in inputs:
@@ -76,7 +76,7 @@ def _widen(a):
     return a.astype("float64") if a.dtype.kind == "f" else a
 
 
-def _call_kernel(xp, node: Node, args, float64: bool = False):
+def call_kernel(xp, node: Node, args, float64: bool = False):
     try:
         outs = OPS[node.op].kernel(xp, node.params, *args)
     except TasoEggError:

@@ -14,7 +14,7 @@ import tempfile
 import numpy as np
 
 from ..errors import ExportError, TasoEggError
-from ..executor import _call_kernel
+from ..executor import call_kernel
 from ..graph import Graph, Node, claim_unique_name
 from ..ops import OPS
 from .versions import ir_version_for
@@ -148,7 +148,7 @@ class _Exporter:
             if n.op == "weight":
                 outs = [g.weight_array(n)]
             else:
-                outs = _call_kernel(np, n, [values[(t.node, t.index)] for t in n.inputs])
+                outs = call_kernel(np, n, [values[(t.node, t.index)] for t in n.inputs])
             for i, v in enumerate(outs):
                 values[(n.id, i)] = v
         folded: dict[int, dict] = {nid: {} for nid in weight_only}
