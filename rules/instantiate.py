@@ -7,14 +7,14 @@ is the other): a rule whose two sides disagree on random data is unsound.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 
 from taso_egg.errors import RuleError, TasoEggError
 from taso_egg.graph import Graph, Tensor
 
-from .lang import App, Guard, Lit, ParamOp, Proj, Rule, Var
+from .lang import CONSTANT_OPS, App, Guard, Lit, ParamOp, Proj, Rule, Var
 
 _COMPARE = {
     "=": lambda a, b: a == b, "!=": lambda a, b: a != b,
@@ -53,7 +53,58 @@ def _freeze(v):
     return v
 
 
-class _Builder:
+def evaluate_param(e, values: Mapping[str, Any], shape_of, where: str):
+    """The value of parameter expression ``e``: ``values`` maps parameter variables to
+    values, ``shape_of(name)`` gives the shape of tensor variable ``name``. RuleError
+    (prefixed with ``where``) when it cannot be evaluated."""
+    if isinstance(e, Lit):
+        return e.value
+    if isinstance(e, Var):
+        return values[e.name]
+    if isinstance(e, ParamOp):
+        fn, args = e.fn, e.args
+        if fn in ("dim", "rank", "shape"):
+            shape = shape_of(args[0].name)
+            if fn == "rank":
+                return len(shape)
+            if fn == "shape":
+                return tuple(shape)
+            i = evaluate_param(args[1], values, shape_of, where)
+            if not isinstance(i, int) or not -len(shape) <= i < len(shape):
+                raise RuleError(f"{where}: {e}: axis {i!r} out of range for ?{args[0].name} of "
+                                f"shape {list(shape)}")
+            return shape[i]
+        vals = [evaluate_param(a, values, shape_of, where) for a in args]
+        try:
+            if fn == "len":
+                return len(vals[0])
+            if fn == "at":
+                return vals[0][vals[1]]
+            if fn == "vec":
+                return tuple(int(v) for v in vals)
+            a, b = vals
+            if fn == "+":
+                return a + b
+            if fn == "-":
+                return a - b
+            if fn == "*":
+                return a * b
+            if fn == "/":
+                return a // b
+        except (TypeError, IndexError, ZeroDivisionError, ValueError) as err:
+            raise RuleError(f"{where}: cannot evaluate {e}: {err}") from None
+    raise RuleError(f"{where}: not a parameter expression: {e!r}")
+
+
+def compare(kind: str, a, b) -> bool:
+    """A comparison guard (``=``, ``<``, ...) on two evaluated parameters."""
+    return bool(_COMPARE[kind](a, b))
+
+
+class PatternBuilder:
+    """Builds rule patterns into ``graph``: tensor variables are the ``tensors`` given,
+    parameter variables take their ``values``; equal sub-patterns are built once."""
+
     def __init__(self, rule: Rule, values: dict, graph: Graph, tensors: dict[str, Tensor]):
         self.rule, self.values, self.g, self.tensors = rule, values, graph, tensors
         self.memo: dict[App, list[Tensor]] = {}
@@ -61,45 +112,9 @@ class _Builder:
     def fail(self, msg: str) -> RuleError:
         return RuleError(f"{self.rule.where}: {msg}")
 
-    # parameter expressions -> concrete values
     def param(self, e):
-        if isinstance(e, Lit):
-            return e.value
-        if isinstance(e, Var):
-            return self.values[e.name]
-        if isinstance(e, ParamOp):
-            fn, args = e.fn, e.args
-            if fn in ("dim", "rank", "shape"):
-                shape = self.tensors[args[0].name].shape
-                if fn == "rank":
-                    return len(shape)
-                if fn == "shape":
-                    return tuple(shape)
-                i = self.param(args[1])
-                if not isinstance(i, int) or not -len(shape) <= i < len(shape):
-                    raise self.fail(f"{e}: axis {i!r} out of range for ?{args[0].name} of shape "
-                                    f"{list(shape)}")
-                return shape[i]
-            vals = [self.param(a) for a in args]
-            try:
-                if fn == "len":
-                    return len(vals[0])
-                if fn == "at":
-                    return vals[0][vals[1]]
-                if fn == "vec":
-                    return tuple(int(v) for v in vals)
-                a, b = vals
-                if fn == "+":
-                    return a + b
-                if fn == "-":
-                    return a - b
-                if fn == "*":
-                    return a * b
-                if fn == "/":
-                    return a // b
-            except (TypeError, IndexError, ZeroDivisionError, ValueError) as err:
-                raise self.fail(f"cannot evaluate {e} on the example: {err}") from None
-        raise self.fail(f"not a parameter expression: {e!r}")
+        return evaluate_param(e, self.values, lambda name: self.tensors[name].shape,
+                              self.rule.where)
 
     # patterns -> tensors of the graph
     def outputs(self, p: App) -> list[Tensor]:
@@ -130,7 +145,7 @@ class _Builder:
     def guard(self, g: Guard) -> bool:
         if g.kind in ("weight", "before"):
             return True  # weights are built as weights; `before` only orders saturation
-        return bool(_COMPARE[g.kind](self.param(g.args[0]), self.param(g.args[1])))
+        return compare(g.kind, self.param(g.args[0]), self.param(g.args[1]))
 
 
 def instantiate(rule: Rule, bindings: Mapping[str, Any] | None = None, seed: int = 0):
@@ -147,17 +162,19 @@ def instantiate(rule: Rule, bindings: Mapping[str, Any] | None = None, seed: int
     tensors: dict[str, Tensor] = {}
     for v in rule.tensor_vars():
         shape = values[v]
-        if v in weights:
-            data = rng.standard_normal(shape).astype(np.float32)
-            tensors[v] = g.new_weight(shape, data=data, name=v)
+        if v in weights:  # data below, once operators that need positive data claimed theirs
+            tensors[v] = g.new_weight(shape, name=v)
         else:
             tensors[v] = g.new_input(shape, name=v)
-    b = _Builder(rule, values, g, tensors)
+    b = PatternBuilder(rule, values, g, tensors)
     for guard in rule.guards:
         if not b.guard(guard):
             raise RuleError(f"{rule.where}: the example violates guard {guard}")
     lhs = [b.tensor(p) for p in rule.lhs]
     rhs = [b.tensor(p) for p in rule.rhs]
+    for v in rule.tensor_vars():
+        if v in weights and tensors[v].node not in g.weight_data:
+            g.weight_data[tensors[v].node] = rng.standard_normal(values[v]).astype(np.float32)
     for i, (l, r) in enumerate(zip(lhs, rhs)):
         g.mark_output(l, f"lhs{i}")
         g.mark_output(r, f"rhs{i}")
@@ -180,4 +197,72 @@ def check_rule_numerically(rule: Rule, seed: int = 0, rtol: float = 1e-5,
     return compare_outputs(expected, actual, rtol, what=f"{rule.where}: rhs")
 
 
-__all__ = ["instantiate", "check_rule_numerically", "example_values"]
+# Parameters that hold tensor dimensions: varied together with the shapes, so that a
+# variant keeps e.g. split sizes equal to the dims they cut.
+_DIMENSION_PARAMS = {("split", "sizes"), ("reshape", "shape"), ("maxpool2d", "kernel"),
+                     ("avgpool2d", "kernel")} | {(c, "shape") for c in CONSTANT_OPS}
+
+
+def _dimension_param_vars(rule: Rule) -> set[str]:
+    names: set[str] = set()
+
+    def walk(p):
+        if isinstance(p, Proj):
+            walk(p.pattern)
+        elif isinstance(p, App):
+            for name, e in p.param_dict().items():
+                if isinstance(e, Var) and (p.op, name) in _DIMENSION_PARAMS:
+                    names.add(e.name)
+            for t in p.inputs:
+                walk(t)
+
+    for p in rule.lhs:
+        walk(p)
+    return names
+
+
+def other_examples(rule: Rule, seed: int = 0, dims=(1, 2, 3, 4)) -> Iterator[dict]:
+    """Endless variants of the rule's example, never equal to it and never repeated:
+    each distinct dimension value (of the tensor shapes and of the parameters that
+    hold dimensions: split sizes, reshape and constant shapes, pool kernels) is mapped
+    consistently to a random value of ``dims``; other parameters keep their example
+    values. Variants are not checked against guards or typing. Stops when ``dims``
+    allows no further variant."""
+    base = example_values(rule)
+    dim_params = _dimension_param_vars(rule)
+    keys = list(rule.tensor_vars()) + [v for v in rule.param_vars()
+                                       if v in dim_params and isinstance(base[v], tuple)]
+    values = sorted({d for k in keys for d in base[k]})
+    rng = np.random.default_rng(seed)
+    seen = {tuple(base[k] for k in keys)}
+    possible = len(dims) ** len(values)
+    while len(seen) < possible:
+        mapping = dict(zip(values, (int(v) for v in rng.choice(dims, size=len(values)))))
+        variant = tuple(tuple(mapping[d] for d in base[k]) for k in keys)
+        if variant not in seen:
+            seen.add(variant)
+            yield dict(zip(keys, variant))
+
+
+def check_rule_on_other_shapes(rule: Rule, trials: int = 3, seed: int = 0,
+                               attempts: int = 100) -> list[dict]:
+    """Check ``rule`` numerically on up to ``trials`` variants of its example
+    (:func:`other_examples`) that satisfy its guards and type-check on both sides,
+    drawing at most ``attempts`` variants. Returns the variants checked (empty when
+    none was valid); VerificationError on the first disagreement."""
+    from itertools import islice
+
+    checked = []
+    for i, variant in enumerate(islice(other_examples(rule, seed), attempts)):
+        try:
+            check_rule_numerically(rule, seed=seed + i, bindings=variant)
+        except RuleError:
+            continue  # the variant violates a guard or a side does not type-check
+        checked.append(variant)
+        if len(checked) == trials:
+            break
+    return checked
+
+
+__all__ = ["instantiate", "check_rule_numerically", "example_values", "evaluate_param",
+           "compare", "PatternBuilder", "other_examples", "check_rule_on_other_shapes"]

@@ -98,6 +98,10 @@ class Graph:
         node = Node(self._next_id, op, params, tuple(inputs), tuple(out_types), label)
         self.nodes[node.id] = node
         self._next_id += 1
+        for i in spec.positive_inputs:  # e.g. a variance: stand-in data must be > 0
+            src = self.nodes[inputs[i].node]
+            if src.op == "weight" and src.id not in self.weight_data:
+                self.weight_data[src.id] = np.abs(self.weight_array(src)) + np.asarray(0.5, src.params["dtype"])
         return [node.out(i) for i in range(len(out_types))]
 
     def _unique_name(self, base: str) -> str:

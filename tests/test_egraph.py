@@ -141,6 +141,13 @@ def batchnorm(g):
 
 
 @case
+def batchnorm_factors(g):
+    scale, bias, mean, var = (g.new_weight((4,), name=n) for n in ("scale", "bias", "mean", "var"))
+    g.mark_output(g.add_node("bn_factor", (scale, var), epsilon=1e-3)[0], "factor")
+    g.mark_output(g.add_node("bn_shift", (scale, bias, mean, var))[0], "shift")
+
+
+@case
 def global_avgpool(g):
     g.mark_output(g.global_avgpool(_x(g, (2, 3, 5, 7))), "y0")
 

@@ -287,6 +287,32 @@ def test_batchnorm_rejects_wrong_parameter_shape(rng):
         g.batchnorm(x, p, p, bad, p)
 
 
+@pytest.mark.parametrize("eps", [1e-5, 0.1])
+def test_bn_factor_and_shift_rebuild_batchnorm(eps, rng):
+    """x * factor + shift == batchnorm(x), per channel; both ops export as ONNX
+    arithmetic when their inputs are not weights (with weights they fold)."""
+    c = 3
+    g = taso_egg.new_graph()
+    x = g.new_input((2, c, 4, 4), name="x")
+    scale, bias, mean, var = (g.new_input((c,), name=n) for n in ("scale", "bias", "mean", "var"))
+    [factor] = g.add_node("bn_factor", [scale, var], epsilon=eps)
+    [shift] = g.add_node("bn_shift", [scale, bias, mean, var], epsilon=eps)
+    folded = g.add(g.mul(x, g.reshape(factor, (1, c, 1, 1))), g.reshape(shift, (1, c, 1, 1)))
+    g.mark_output(folded, "folded")
+    g.mark_output(g.batchnorm(x, scale, bias, mean, var, epsilon=eps), "bn")
+    feeds = {n: rng.standard_normal(s).astype(np.float32)
+             for n, s in (("x", (2, c, 4, 4)), ("scale", (c,)), ("bias", (c,)), ("mean", (c,)))}
+    feeds["var"] = rng.uniform(0.1, 2.0, c).astype(np.float32)
+    ours, _ = check_against_ort(g, feeds)
+    np.testing.assert_allclose(ours["folded"], ours["bn"], rtol=1e-5, atol=1e-5)
+
+
+def test_bn_factor_rejects_mismatched_vectors(rng):
+    g = taso_egg.new_graph()
+    with pytest.raises(ShapeError, match="bn_factor"):
+        g.add_node("bn_factor", [_w(g, rng, (3,), "s"), _w(g, rng, (4,), "v")])
+
+
 # --- layout ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("shapes,axis", [
@@ -547,6 +573,8 @@ TESTED = {
     "global_avgpool": "test_global_avgpool",
     "batchnorm": "test_batchnorm",
     "concat": "test_concat",
+    "bn_factor": "test_bn_factor_and_shift_rebuild_batchnorm",
+    "bn_shift": "test_bn_factor_and_shift_rebuild_batchnorm",
     "split": "test_split",
     "reshape": "test_reshape",
     "transpose": "test_transpose",

@@ -158,3 +158,24 @@ def test_optimize_conv_with_bias():
     r = optimize(g)
     assert r.graph.op_counts()["conv2d"] == 2
     check_graphs_equivalent(g, r.graph)
+
+
+def test_batchnorm_folds_into_the_conv_before_it():
+    """TASO's conv+bn rule: the batchnorm disappears; its factor and shift are
+    weight-only (folded at export) and the shift becomes the conv's bias."""
+    from taso_egg.cost import AnalyticCost
+
+    g = new_graph()
+    t = g.new_input((1, 8, 10, 10), name="x")
+    for i in range(2):
+        t = g.conv2d(t, g.new_weight((8, 8, 3, 3), name=f"c{i}.w"))
+        s, b, m, v = (g.new_weight((8,), name=f"bn{i}.{n}") for n in "sbmv")
+        t = g.relu(g.batchnorm(t, s, b, m, v))
+    g.mark_output(t, "y")
+    r = optimize(g, cost_model=AnalyticCost())
+    after = r.graph.op_counts()
+    assert after["batchnorm"] == 0 and after["relu"] == 0 and after["conv2d"] == 2
+    folded = r.graph.weight_only_nodes()
+    assert all(n.id in folded for n in r.graph.nodes.values() if n.op in ("bn_factor", "bn_shift"))
+    assert r.cost_after < r.cost_before
+    check_graphs_equivalent(g, r.graph)

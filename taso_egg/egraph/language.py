@@ -193,6 +193,9 @@ def _shape_rules() -> list[str]:
     for op in ("relu", "sigmoid", "tanh", "batchnorm"):
         rules.append(_shape_rule(op, [], "s0"))
     rules.append(_shape_rule("smul", ["(= (vec-length s1) 0)"], "s0"))
+    for op in ("bn_factor", "bn_shift"):  # per-channel vectors of one length
+        rules.append(_shape_rule(op, ["(= (vec-length s0) 1)"] + [
+            f"(= s0 s{i})" for i in range(1, tensor_arity(op))], "s0"))
     rules += _broadcast_rules("ewadd") + _broadcast_rules("ewmul")
     rules += _conv_like("conv2d", True) + _conv_like("maxpool2d", False) + _conv_like("avgpool2d", False)
     rules.append(_shape_rule("global_avgpool", ["(= (vec-length s0) 4)"],

@@ -56,6 +56,8 @@ class OpSpec:
     is_leaf: bool = False
     # A leaf whose value is known before run time (weights, constants): foldable.
     is_constant: bool = False
+    # Inputs whose values must be positive (a variance): stand-in data is made so.
+    positive_inputs: tuple[int, ...] = ()
     doc: str = ""
 
     def normalize_params(self, params: Mapping[str, Any], where: str = "") -> dict:

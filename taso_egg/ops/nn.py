@@ -7,6 +7,8 @@ covers grouped and depth-wise convolutions with the same code on NumPy and CuPy.
 
 from __future__ import annotations
 
+import numpy as np
+
 from .base import (FLOAT_DTYPES, OpSpec, TensorType, broadcast_shapes, fail, onnx_importer, register)
 from .elementwise import apply_activation, check_activation, export_with_activation
 
@@ -263,11 +265,60 @@ def _bn_kernel(xp, p, x, scale, bias, mean, var):
 
 register(OpSpec(
     name="batchnorm", inputs=(5, 5), defaults={"epsilon": 1e-5}, infer=_bn_infer,
-    kernel=_bn_kernel,
+    kernel=_bn_kernel, positive_inputs=(4,),
     export=lambda ctx, p, in_types, ins, outs: ctx.node(
         "BatchNormalization", ins, outs, epsilon=float(p["epsilon"])),
     flops=lambda p, ins, outs: 2.0 * outs[0].size,
     doc="Inference batch normalization over axis 1 (x, scale, bias, mean, var)."))
+
+
+# Batchnorm folded into a conv (TASO's conv+bn rule) needs the per-channel factor and
+# shift as tensors. Their inputs are weights, so export folds them to constants.
+
+def _per_channel_infer(op):
+    def infer(p, ins):
+        if len(ins[0].shape) != 1 or any(t.shape != ins[0].shape for t in ins):
+            fail(op, "inputs must be vectors of one length (per channel)", ins)
+        return [ins[0]]
+    return infer
+
+
+def _bn_factor(xp, eps, scale, var):
+    return scale / xp.sqrt(var + xp.asarray(eps, dtype=var.dtype))
+
+
+def _export_bn_factor(ctx, p, dtype, scale, var, out):
+    eps = ctx.constant(np.asarray(p["epsilon"], dtype=dtype), "epsilon")
+    shifted, root = ctx.fresh(out + "_var_eps"), ctx.fresh(out + "_std")
+    ctx.node("Add", [var, eps], [shifted])
+    ctx.node("Sqrt", [shifted], [root])
+    ctx.node("Div", [scale, root], [out])
+
+
+def _export_bn_shift(ctx, p, in_types, ins, outs):
+    scale, bias, mean, var = ins
+    factor, moved = ctx.fresh(outs[0] + "_factor"), ctx.fresh(outs[0] + "_moved")
+    _export_bn_factor(ctx, p, in_types[0].dtype, scale, var, factor)
+    ctx.node("Mul", [mean, factor], [moved])
+    ctx.node("Sub", [bias, moved], [outs[0]])
+
+
+register(OpSpec(
+    name="bn_factor", inputs=(2, 2), defaults={"epsilon": 1e-5}, infer=_per_channel_infer("bn_factor"),
+    positive_inputs=(1,),
+    kernel=lambda xp, p, scale, var: [_bn_factor(xp, p["epsilon"], scale, var)],
+    export=lambda ctx, p, in_types, ins, outs: _export_bn_factor(ctx, p, in_types[0].dtype, ins[0], ins[1],
+                                                                  outs[0]),
+    flops=lambda p, ins, outs: 3.0 * outs[0].size,
+    doc="scale / sqrt(var + epsilon): batchnorm's per-channel multiplier."))
+
+register(OpSpec(
+    name="bn_shift", inputs=(4, 4), defaults={"epsilon": 1e-5}, infer=_per_channel_infer("bn_shift"),
+    positive_inputs=(3,),
+    kernel=lambda xp, p, scale, bias, mean, var: [bias - mean * _bn_factor(xp, p["epsilon"], scale, var)],
+    export=_export_bn_shift,
+    flops=lambda p, ins, outs: 5.0 * outs[0].size,
+    doc="bias - mean * scale / sqrt(var + epsilon): batchnorm's per-channel offset."))
 
 
 # --- ONNX import -------------------------------------------------------------------
