@@ -1,0 +1,451 @@
+"""The Z3 verifier: a rule is proved when its two sides are equal under the operator
+axioms of ``rules/axioms.rules``, the way TASO's verifier proves its rules.
+
+Encoding. Tensors are an uninterpreted sort; every operator (per input count, and per
+output for ``split``) is an uninterpreted function of its parameters and then its
+tensor inputs. Parameters keep their kind: integers (axes) are Z3 ints, symbols
+(``RELU``, ``SAME``, dtypes) Z3 strings, int vectors (strides, kernels, split sizes,
+perms, shapes) Z3 sequences of ints. ``shape : Tensor -> Seq[Int]`` gives each tensor
+its shape, so ``(dim T I)`` is ``shape(T)[I]`` and ``(rank T)`` its length; every
+operator function comes with a quantified axiom stating what typing fixes about the
+shape of its result (enough for the guards of the axioms).
+
+Each axiom becomes one or two quantified equations (one per side that contains all
+its variables, that side being the E-matching trigger; literal and computed parameters
+of the trigger are abstracted to bound variables so the pattern stays uninterpreted).
+A rule's variables become constants, its guards hypotheses (``weight`` and ``before``
+only schedule saturation, so they are ignored), and the prover asks whether
+``lhs != rhs`` is consistent with the axioms. Model-based quantifier instantiation is
+off, so Z3 answers unsat (proved), or gives up once E-matching has nothing left to
+instantiate, or at the per-rule timeout. An unsat core names the axioms a proof used.
+
+Soundness rests on the axioms, each of which the tests check numerically through the
+kernels, and on one assumption: every term the prover reasons about is well-typed
+(as every term of a real graph is), so axiom guards state only what typing does not
+imply. A rule not proved is "refuted" only when a float counterexample exists (on the
+example or on other shapes); a model over uninterpreted functions is no counterexample.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import z3
+
+from taso_egg.errors import RuleError, VerificationError
+from taso_egg.ops import OPS
+
+from .instantiate import check_rule_numerically, check_rule_on_other_shapes
+from .lang import App, Guard, Lit, ParamOp, Proj, Rule, Var, load_rule_file
+
+AXIOM_FILE = Path(__file__).with_name("axioms.rules")
+
+STATUSES = ("proved", "refuted", "unknown", "unsupported")
+
+
+@dataclass(frozen=True)
+class ProofResult:
+    rule: str                      # rule name
+    status: str                    # one of STATUSES
+    seconds: float
+    axioms_used: tuple[str, ...]   # axioms in the unsat core (when proved)
+    reason: str                    # why refuted/unknown/unsupported; "" when proved
+
+
+def load_axioms() -> list[Rule]:
+    """The axioms of ``rules/axioms.rules``."""
+    return load_rule_file(AXIOM_FILE)
+
+
+class _Unsupported(Exception):
+    """The rule uses something the encoding does not model."""
+
+
+# --- the encoding ------------------------------------------------------------------
+
+Tensor = z3.DeclareSort("Tensor")
+IntSeq = z3.SeqSort(z3.IntSort())
+shape = z3.Function("shape", Tensor, IntSeq)
+
+# Transpose perms are unrolled up to this rank in its shape axiom.
+_MAX_RANK = 6
+_CMP = {"=": lambda a, b: a == b, "!=": lambda a, b: a != b, "<": lambda a, b: a < b,
+        "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b}
+_ARITH = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
+          "/": lambda a, b: a / b}  # Z3 int division floors for positive divisors
+
+
+def _param_sort(op: str, name: str):
+    if op == "concat":
+        return z3.IntSort()
+    default = OPS[op].defaults[name]
+    if isinstance(default, tuple):
+        return IntSeq
+    if isinstance(default, str):
+        return z3.StringSort()
+    if isinstance(default, float):
+        return z3.RealSort()
+    return z3.IntSort()
+
+
+def _seq(items) -> z3.SeqRef:
+    units = [z3.Unit(z3.IntVal(i) if isinstance(i, int) else i) for i in items]
+    if not units:
+        return z3.Empty(IntSeq)
+    return units[0] if len(units) == 1 else z3.Concat(*units)
+
+
+def _literal(value, sort):
+    if sort == IntSeq and isinstance(value, tuple):
+        return _seq(value)
+    if sort == z3.StringSort() and isinstance(value, str):
+        return z3.StringVal(value)
+    if sort == z3.RealSort() and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return z3.RealVal(value)
+    if sort == z3.IntSort() and isinstance(value, int) and not isinstance(value, bool):
+        return z3.IntVal(value)
+    raise _Unsupported(f"parameter value {value!r} is not modelled as a {sort}")
+
+
+def _var_sorts(rule: Rule) -> dict:
+    """Z3 sort of every variable: tensors, and parameters by the operator parameter
+    that binds them (every parameter variable appears bare in some :lhs position)."""
+    sorts = {v: Tensor for v in rule.tensor_vars()}
+
+    def walk(p):
+        if isinstance(p, Proj):
+            walk(p.pattern)
+        elif isinstance(p, App):
+            names = ("axis",) if p.op == "concat" else tuple(OPS[p.op].defaults)
+            for name, e in zip(names, p.params):
+                if isinstance(e, Var):
+                    sort = _param_sort(p.op, name)
+                    if sorts.setdefault(e.name, sort) != sort:
+                        raise _Unsupported(f"?{e.name} is bound to parameters of different "
+                                           f"kinds ({sorts[e.name]} and {sort})")
+            for t in p.inputs:
+                walk(t)
+
+    for p in rule.lhs + rule.rhs:
+        walk(p)
+    missing = [v for v in rule.param_vars() if v not in sorts]
+    if missing:
+        raise _Unsupported("parameter variable(s) " + ", ".join("?" + m for m in missing)
+                           + " never bound by an operator parameter")
+    return sorts
+
+
+class _Encoder:
+    """Turns patterns, parameter expressions and guards into Z3 terms, and collects
+    the operator functions it declared (each needs its shape axiom)."""
+
+    def __init__(self):
+        self.funcs: dict[tuple, z3.FuncDeclRef] = {}
+
+    def func(self, op: str, n_inputs: int, output: int | None) -> z3.FuncDeclRef:
+        key = (op, n_inputs, output)
+        if key not in self.funcs:
+            names = ("axis",) if op == "concat" else tuple(OPS[op].defaults)
+            sorts = [_param_sort(op, n) for n in names] + [Tensor] * n_inputs
+            fname = f"{op}/{n_inputs}" + ("" if output is None else f"#{output}")
+            self.funcs[key] = z3.Function(fname, *sorts, Tensor)
+        return self.funcs[key]
+
+    def term(self, pat, env: dict, abstract: list | None = None):
+        """The Z3 tensor for pattern ``pat``. With ``abstract`` (a list), every
+        parameter that is not a bare variable becomes a fresh bound variable, and
+        ``(variable, equality)`` is appended to ``abstract``: the term is then a valid
+        E-matching pattern."""
+        if isinstance(pat, Var):
+            return env[pat.name]
+        if isinstance(pat, Proj):
+            return self._app(pat.pattern, env, abstract, pat.index)
+        if isinstance(pat, App):
+            if pat.op == "split":
+                raise _Unsupported("split outside (proj I ...)")
+            return self._app(pat, env, abstract, None)
+        raise _Unsupported(f"not a tensor pattern: {pat!r}")
+
+    def _app(self, app: App, env: dict, abstract, output):
+        if app.op not in OPS:
+            raise _Unsupported(f"operator {app.op!r}")
+        names = ("axis",) if app.op == "concat" else tuple(OPS[app.op].defaults)
+        params = []
+        for name, e in zip(names, app.params):
+            sort = _param_sort(app.op, name)
+            value = self.param(e, env, sort)
+            if abstract is not None and not isinstance(e, Var):
+                bound = z3.FreshConst(sort, name)
+                abstract.append((bound, bound == value))
+                value = bound
+            params.append(value)
+        inputs = [self.term(t, env, abstract) for t in app.inputs]
+        return self.func(app.op, len(inputs), output)(*params, *inputs)
+
+    def param(self, e, env: dict, sort=None):
+        if isinstance(e, Var):
+            return env[e.name]
+        if isinstance(e, Lit):
+            if sort is None:
+                sort = IntSeq if isinstance(e.value, tuple) else z3.IntSort()
+            return _literal(e.value, sort)
+        if isinstance(e, ParamOp):
+            fn, args = e.fn, e.args
+            if fn == "shape":
+                return shape(env[args[0].name])
+            if fn == "rank":
+                return z3.Length(shape(env[args[0].name]))
+            if fn == "dim":
+                s = shape(env[args[0].name])
+                i = self.param(args[1], env)
+                if isinstance(args[1], Lit) and args[1].value < 0:
+                    i = z3.Length(s) + i
+                return s[i]
+            if fn == "len":
+                return z3.Length(self.param(args[0], env, IntSeq))
+            if fn == "at":
+                return self.param(args[0], env, IntSeq)[self.param(args[1], env)]
+            if fn == "vec":
+                return _seq([self.param(a, env) for a in args])
+            return _ARITH[fn](self.param(args[0], env), self.param(args[1], env))
+        raise _Unsupported(f"not a parameter expression: {e!r}")
+
+    def guard(self, g: Guard, env: dict):
+        """The guard as a Z3 formula; None for the scheduling guards."""
+        if g.kind in ("weight", "before"):
+            return None
+        a, b = (self.param(x, env) for x in g.args)
+        if a.sort() != b.sort():
+            raise _Unsupported(f"guard {g} compares a {a.sort()} with a {b.sort()}")
+        return _CMP[g.kind](a, b)
+
+def _shape_axiom(key: tuple, f: z3.FuncDeclRef):
+    """The quantified shape axiom of operator function ``f`` (None when typing fixes
+    nothing useful about its result)."""
+    op, n, output = key
+    params = [z3.FreshConst(f.domain(i), "p") for i in range(f.arity() - n)]
+    ins = [z3.FreshConst(Tensor, "t") for _ in range(n)]
+    result = f(*params, *ins)
+    facts = _shape_facts(op, params, [shape(t) for t in ins], shape(result), output)
+    return None if facts is None else z3.ForAll(params + ins, facts, patterns=[result])
+
+
+def _replace_at(s, i, value):
+    """Sequence ``s`` with element ``i`` replaced by ``value``."""
+    return z3.Concat(z3.SubSeq(s, 0, i), z3.Unit(value), z3.SubSeq(s, i + 1, z3.Length(s) - i - 1))
+
+
+def _shape_facts(op, params, ins, out, output):
+    """What typing says about the shape ``out`` of ``op`` applied to ``params`` and
+    inputs of shapes ``ins``; None when nothing useful is modelled."""
+    if op in ("relu", "sigmoid", "tanh", "smul", "batchnorm", "bn_factor", "bn_shift"):
+        return out == ins[0]
+    if op in ("ewadd", "ewmul"):  # broadcasting is not modelled
+        return z3.Implies(ins[0] == ins[1], out == ins[0])
+    if op == "concat" and len(ins) == 2:
+        ax, (a, b) = params[0], ins
+        return z3.Implies(z3.And(0 <= ax, ax < z3.Length(a)), out == _replace_at(a, ax, a[ax] + b[ax]))
+    if op == "split":
+        ax, sizes = params
+        return z3.Implies(z3.And(0 <= ax, ax < z3.Length(ins[0])),
+                          out == _replace_at(ins[0], ax, sizes[output]))
+    if op == "transpose":
+        perm, x = params[0], ins[0]
+        return z3.And(z3.Length(out) == z3.Length(perm),
+                      *[z3.Implies(j < z3.Length(perm), out[j] == x[perm[j]]) for j in range(_MAX_RANK)])
+    if op == "matmul":
+        a, b = ins
+        ra, rb = z3.Length(a), z3.Length(b)
+        r = z3.If(ra >= rb, ra, rb)
+        return z3.And(z3.Length(out) == r, out[r - 1] == b[rb - 1], out[r - 2] == a[ra - 2])
+    if op == "conv2d":
+        strides, padding = params[0], params[1]
+        x, w = ins[0], ins[1]
+        same_size = z3.Implies(z3.And(padding == z3.StringVal("SAME"), strides == _seq((1, 1))),
+                               z3.And(out[2] == x[2], out[3] == x[3]))
+        return z3.And(z3.Length(out) == 4, out[0] == x[0], out[1] == w[0], same_size)
+    if op in ("maxpool2d", "avgpool2d"):
+        return z3.And(z3.Length(out) == 4, out[0] == ins[0][0], out[1] == ins[0][1])
+    if op == "global_avgpool":
+        return out == _seq((ins[0][0], ins[0][1], 1, 1))
+    if op == "enlarge":
+        w, r = ins
+        return out == _seq((w[0], w[1], r[2], r[3]))
+    if op == "merge_gconv":
+        w = ins[0]
+        return out == _seq((w[0], w[1] * params[1], w[2], w[3]))
+    if op == "reshape" or OPS[op].is_leaf:
+        return out == params[0]
+    return None
+
+
+def _encode_axiom(enc: _Encoder, axiom: Rule) -> list:
+    """The quantified equations of one axiom (one per usable trigger side)."""
+    sorts = _var_sorts(axiom)
+    env = {v: z3.Const(v, s) for v, s in sorts.items()}
+    guards = [f for f in (enc.guard(g, env) for g in axiom.guards) if f is not None]
+    formulas = []
+    for lhs, rhs in zip(axiom.lhs, axiom.rhs):
+        for trigger, other in ((lhs, rhs), (rhs, lhs)):
+            if isinstance(trigger, Var) or not set(env) <= _bare_vars(trigger):
+                continue
+            abstracted: list = []
+            pattern = enc.term(trigger, env, abstracted)
+            body = pattern == enc.term(other, env)
+            premises = guards + [eq for _, eq in abstracted]
+            if premises:
+                body = z3.Implies(z3.And(*premises), body)
+            bound = list(env.values()) + [v for v, _ in abstracted]
+            formulas.append(z3.ForAll(bound, body, patterns=[pattern], qid=axiom.name))
+    if not formulas:
+        raise RuleError(f"{axiom.where}: neither side of the axiom holds all its variables "
+                        f"outside parameter expressions, so it cannot trigger")
+    return formulas
+
+
+def _bare_vars(pat) -> set[str]:
+    """Variables a pattern binds directly (not inside parameter expressions)."""
+    if isinstance(pat, Var):
+        return {pat.name}
+    if isinstance(pat, Proj):
+        return _bare_vars(pat.pattern)
+    out = {e.name for e in pat.params if isinstance(e, Var)}
+    for t in pat.inputs:
+        out |= _bare_vars(t)
+    return out
+
+
+# --- proving -----------------------------------------------------------------------
+
+
+class _AxiomSet:
+    """Axioms encoded once (Z3's Python API makes encoding cost more than most proofs)."""
+
+    def __init__(self, axioms):
+        self.encoder = _Encoder()
+        self.formulas: dict[str, z3.BoolRef] = {}
+        for ax in axioms:
+            try:
+                self.formulas[ax.name] = z3.And(*_encode_axiom(self.encoder, ax))
+            except _Unsupported as e:
+                raise RuleError(f"{ax.where}: axiom cannot be encoded: {e}") from None
+        self.trackers = {name: z3.Bool(f"axiom {name}") for name in self.formulas}
+        self.shape_axioms: dict[tuple, z3.BoolRef] = {}
+
+    def rule_encoder(self) -> _Encoder:
+        enc = _Encoder()
+        enc.funcs = dict(self.encoder.funcs)
+        return enc
+
+    def shapes_for(self, enc: _Encoder) -> list:
+        for key, f in enc.funcs.items():
+            if key not in self.shape_axioms:
+                self.shape_axioms[key] = _shape_axiom(key, f)
+        return [self.shape_axioms[k] for k in sorted(enc.funcs, key=str)
+                if self.shape_axioms[k] is not None]
+
+
+_AXIOM_SETS: dict[tuple, _AxiomSet] = {}
+
+
+def _axiom_set(axioms) -> _AxiomSet:
+    key = tuple(axioms)
+    if key not in _AXIOM_SETS:
+        if len(_AXIOM_SETS) >= 4:  # a few axiom lists at most (the file's, tests' subsets)
+            _AXIOM_SETS.pop(next(iter(_AXIOM_SETS)))
+        _AXIOM_SETS[key] = _AxiomSet(axioms)
+    return _AXIOM_SETS[key]
+
+
+def prove_rule(rule: Rule, timeout_s: float = 10.0, axioms=None) -> ProofResult:
+    """Prove ``rule`` (each ``lhs[i] = rhs[i]``) from ``axioms`` (default: the file's)."""
+    if not timeout_s > 0:
+        raise RuleError(f"{rule.where}: timeout must be positive, got {timeout_s}")
+    start = time.perf_counter()
+    axset = _axiom_set(load_axioms() if axioms is None else axioms)
+
+    def result(status, reason="", used=()):
+        return ProofResult(rule.name, status, time.perf_counter() - start, tuple(used), reason)
+
+    enc = axset.rule_encoder()
+    solver = z3.Solver()
+    solver.set("timeout", max(1, int(timeout_s * 1000)))
+    solver.set("smt.mbqi", False)
+    for name, formula in axset.formulas.items():
+        solver.assert_and_track(formula, axset.trackers[name])
+    try:
+        env = {v: z3.Const(v, s) for v, s in _var_sorts(rule).items()}
+        for g in rule.guards:
+            formula = enc.guard(g, env)
+            if formula is not None:
+                solver.add(formula)
+        sides = [enc.term(l, env) == enc.term(r, env) for l, r in zip(rule.lhs, rule.rhs)]
+    except _Unsupported as e:
+        return result("unsupported", str(e))
+    except (z3.Z3Exception, TypeError) as e:  # e.g. arithmetic on a vector parameter
+        return result("unsupported", f"parameter expressions of mismatched kinds: {e}")
+    solver.add(z3.Not(z3.And(*sides)))
+    solver.add(*axset.shapes_for(enc))
+    answer = solver.check()
+    if answer == z3.unsat:
+        core = {str(b) for b in solver.unsat_core()}
+        return result("proved", used=[a for a, t in axset.trackers.items() if str(t) in core])
+    reason = solver.reason_unknown()
+    if answer == z3.sat or reason == "(incomplete quantifiers)":
+        why = "no proof from the axioms (E-matching ran out of instances)"
+    elif reason in ("timeout", "canceled"):
+        why = f"no proof within the {timeout_s:g} s timeout"
+    else:
+        why = f"no proof from the axioms (Z3: {reason})"
+    agrees, evidence = _float_evidence(rule)
+    if agrees is False:
+        return result("refuted", f"{why}; float counterexample: {evidence}")
+    return result("unknown", f"{why}; float check: {evidence}")
+
+
+def _float_evidence(rule: Rule, trials: int = 3, seed: int = 0) -> tuple[bool | None, str]:
+    """Float agreement on the example and on ``trials`` other shapes: (True, what was
+    checked), (False, the disagreement) or (None, why nothing could be checked)."""
+    if not rule.example:
+        return None, f"{rule.where}: no :example to vary"
+    try:
+        check_rule_numerically(rule, seed=seed)
+        checked = check_rule_on_other_shapes(rule, trials, seed)
+    except VerificationError as e:
+        return False, str(e)
+    except RuleError as e:  # the example itself violates a guard or does not type-check
+        return None, str(e)
+    if not checked:
+        return None, (f"{rule.where}: no shape other than the example (dims in 1..4) "
+                      f"satisfies the guards and type-checks")
+    shapes = "; ".join(", ".join(f"?{k} {list(v)}" for k, v in c.items()) for c in checked)
+    return True, f"agrees on the example and {len(checked)} other shape(s): {shapes}"
+
+
+def verify_rules(rules, timeout_s: float = 10.0, progress=None) -> list[ProofResult]:
+    """Prove every rule with the axioms (loaded once); ``progress(i, n, result)`` is
+    called after each (``i`` counts from 0)."""
+    rules = list(rules)
+    axioms = load_axioms()
+    results = []
+    for i, rule in enumerate(rules):
+        res = prove_rule(rule, timeout_s, axioms)
+        results.append(res)
+        if progress is not None:
+            progress(i, len(rules), res)
+    return results
+
+
+def float_check(rule: Rule, trials: int = 3, seed: int = 0) -> tuple[bool, str]:
+    """True when both sides agree on random float data on the rule's :example and on
+    up to ``trials`` other shapes (its dimension values re-mapped consistently into
+    1..4; variants violating a guard or not type-checking are skipped). False, with
+    the reason, on a disagreement or when no other shape could be checked."""
+    agrees, why = _float_evidence(rule, trials, seed)
+    return agrees is True, why
+
+
+__all__ = ["ProofResult", "STATUSES", "load_axioms", "prove_rule", "verify_rules",
+           "float_check", "AXIOM_FILE"]
