@@ -2,19 +2,20 @@
 
 1. Greedy DAG gives a first solution: an upper bound and the warm start.
 2. The node set is shrunk (see shrink.py) with that bound.
-3. The LP relaxation without order rows is cheap and a valid lower bound (if it meets
-   the greedy cost, greedy is optimal). Neighbourhood: the nodes it uses, plus the
-   incumbent's, closed under greedy-DAG and tree picks so that every class they need
-   has a node, make a small MIP that HiGHS often solves to optimality in seconds. This
-   only finds solutions (its bound proves nothing), and gets at most half the time.
+3. Neighbourhood search (lns.py) re-solves small sub-models around shared inputs,
+   each warm-started from the incumbent; this is where large e-graphs get their good
+   solutions (on bert the full MIP alone stalls far above them). It gets at most
+   LNS_SHARE of the time, and stops early once no region improves.
 4. The full MIP, warm-started from the best solution so far, runs for the rest of the
-   time; its dual bound is the proven lower bound.
+   time: it proves optimality on small e-graphs, and its dual bound is the proven
+   lower bound.
 Every solution read back from HiGHS is checked to be complete and acyclic before it
 may replace the incumbent.
 """
 
 from __future__ import annotations
 
+import math
 import time
 
 import highspy
@@ -23,14 +24,15 @@ from ..errors import ExtractionError
 from .base import Extractor, Solution
 from .check import check_choice, used_classes
 from .egraph import EGraph
-from .greedy_dag import GreedyDagExtractor, greedy_dag_picks
+from .greedy_dag import GreedyDagExtractor
 from .ilp_model import IlpModel
+from .lns import NeighbourhoodSearch
 from .result import NO_IMPROVEMENT, OPTIMAL, TIME_LIMIT
 from .shrink import shrink
-from .tree import tree_costs
 
 DEFAULT_TIME_LIMIT = 60.0
-NEIGHBOURHOOD_SHARE = 0.5  # of the time limit, at most, for step 3
+LNS_SHARE = 0.7  # of the time limit, at most, for step 3
+SUB_MIP_SHARE = 0.1  # of the time limit, at most, for one sub-model of step 3
 _EPS = 1e-9
 _OPTIMAL = highspy.HighsModelStatus.kOptimal
 
@@ -40,39 +42,35 @@ class IlpExtractor(Extractor):
 
     def solve(self, egraph: EGraph, roots: tuple[int, ...], time_limit: float | None) -> Solution:
         limit = DEFAULT_TIME_LIMIT if time_limit is None else time_limit
-        deadline = time.perf_counter() + limit
+        start = time.perf_counter()
+        deadline = start + limit
         greedy = GreedyDagExtractor().solve(egraph, roots, None).choice
         best = _Incumbent(egraph, roots, greedy)
         nodes = shrink(egraph, roots, best.cost, protect=frozenset(best.choice.values()))
-        model = IlpModel(egraph, nodes, roots)
 
-        lower = None
-        lp = model.build(integer=False, order=False, verbose=self.verbose)
-        if self._run(lp, deadline - time.perf_counter()) and lp.getModelStatus() == _OPTIMAL:
-            lower = lp.getInfo().objective_function_value
-            if lower >= best.cost - _EPS * max(1.0, best.cost):
-                return Solution(best.choice, OPTIMAL, lower)
-            used = [model.nodes[j] for j, v in enumerate(lp.getSolution().col_value) if v > _EPS]
-            small = IlpModel(egraph, _close(egraph, nodes, used + list(best.choice.values())), roots)
-            self._mip(small, best, min(deadline, time.perf_counter() + NEIGHBOURHOOD_SHARE * limit))
+        def solve_sub(sub_nodes: list[int]) -> None:
+            sub_deadline = min(deadline, time.perf_counter() + SUB_MIP_SHARE * limit)
+            self._mip(IlpModel(egraph, sub_nodes, roots), best, sub_deadline, log=False)
 
-        status, bound = self._mip(model, best, deadline)
-        if bound is not None:
-            lower = bound if lower is None else max(lower, bound)
+        NeighbourhoodSearch(egraph, nodes).run(best, solve_sub, min(deadline, start + LNS_SHARE * limit))
+
+        status, lower = self._mip(IlpModel(egraph, nodes, roots), best, deadline)
         if status == _OPTIMAL:
             return Solution(best.choice, OPTIMAL, lower)
         return Solution(best.choice, TIME_LIMIT if best.improved else NO_IMPROVEMENT, lower)
 
-    def _mip(self, model: IlpModel, best: _Incumbent, deadline: float):
+    def _mip(self, model: IlpModel, best: _Incumbent, deadline: float, log: bool = True):
         """Solve ``model`` from the incumbent until the deadline; keep what improves it.
-        Returns HiGHS's model status and dual bound (None if it did not run)."""
-        h = model.build(integer=True, order=True, verbose=self.verbose)
+        Returns HiGHS's model status and dual bound (None if it did not run or has none).
+        ``log``: show the solver's log if verbose (not for the many sub-models)."""
+        h = model.build(integer=True, order=True, verbose=self.verbose and log)
         h.setSolution(model.start(best.choice, order=True))
         if not self._run(h, deadline - time.perf_counter()):
             return None, None
         if h.getInfo().primal_solution_status == 2:  # a feasible point exists
             best.offer(model.choice(h.getSolution().col_value))
-        return h.getModelStatus(), h.getInfo().mip_dual_bound
+        bound = h.getInfo().mip_dual_bound
+        return h.getModelStatus(), bound if math.isfinite(bound) else None
 
     @staticmethod
     def _run(h: highspy.Highs, seconds: float) -> bool:
@@ -102,24 +100,3 @@ class _Incumbent:
     def _used(self, choice: dict[int, int]) -> dict[int, int]:
         # Only the classes in use: the rest may name nodes the shrunk model dropped.
         return {c: choice[c] for c in used_classes(self.egraph, choice, self.roots)}
-
-
-def _close(egraph: EGraph, allowed: list[int], nodes: list[int]) -> list[int]:
-    """``nodes`` plus the greedy-DAG and tree picks among ``allowed`` of every class that
-    they touch or need, recursively: completable, inside the full model, and holding
-    the nodes that the two greedy extractors found good."""
-    mask = [False] * egraph.n_nodes
-    for n in allowed:
-        mask[n] = True
-    picks = (tree_costs(egraph, mask)[1], greedy_dag_picks(egraph, mask))
-    keep = set(nodes)
-    have: set[int] = set()
-    stack = [int(egraph.node_class[n]) for n in keep]
-    while stack:
-        cls = stack.pop()
-        if cls in have:
-            continue
-        have.add(cls)
-        keep.update(p[cls] for p in picks if p[cls] >= 0)
-        stack.extend(d for n in egraph.class_nodes[cls] if n in keep for d in egraph.child_sets[n])
-    return sorted(keep)
