@@ -3,7 +3,8 @@
 
 Syntax (S-expressions; ``;`` starts a comment that runs to the end of the line)::
 
-    (rule NAME :lhs PAT :rhs PAT [:if (GUARD ...)] [:example (BINDING ...)] [:doc "text"])
+    (rule NAME :lhs PAT :rhs PAT [:if (GUARD ...)] [:example (BINDING ...)] [:doc "text"]
+          [:proof (RECORD ...)])
     (multi NAME :lhs (PAT PAT) :rhs (PAT PAT) ...)      ; rhs[i] replaces lhs[i]
 
 Patterns (tensor positions)
@@ -39,6 +40,12 @@ Guards (``:if``)
 Examples (``:example``)
     ``((?x [1 4 5 5]) (?s [1 1]) (?p SAME) ...)``: a shape for each tensor variable, a
     value for each parameter variable. When present it must bind every lhs variable.
+
+Proof records (``:proof``)
+    ``((status proved) (found-by generator-3) (axioms ax-a ax-b) (seconds 0.012)
+    (reason "text"))``: what ``taso-egg rules verify`` found (status one of PROOF_STATUSES;
+    every entry but ``status`` optional). :func:`load_corpus` loads only proved rules
+    unless asked for the others.
 
 Variable names are stored without the ``?`` (``Var("x")`` for ``?x``; example keys are
 ``"x"``). ``App.params`` always holds every parameter of the operator (omitted optional
@@ -131,6 +138,34 @@ class Proj:
         return f"(proj {self.index} {self.pattern})"
 
 
+@dataclass(frozen=True)
+class Proof:
+    """Provenance of a rule: its verification status, how it was found (``hand``,
+    ``generator-3``), the axioms its proof used, the prover's seconds, and why it was
+    not proved."""
+
+    status: str
+    found_by: str = ""
+    axioms: tuple = ()
+    seconds: float | None = None
+    reason: str = ""
+
+    def __str__(self) -> str:
+        parts = [f"(status {self.status})"]
+        if self.found_by:
+            parts.append(f"(found-by {_format_value(self.found_by)})")
+        if self.axioms:
+            parts.append("(axioms " + " ".join(_format_value(a) for a in self.axioms) + ")")
+        if self.seconds is not None:
+            parts.append(f"(seconds {_format_value(float(self.seconds))})")
+        if self.reason:
+            parts.append("(reason " + _quote(self.reason) + ")")
+        return "(" + " ".join(parts) + ")"
+
+
+PROOF_STATUSES = ("proved", "refuted", "unknown", "unsupported", "unchecked")
+
+
 Pattern = Union[Var, App, Proj]
 ParamExpr = Union[Var, Lit, ParamOp]
 
@@ -162,6 +197,11 @@ class Rule:
     doc: str = ""
     source: tuple = ("<string>", 0)
     multi: bool = False
+    proof: Proof | None = None
+
+    @property
+    def proved(self) -> bool:
+        return self.proof is not None and self.proof.status == "proved"
 
     def tensor_vars(self) -> tuple[str, ...]:
         """Names of the tensor variables, in order of first appearance (lhs first)."""
@@ -204,7 +244,9 @@ class Rule:
             parts.append("  :example (" + " ".join(
                 f"(?{k} {_format_value(v)})" for k, v in self.example.items()) + ")")
         if self.doc:
-            parts.append("  :doc " + '"' + self.doc.replace("\\", "\\\\").replace('"', '\\"') + '"')
+            parts.append("  :doc " + _quote(self.doc))
+        if self.proof is not None:
+            parts.append(f"  :proof {self.proof}")
         return "\n".join(parts) + ")"
 
 
@@ -235,6 +277,10 @@ def guard_vars(g: Guard) -> Iterator[tuple[str, str]]:
         yield from _walk(a, kind)
 
 
+def _quote(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ") + '"'
+
+
 def _format_value(v) -> str:
     if isinstance(v, tuple):
         return "[" + " ".join(_format_value(x) for x in v) + "]"
@@ -255,6 +301,8 @@ TENSOR_FNS = ("dim", "rank", "shape")  # first argument is a tensor variable
 COMPARISONS = ("=", "!=", "<", "<=", ">", ">=")
 TENSOR_GUARDS = {"weight": 1, "before": 2}
 GUARD_KINDS = COMPARISONS + tuple(TENSOR_GUARDS)
+KEYWORDS = (":lhs", ":rhs", ":if", ":example", ":doc", ":proof")
+_PROOF_KEYS = ("status", "found-by", "axioms", "seconds", "reason")
 
 EXCLUDED_OPS = ("input", "weight", "opaque")
 MULTI_OUTPUT_OPS = ("split",)
@@ -418,10 +466,9 @@ class _RuleParser:
         while i < len(rest):
             kw = rest[i]
             if not (isinstance(kw, _Atom) and kw.kind == "kw"):
-                raise self.error(kw, f"expected a keyword (:lhs :rhs :if :example :doc), got {kw}")
-            if kw.value not in (":lhs", ":rhs", ":if", ":example", ":doc"):
-                raise self.error(kw, f"unknown keyword {kw.value} (allowed: :lhs :rhs :if "
-                                     f":example :doc)")
+                raise self.error(kw, f"expected a keyword ({' '.join(KEYWORDS)}), got {kw}")
+            if kw.value not in KEYWORDS:
+                raise self.error(kw, f"unknown keyword {kw.value} (allowed: {' '.join(KEYWORDS)})")
             if kw.value in sections:
                 raise self.error(kw, f"{kw.value} given twice")
             if i + 1 >= len(rest) or (isinstance(rest[i + 1], _Atom) and rest[i + 1].kind == "kw"):
@@ -448,7 +495,42 @@ class _RuleParser:
             if not (isinstance(d, _Atom) and d.kind == "str"):
                 raise self.error(d, ':doc takes a quoted string, e.g. :doc "why it holds"')
             doc = d.value
-        return Rule(self.name, lhs, rhs, guards, example, doc, (self.filename, form.line), multi)
+        proof = self._proof(sections[":proof"]) if ":proof" in sections else None
+        return Rule(self.name, lhs, rhs, guards, example, doc, (self.filename, form.line), multi,
+                    proof)
+
+    def _proof(self, node) -> Proof:
+        if not (isinstance(node, _List) and node.bracket == "(" and node.head() is None):
+            raise self.error(node, f":proof takes a list of entries, e.g. ((status proved)), got {node}")
+        fields: dict[str, Any] = {}
+        for entry in node.items:
+            key = entry.head() if isinstance(entry, _List) else None
+            if key not in _PROOF_KEYS:
+                raise self.error(entry, f"unknown :proof entry {entry} (allowed: "
+                                        f"{' '.join(_PROOF_KEYS)})")
+            if key in fields:
+                raise self.error(entry, f":proof entry {key} given twice")
+            args = entry.items[1:]
+            if key == "axioms":
+                if not all(isinstance(a, _Atom) and a.kind in ("sym", "str") for a in args):
+                    raise self.error(entry, f"(axioms ...) takes axiom names, got {entry}")
+                fields[key] = tuple(a.value for a in args)
+                continue
+            if len(args) != 1 or not isinstance(args[0], _Atom):
+                raise self.error(entry, f"({key} ...) takes one value, got {entry}")
+            a = args[0]
+            if key == "status" and (a.kind != "sym" or a.value not in PROOF_STATUSES):
+                raise self.error(a, f"proof status must be one of {' '.join(PROOF_STATUSES)}, "
+                                    f"got {a}")
+            if key == "seconds" and (a.kind not in ("int", "float") or a.value < 0):
+                raise self.error(a, f"(seconds ...) takes a non-negative number, got {a}")
+            if key in ("found-by", "reason") and a.kind not in ("sym", "str", "int"):
+                raise self.error(a, f"({key} ...) takes a symbol or a quoted string, got {a}")
+            fields[key] = float(a.value) if key == "seconds" else a.value
+        if "status" not in fields:
+            raise self.error(node, ":proof needs a (status ...) entry")
+        return Proof(fields["status"], str(fields.get("found-by", "")), fields.get("axioms", ()),
+                     fields.get("seconds"), str(fields.get("reason", "")))
 
     def _sides(self, node, multi: bool) -> tuple:
         sec = self.section
@@ -737,16 +819,29 @@ def corpus_files() -> list:
     from importlib.resources import files
 
     root = files("taso_egg.rules")
-    return sorted((f for f in root.iterdir() if f.name.endswith(".rules") and f.is_file()),
-                  key=lambda f: f.name)
+    return sorted((f for f in root.iterdir() if f.name.endswith(".rules") and f.is_file()
+                   and f.name not in AXIOM_FILES), key=lambda f: f.name)
 
 
-def load_corpus(names=None) -> list[Rule]:
-    """All rules of the corpus files (sorted by file name, rules in file order).
+# The verifier's axioms: what corpus rules are proved from, not rewrites themselves.
+AXIOM_FILES = ("axioms.rules",)
+
+
+# Corpus files read only when named: the generated corpus waits to be wired into
+# saturation's default (load_corpus(["taso_hand", "generated"]) reads it now).
+OPT_IN_FILES = ("generated.rules",)
+
+
+def load_corpus(names=None, include_unproved: bool = False) -> list[Rule]:
+    """The proved rules of the corpus files (sorted by file name, rules in file order);
+    ``include_unproved`` adds the rules without a ``proved`` record (for experiments).
     ``names`` restricts to some files, by stem or file name (``"taso_hand"`` or
-    ``"taso_hand.rules"``). Rule names must be unique across the files read."""
+    ``"taso_hand.rules"``); without it, every file but OPT_IN_FILES. Rule names must be
+    unique across the files read."""
     available = corpus_files()
-    if names is not None:
+    if names is None:
+        available = [f for f in available if f.name not in OPT_IN_FILES]
+    else:
         if isinstance(names, str):
             names = [names]
         by_name = {f.name: f for f in available}
@@ -764,13 +859,84 @@ def load_corpus(names=None) -> list[Rule]:
     for f in available:
         for rule in parse_rules(f.read_text(encoding="utf-8"), str(f)):
             _check_unique(rule, seen)
-            rules.append(rule)
+            if include_unproved or rule.proved:
+                rules.append(rule)
     return rules
 
 
+def _form_spans(text: str, filename: str) -> list[tuple[int, int]]:
+    """(start, end) offsets of every top-level form of a rule file's text."""
+    spans, depth, start, pos = [], 0, 0, 0
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        kind = m.lastgroup
+        if kind == "badstr":
+            raise RuleError(f"{filename}: unterminated string")
+        if kind == "open":
+            if depth == 0:
+                start = m.start()
+            depth += 1
+        elif kind == "close":
+            depth -= 1
+            if depth == 0:
+                spans.append((start, m.end()))
+        pos = m.end()
+    return spans
+
+
+def with_proof_records(text: str, proofs: dict, filename: str = "<string>") -> str:
+    """``text`` with the ``:proof`` record of each rule named in ``proofs`` (name ->
+    Proof) replaced or added; comments and layout elsewhere are kept. The result is
+    parsed back, and must hold the same rules with the new records (RuleError if not)."""
+    before = parse_rules(text, filename)
+    out, last = [], 0
+    for (start, end), rule in zip(_form_spans(text, filename), before):
+        out.append(text[last:start])
+        form = text[start:end]
+        if rule.name in proofs:
+            form = _drop_proof(form, filename) + f"\n  :proof {proofs[rule.name]})"
+        out.append(form)
+        last = end
+    out.append(text[last:])
+    new_text = "".join(out)
+    after = parse_rules(new_text, filename)
+    expected = [_replace_proof(r, proofs.get(r.name, r.proof)) for r in before]
+    if [_replace_proof(r, r.proof) for r in after] != expected:
+        raise RuleError(f"{filename}: rewriting the proof records changed the rules (a bug)")
+    return new_text
+
+
+def _drop_proof(form: str, filename: str) -> str:
+    """The form without its ``:proof`` section and without its closing parenthesis."""
+    depth, pos, cut = 0, 0, None
+    body_end = len(form) - 1
+    while pos < len(form):
+        m = _TOKEN.match(form, pos)
+        kind = m.lastgroup
+        if kind == "open":
+            depth += 1
+        elif kind == "close":
+            depth -= 1
+            if depth == 0:
+                body_end = m.start()
+        elif kind == "atom" and depth == 1 and m.group() == ":proof":
+            cut = m.start()
+        elif kind == "atom" and depth == 1 and m.group().startswith(":") and cut is not None:
+            raise RuleError(f"{filename}: :proof must be the last section of a rule to be "
+                            f"rewritten")
+        pos = m.end()
+    return form[:cut if cut is not None else body_end].rstrip()
+
+
+def _replace_proof(rule: Rule, proof) -> Rule:
+    return Rule(rule.name, rule.lhs, rule.rhs, rule.guards, rule.example, rule.doc, ("", 0),
+                rule.multi, proof)
+
+
 __all__ = [
-    "Var", "Lit", "App", "Proj", "ParamOp", "Guard", "Rule", "Pattern", "ParamExpr",
+    "Var", "Lit", "App", "Proj", "ParamOp", "Guard", "Rule", "Proof", "PROOF_STATUSES",
+    "Pattern", "ParamExpr",
     "PARAM_FNS", "COMPARISONS", "GUARD_KINDS", "MULTI_OUTPUT_OPS", "OPTIONAL_PARAMS",
-    "parse_rules", "load_rule_file", "load_corpus", "corpus_files", "walk_vars", "guard_vars",
+    "parse_rules", "load_rule_file", "with_proof_records", "load_corpus", "corpus_files", "walk_vars", "guard_vars",
     "param_names", "pattern_ops", "signature",
 ]

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import math
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 
-from .cost import AnalyticCost, CostModel, graph_cost
+from .cost import DEFAULT_PROFILE, CostModel, OpConfig, graph_cost, load_cost_model
 from .egraph.convert import TensorEGraph, build_graph
 from .egraph.saturate import Limits, Saturation, saturate
-from .errors import ExtractionError, TasoEggError
+from .errors import ExtractionError, ShapeError, TasoEggError
 from .graph import Graph
 from .ops import OPS, TensorType
 from .verify import check_graphs_equivalent
@@ -29,6 +28,7 @@ class Extraction:
     seconds: float
     extractor: str
     status: str
+    picks: list[str] = field(default_factory=list)  # the chosen e-node ids (for pictures)
 
 
 @dataclass
@@ -46,25 +46,58 @@ class OptimizeResult:
         return self.cost_before / self.cost_after if self.cost_after > 0 else math.inf
 
 
-def _node_cost(n, eg: TensorEGraph, model: CostModel, weight_only: set, opaque) -> float:
-    if n.op in _FREE or OPS[n.op].is_leaf:
-        return 0.0
-    if n.children and all(c in weight_only for c in n.children) and n.op != "opaque":
-        return 0.0
-    if n.op == "opaque":
-        node = opaque[n.params["key"]]
-        return model.cost(node.op, node.params, [t.type for t in node.inputs], node.outputs)
-    if n.op == "split":
-        return 0.0  # a view; its outputs are costed by their users
-    shapes = [eg.shapes.get(c) for c in n.children]
-    if any(s is None for s in shapes):
-        return math.inf
-    ins = [TensorType(tuple(s)) for s in shapes]
+class ENodeConfigs:
+    """The operator configuration each e-node of a saturation runs as if extracted:
+    the cost model's key for it (the profiler enumerates them with
+    ``enode_configurations``)."""
+
+    def __init__(self, saturation: Saturation):
+        self.eg = saturation.tensor_egraph()
+        self.weight_only = _weight_only_classes(self.eg)
+        self.opaque = saturation.program.opaque
+        self.constant_nodes = saturation.graph.weight_only_nodes()
+
+    def __call__(self, n) -> OpConfig | None:
+        """None when the e-node is free (plumbing, a leaf, or work on weights alone,
+        folded at export); ShapeError when its inputs have no known shape."""
+        if n.op in _FREE or OPS[n.op].is_leaf:
+            return None
+        if n.op == "opaque":
+            node = self.opaque[n.params["key"]]
+            return OpConfig.of(node.op, node.params, [t.type for t in node.inputs], node.outputs,
+                               [t.node in self.constant_nodes for t in node.inputs])
+        if n.children and all(c in self.weight_only for c in n.children):
+            return None
+        shapes = [self.eg.shapes.get(c) for c in n.children]
+        if any(s is None for s in shapes):
+            raise ShapeError(f"e-node {n.id} ({n.op}): an input has no known shape")
+        return OpConfig.of(n.op, n.params, [TensorType(tuple(s)) for s in shapes],
+                           constant=[c in self.weight_only for c in n.children])
+
+
+def enode_configurations(saturation: Saturation) -> list[OpConfig]:
+    """Every distinct configuration any e-node could be extracted as."""
+    configs = ENodeConfigs(saturation)
+    seen: dict[str, OpConfig] = {}
+    for nodes in configs.eg.classes.values():
+        for n in nodes:
+            try:
+                config = configs(n)
+            except TasoEggError:
+                continue
+            if config is not None:
+                seen.setdefault(config.key, config)
+    return list(seen.values())
+
+
+def _node_cost(n, configs: ENodeConfigs, model: CostModel) -> float:
     try:
-        outs = OPS[n.op].infer(n.params, ins)
+        config = configs(n)
     except TasoEggError:
         return math.inf
-    return model.cost(n.op, n.params, ins, outs)
+    if config is None:
+        return 0.0
+    return model.cost(config.op, config.param_dict, config.inputs, config.outputs, config.constant)
 
 
 def _weight_only_classes(eg: TensorEGraph) -> set[str]:
@@ -95,15 +128,15 @@ def extract_graph(saturation: Saturation, extractor: str = "greedy-dag",
 
     if extractor not in EXTRACTORS:
         raise ExtractionError(f"unknown extractor {extractor!r}; choose from {sorted(EXTRACTORS)}")
-    model = cost_model or AnalyticCost()
-    eg = saturation.tensor_egraph()
-    weight_only = _weight_only_classes(eg)
+    model = cost_model or load_cost_model()
+    configs = ENodeConfigs(saturation)
+    eg = configs.eg
     class_ids = list(eg.classes)
     index = {c: i for i, c in enumerate(class_ids)}
     node_ids, node_class, costs, children, ops = [], [], [], [], []
     for cid, nodes in eg.classes.items():
         for n in nodes:
-            c = _node_cost(n, eg, model, weight_only, saturation.program.opaque)
+            c = _node_cost(n, configs, model)
             if not math.isfinite(c) or any(ch not in index for ch in n.children):
                 continue
             node_ids.append(n.id)
@@ -116,25 +149,30 @@ def extract_graph(saturation: Saturation, extractor: str = "greedy-dag",
     result = EXTRACTORS[extractor]().extract(xgraph, None, time_limit)
     picks = [(class_ids[c], node_ids[result.choice[c]]) for c in used_classes(xgraph, result.choice)]
     graph = build_graph(eg, picks, saturation.graph, saturation.program.opaque)
-    return Extraction(graph, result.dag_cost, result.seconds, extractor, result.status)
+    return Extraction(graph, result.dag_cost, result.seconds, extractor, result.status,
+                      [node for _, node in picks])
 
 
 def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: str = "greedy-dag",
              cost_model: CostModel | None = None, progress=None, verify: bool = True,
-             seed: int = 0) -> OptimizeResult:
-    """Saturate, extract, check numerically, and keep the better of input and result."""
-    model = cost_model or AnalyticCost()
+             seed: int = 0, profile: str = DEFAULT_PROFILE) -> OptimizeResult:
+    """Saturate, extract, check numerically, and keep the better of input and result.
+    Costs come from ``cost_model`` when given, else from ``profile`` (a shipped profile's
+    name, a profile path, or "analytic"; see ``taso_egg.cost.load_cost_model``)."""
+    model = cost_model or load_cost_model(profile)
     graph.validate()
     t0 = time.perf_counter()
     sat = saturate(graph, rules=rules, limits=limits, progress=progress)
     ext = extract_graph(sat, extractor, model)
     before, after = graph_cost(graph, model), graph_cost(ext.graph, model)
-    if verify:
-        check_graphs_equivalent(graph, ext.graph, seed=seed)
+    t_check = time.perf_counter()
+    check_error = check_graphs_equivalent(graph, ext.graph, seed=seed) if verify else None
     best = ext.graph if after <= before else graph
     stats = {
         "saturation_seconds": sat.seconds,
         "extraction_seconds": ext.seconds,
+        "check_seconds": time.perf_counter() - t_check,
+        "check_error": check_error,
         "total_seconds": time.perf_counter() - t0,
         "stop_reason": sat.stop_reason,
         "iterations": len(sat.iterations),
@@ -142,9 +180,11 @@ def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: 
         "eclasses": sat.iterations[-1].eclasses if sat.iterations else 0,
         "extractor": extractor,
         "extractor_status": ext.status,
-        "ops_before": Counter(graph.op_counts()),
-        "ops_after": Counter(best.op_counts()),
+        "ops_before": graph.op_counts(runtime_only=True),  # what runs after export
+        "ops_after": best.op_counts(runtime_only=True),
         "rules": len(sat.rules),
     }
+    if hasattr(model, "lookups"):  # a profiled model: how many costs were measured vs estimated
+        stats["cost_lookups"] = model.lookups()
     return OptimizeResult(best, graph, before, min(before, after), getattr(model, "name", "cost model"),
                           stats, sat)

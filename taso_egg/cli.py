@@ -71,6 +71,8 @@ def _cmd_convert(args) -> int:
 
 
 def _cmd_optimize(args) -> int:
+    import numpy as np
+
     from .api import optimize
     from .egraph.saturate import Limits
     from .executor import random_inputs
@@ -95,18 +97,24 @@ def _cmd_optimize(args) -> int:
         print(f"  iteration {it.iteration:>2}: {it.enodes:>7} e-nodes {it.eclasses:>7} e-classes "
               f"{it.seconds:6.2f} s  " + ", ".join(f"{k} x{v}" for k, v in top), file=sys.stderr)
 
-    result = optimize(g, rules=rules, limits=limits, extractor=args.extractor, progress=progress)
+    result = optimize(g, rules=rules, limits=limits, extractor=args.extractor, progress=progress,
+                      profile=args.profile)
     model = export_onnx(result.graph)
     feeds = random_inputs(g)
-    err = compare_outputs(onnx_outputs(original, feeds), onnx_outputs(model, feeds),
-                          what="optimized model in onnxruntime")
+    expected = onnx_outputs(original, feeds)
+    if all(np.all(np.isfinite(v)) for v in expected.values() if v.dtype.kind == "f"):
+        err = compare_outputs(expected, onnx_outputs(model, feeds), what="optimized model in onnxruntime")
+    else:  # the graph check above ran with tracked exponents; float32 cannot say more
+        err = None
+        print("note: the model's float32 outputs overflow on random inputs, so the onnxruntime "
+              "cross-check is skipped; the graph check passed", file=sys.stderr)
     save_atomically(model, args.output)
     _print_summary(result, err)
     print(f"wrote {args.output}")
     return 0
 
 
-def _print_summary(result, err: float) -> None:
+def _print_summary(result, err: float | None) -> None:
     st = result.stats
     before, after = st["ops_before"], st["ops_after"]
     print(f"{'operator':<16}{'before':>8}{'after':>8}")
@@ -118,7 +126,11 @@ def _print_summary(result, err: float) -> None:
           f"iterations; stopped: {st['stop_reason']}")
     print(f"time: saturation {st['saturation_seconds']:.2f} s, extraction ({st['extractor']}, "
           f"{st['extractor_status']}) {st['extraction_seconds']:.2f} s, total {st['total_seconds']:.2f} s")
-    print(f"check: outputs equal the original's in onnxruntime within {err:.2g} relative")
+    print(f"check ({st['check_seconds']:.1f} s): outputs equal the original's within "
+          f"{st['check_error']:.2g} relative "
+          f"(our executor, float64, tracked exponents)")
+    if err is not None:
+        print(f"       and in onnxruntime (float32) within {err:.2g} relative")
 
 
 def _cmd_zoo(args) -> int:
@@ -138,6 +150,10 @@ def _cmd_zoo(args) -> int:
 # has add_arguments(parser) and run(args) -> exit code.
 PLUGGED_COMMANDS = [
     ("extract", "taso_egg.extract.cli", "run an extractor on a serialized e-graph (JSON)"),
+    ("profile", "taso_egg.profiling.cli", "time each operator configuration of models into a profile"),
+    ("search", "taso_egg.search.cli", "TASO's backtracking search (same rules and cost model)"),
+    ("compare", "taso_egg.compare", "equality saturation vs backtracking search on the zoo, measured"),
+    ("rules", "taso_egg.rules.cli", "generate rewrite rules, prove them, report (TASO's generator)"),
 ]
 
 
@@ -165,10 +181,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--multi-iterations", type=int, default=1,
                    help="iterations in which multi-pattern rules run (k_multi)")
     p.add_argument("--rules", action="append", metavar="FILE", help="extra .rules file (repeatable)")
+    p.add_argument("--profile", default="cpu-ort",
+                   help="cost profile: a shipped name (cpu-ort, cpu-numpy), a file, or 'analytic'")
     p.set_defaults(func=_cmd_optimize)
 
     p = sub.add_parser("zoo", help="write one of TASO's benchmark graphs (builder-made) as ONNX")
-    p.add_argument("name", help="model name, e.g. bert, bert-small, nasrnn, nasrnn-small")
+    p.add_argument("name", help="bert, nasrnn, resnext50, resnet50, nasnet-a, inception-v3, squeezenet, "
+                                 "vgg19, or NAME-small for the test-sized variant")
     p.add_argument("-o", "--output", required=True)
     p.set_defaults(func=_cmd_zoo)
 

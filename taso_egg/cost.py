@@ -1,32 +1,103 @@
-"""The cost model interface, and the analytic model used until profiles are measured.
+"""The cost model: ``cost(op, params, input_types, output_types, constant=None) -> seconds``.
 
-``cost(op, params, input_types, output_types) -> seconds``. Ops that only re-view
-memory (reshape, transpose, split) cost nothing, as in TASO; so do leaves. Weight-only
-operators are folded at export, which callers account for (see ``graph_cost``).
+``constant`` says which inputs are known before run time (weights, or work on weights
+alone): the exporter turns them into initializers, which runtimes treat differently
+(onnxruntime pre-packs a constant MatMul operand), so a profile keys on it. Callers
+that do not know may leave it out: every input then counts as computed at run time.
+
+Two models implement it:
+
+- ``AnalyticCost``: max(FLOPs / peak, bytes / bandwidth) + a per-kernel overhead;
+  views and leaves are free, as in TASO.
+- ``ProfiledCost``: the times measured per operator configuration on one device
+  (``profiles/<name>.json``, written by ``taso_egg.profiling``), with an AnalyticCost
+  calibrated to that device's measured peak throughput, bandwidth and overhead as the
+  fallback for configurations not profiled. It counts measured and estimated lookups.
+
+Work on weights alone is folded at export and costs nothing in either model.
 """
 
 from __future__ import annotations
 
+import json
+import os
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Any, Protocol
 
+from .errors import ProfileError
 from .graph import Graph
 from .ops import OPS, TensorType
+
+# The default of optimize() on a CPU: onnxruntime is what exported models run in.
+DEFAULT_PROFILE = "cpu-ort"
 
 
 class CostModel(Protocol):
     name: str
 
     def cost(self, op: str, params: dict, inputs: Sequence[TensorType],
-             outputs: Sequence[TensorType]) -> float: ...
+             outputs: Sequence[TensorType], constant: Sequence[bool] | None = None) -> float: ...
+
+
+def jsonable(v):
+    if isinstance(v, (list, tuple)):
+        return [jsonable(x) for x in v]
+    if isinstance(v, bytes):  # opaque operators keep attributes as serialized protos
+        return "0x" + v.hex()
+    return v
+
+
+@dataclass(frozen=True)
+class OpConfig:
+    """One operator configuration: what a profile measures once and a cost model looks up."""
+
+    op: str
+    params: tuple[tuple[str, Any], ...]   # normalized by the operator table, sorted by name
+    inputs: tuple[TensorType, ...]
+    outputs: tuple[TensorType, ...]
+    constant: tuple[bool, ...]            # per input: known before run time
+
+    @staticmethod
+    def of(op: str, params: dict, inputs: Sequence[TensorType], outputs: Sequence[TensorType] | None = None,
+           constant: Sequence[bool] | None = None) -> OpConfig:
+        spec = OPS[op]
+        norm = spec.normalize_params(params, "profile: ")
+        inputs = tuple(inputs)
+        outputs = tuple(spec.infer(norm, inputs) if outputs is None else outputs)
+        constant = tuple(bool(c) for c in constant) if constant is not None else (False,) * len(inputs)
+        if len(constant) != len(inputs):
+            raise ProfileError(f"{op}: {len(constant)} constant flags for {len(inputs)} inputs")
+        return OpConfig(op, tuple(sorted(norm.items())), inputs, outputs, constant)
+
+    @property
+    def param_dict(self) -> dict:
+        return dict(self.params)
+
+    @property
+    def weight_only(self) -> bool:
+        """Folded into a constant at export (opaque nodes never are)."""
+        return bool(self.inputs) and all(self.constant) and self.op != "opaque"
+
+    @property
+    def key(self) -> str:
+        """Canonical text key, e.g. ``matmul {"activation":"NONE"} float32[8,16],float32[16,4]:const``.
+        Outputs are left out: the shape rule derives them from the rest."""
+        params = json.dumps({k: jsonable(v) for k, v in self.params}, sort_keys=True,
+                            separators=(",", ":"))
+        ins = ",".join(f"{t.dtype}[{','.join(map(str, t.shape))}]" + (":const" if c else "")
+                       for t, c in zip(self.inputs, self.constant))
+        return f"{self.op} {params} {ins}"
 
 
 @dataclass(frozen=True)
 class AnalyticCost:
     """max(FLOPs / peak, bytes / bandwidth) + a fixed per-kernel overhead.
 
-    ANALYTIC, NOT MEASURED: the constants are round figures for a 2-core CPU, not
-    readings of this machine. They rank alternatives; they do not predict seconds.
+    With the default constants it is ANALYTIC, NOT MEASURED: round figures for a
+    2-core CPU that rank alternatives and do not predict seconds. ProfiledCost builds
+    one from a device's measured peak instead.
     """
 
     name: str = "analytic (uncalibrated CPU constants)"
@@ -34,7 +105,7 @@ class AnalyticCost:
     bandwidth: float = 10e9
     overhead: float = 5e-6
 
-    def cost(self, op, params, inputs, outputs) -> float:
+    def cost(self, op, params, inputs, outputs, constant=None) -> float:
         spec = OPS[op]
         if spec.is_leaf or spec.is_view:
             return 0.0
@@ -43,8 +114,66 @@ class AnalyticCost:
         return max(flops / self.peak_flops, nbytes / self.bandwidth) + self.overhead
 
 
+class ProfiledCost:
+    """Measured per-configuration times, falling back to an AnalyticCost calibrated
+    to the same device. ``lookups()`` says how many costs were measured vs estimated."""
+
+    def __init__(self, profile):
+        cal = profile.meta["calibration"]
+        self.profile = profile
+        self.fallback = AnalyticCost(f"analytic, calibrated on {profile.label}",
+                                     cal["peak_flops"], cal["bandwidth"], cal["overhead_s"])
+        self.name = f"profile {profile.label} ({len(profile.entries)} configurations; " \
+                    f"unprofiled ones estimated from its measured peak)"
+        self.measured: Counter = Counter()   # key -> lookups
+        self.estimated: Counter = Counter()
+        self._keys: dict = {}
+
+    def cost(self, op, params, inputs, outputs, constant=None) -> float:
+        spec = OPS[op]
+        if spec.is_leaf:
+            return 0.0
+        try:
+            memo = (op, tuple(sorted(params.items())), tuple(inputs), tuple(constant or ()))
+            key = self._keys.get(memo)
+        except TypeError:  # unhashable parameter values: compute the key every time
+            memo, key = None, None
+        if key is None:
+            config = OpConfig.of(op, params, inputs, outputs, constant)
+            if config.weight_only:
+                return 0.0
+            key = config.key
+            if memo is not None:
+                self._keys[memo] = key
+        entry = self.profile.entries.get(key)
+        if entry is not None:
+            self.measured[key] += 1
+            return entry["seconds"]
+        self.estimated[key] += 1
+        return self.fallback.cost(op, params, inputs, outputs)
+
+    def lookups(self) -> dict[str, int]:
+        return {"measured": sum(self.measured.values()), "estimated": sum(self.estimated.values()),
+                "measured_configs": len(self.measured), "estimated_configs": len(self.estimated)}
+
+    def reset_counts(self) -> None:
+        self.measured.clear()
+        self.estimated.clear()
+
+
 def graph_cost(graph: Graph, model: CostModel) -> float:
     """Sum of operator costs, weight-only work excluded."""
     folded = graph.weight_only_nodes()
-    return sum(model.cost(n.op, n.params, [t.type for t in n.inputs], n.outputs)
+    return sum(model.cost(n.op, n.params, [t.type for t in n.inputs], n.outputs,
+                          [t.node in folded for t in n.inputs])
                for n in graph.nodes.values() if n.id not in folded)
+
+
+def load_cost_model(name_or_path: str | os.PathLike = DEFAULT_PROFILE) -> CostModel:
+    """``"analytic"``, the name of a shipped profile (``"cpu-ort"``, ``"cpu-numpy"``),
+    or the path of a profile JSON file."""
+    from .profiling.store import load_profile, resolve_profile
+
+    if name_or_path == "analytic":
+        return AnalyticCost()
+    return ProfiledCost(load_profile(resolve_profile(name_or_path)))

@@ -86,7 +86,7 @@ def call_kernel(xp, node: Node, args, float64: bool = False):
         raise ExecutionError(f"{node.label()} failed on inputs {shapes}: {e}") from e
     # Kernels compute in the inputs' precision; keep the declared dtypes exactly
     # (in float64 mode, floating-point tensors stay double).
-    return [o if str(o.dtype) == t.dtype or (float64 and o.dtype.kind == "f" and t.dtype.startswith("float"))
+    return [o if o.dtype == t.dtype or (float64 and o.dtype.kind == "f" and t.dtype.startswith("float"))
             else o.astype("float64" if float64 and t.dtype.startswith("float") else t.dtype, copy=False)
             for o, t in zip(outs, node.outputs)]
 

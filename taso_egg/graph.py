@@ -8,6 +8,7 @@ beside the structure (``weight_data``), never in it, so structure hashes ignore 
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from collections import Counter
 from dataclasses import dataclass, field
@@ -262,8 +263,12 @@ class Graph:
             self.weight_data[node.id] = data
         return data
 
-    def op_counts(self) -> Counter:
-        return Counter(n.op for n in self.nodes.values() if n.op not in ("input", "weight"))
+    def op_counts(self, runtime_only: bool = False) -> Counter:
+        """Operators by type (leaves excluded); ``runtime_only`` also leaves out the
+        weight-only work that export folds into constants."""
+        folded = self.weight_only_nodes() if runtime_only else set()
+        return Counter(n.op for n in self.nodes.values()
+                       if n.op not in ("input", "weight") and n.id not in folded)
 
     def weight_only_nodes(self) -> set[int]:
         """Nodes computed from weights and constants alone: folded into initializers at
@@ -329,18 +334,37 @@ class Graph:
         weights identified by name. Node ids and insertion order do not matter."""
         digest: dict[int, bytes] = {}
         for n in self.topo_order():
-            h = hashlib.blake2b(digest_size=16)
-            h.update(n.op.encode())
-            h.update(repr(sorted(n.params.items())).encode())
-            for t in n.inputs:
-                h.update(digest[t.node])
-                h.update(t.index.to_bytes(2, "little"))
-            digest[n.id] = h.digest()
-        top = hashlib.blake2b(digest_size=16)
-        for name, t in self.outputs:
-            top.update(name.encode())
-            top.update(digest[t.node] + t.index.to_bytes(2, "little"))
-        return top.hexdigest()
+            digest[n.id] = node_digest(node_local_bytes(n), n.inputs, digest.__getitem__)
+        return outputs_digest(self.outputs, digest.__getitem__)
+
+    def copy(self) -> Graph:
+        """A copy to rewrite: its own node table and outputs, sharing the (immutable)
+        Node objects and weight arrays with this graph."""
+        out = copy.copy(self)
+        out.nodes = dict(self.nodes)
+        out.weight_data = dict(self.weight_data)
+        out._outputs = list(self._outputs)
+        out._names = set(self._names)
+        return out
+
+    @property
+    def has_named_outputs(self) -> bool:
+        """Whether outputs were marked (else ``outputs`` names the sinks)."""
+        return bool(self._outputs)
+
+    @property
+    def next_id(self) -> int:
+        """The id the next added node gets (ids grow in creation order)."""
+        return self._next_id
+
+    def redirect_output(self, old: Tensor, new: Tensor) -> int:
+        """Graph outputs that were ``old`` become ``new`` (names kept); how many."""
+        hits = 0
+        for k, (name, t) in enumerate(self._outputs):
+            if t == old:
+                self._outputs[k] = (name, new)
+                hits += 1
+        return hits
 
     def summary(self) -> str:
         ops = ", ".join(f"{op} x{c}" for op, c in sorted(self.op_counts().items()))
@@ -348,6 +372,32 @@ class Graph:
 
     def __repr__(self) -> str:
         return self.summary()
+
+
+_INDEX_BYTES = [i.to_bytes(2, "little") for i in range(1 << 16)]
+
+
+def node_local_bytes(node: Node) -> bytes:
+    """What identifies a node besides its inputs: operator and parameters."""
+    return node.op.encode() + repr(sorted(node.params.items())).encode()
+
+
+def node_digest(local: bytes, inputs: Sequence[Tensor], digest_of) -> bytes:
+    """One node's structural digest from its local bytes and its inputs' digests
+    (``digest_of(node_id)``). Search code updates hashes incrementally with it."""
+    h = hashlib.blake2b(local, digest_size=16)
+    for t in inputs:
+        h.update(digest_of(t.node) + _INDEX_BYTES[t.index])
+    return h.digest()
+
+
+def outputs_digest(outputs: Sequence[tuple[str, Tensor]], digest_of) -> str:
+    """The graph's structural hash from its named outputs' node digests."""
+    top = hashlib.blake2b(digest_size=16)
+    for name, t in outputs:
+        top.update(name.encode())
+        top.update(digest_of(t.node) + _INDEX_BYTES[t.index])
+    return top.hexdigest()
 
 
 def claim_unique_name(base: str, used: set[str]) -> str:

@@ -289,10 +289,10 @@ def test_duplicate_names_across_corpus_files(tmp_path, monkeypatch):
                                       "(rule same :lhs (sigmoid ?x) :rhs ?x)\n")
     (tmp_path / "notes.txt").write_text("(not a rule file")
     monkeypatch.setattr(lang, "corpus_files", lambda: sorted(tmp_path.glob("*.rules")))
-    assert [r.name for r in lang.load_corpus(["a"])] == ["same"]
-    assert [r.name for r in lang.load_corpus(["b.rules"])] == ["other", "same"]
+    assert [r.name for r in lang.load_corpus(["a"], include_unproved=True)] == ["same"]
+    assert [r.name for r in lang.load_corpus(["b.rules"], include_unproved=True)] == ["other", "same"]
     with pytest.raises(RuleError) as info:
-        lang.load_corpus()
+        lang.load_corpus(include_unproved=True)
     msg = str(info.value)
     assert msg.startswith(f"{tmp_path / 'b.rules'}:3: rule 'same'"), msg
     assert f"first defined at {tmp_path / 'a.rules'}:1" in msg

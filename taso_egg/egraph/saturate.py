@@ -54,6 +54,7 @@ class Saturation:
     iterations: list[IterationStats] = field(default_factory=list)
     seconds: float = 0.0
     rules: tuple = ()
+    initial: IterationStats | None = None  # the e-graph before any rewrite ("iteration 0")
 
     def serialized(self) -> dict:
         """The e-graph in egraph-serialize JSON form (analysis rows included)."""
@@ -112,6 +113,8 @@ def saturate(graph: Graph, rules=None, limits: Limits | None = None, progress=No
     egraph.parse_and_run_program(declarations() + compile_rules(rules) + program.text)
     _run(egraph, "(saturate (run analysis))")
     sat = Saturation(graph, egraph, program, "saturated", rules=rules)
+    sat.initial = IterationStats(0, _sizes(egraph), _eclasses(egraph, program) if count_classes else 0,
+                                 time.perf_counter() - start, {}, False)
     has_multi = any(r.multi for r in rules)
     for it in range(1, limits.iterations + 1):
         t0 = time.perf_counter()

@@ -1,0 +1,459 @@
+"""From equal fingerprints to rules: TASO's pruning, then rules of our language.
+
+Every pair of terms in one fingerprint class is a candidate. A candidate is dropped
+when (in this order, each reason counted):
+
+- ``transitive``: neither side is the class's representative (its first, smallest
+  member): the two rules from each side to the representative imply it;
+- ``weight-only``: both sides compute from weights, constants and the scalar alone;
+  such sub-graphs are folded into constants at export, so the rule can never pay;
+
+- ``renamed duplicate``: an earlier candidate is the same up to renaming inputs of one
+  kind, swapping sides, and the operand order of ewadd/ewmul (whose commutativity rules
+  are kept: the sorted text of a commutativity candidate is trivial, so those are kept
+  before the comparison);
+- ``false match``: its sides disagree on a second, real-valued draw with the real relu
+  (the fingerprint's stand-in or a float32 collision made them look equal);
+- ``implied in context`` (TASO's common supergraph): both sides apply the same operator
+  to children that are pairwise equal, so smaller rules in that context imply it;
+- ``common subgraph``: both sides contain the same sub-graph, and replacing it by a
+  fresh input still gives equal sides: the smaller, more general rule implies it;
+- ``unbound variables``: neither side uses all the other side's inputs, so no direction
+  is a rewrite (kept only as half of a two-output rule, below).
+
+Two-output candidates pair the outputs of one split with two separate terms whose
+fingerprints match them pairwise (TASO's merges: ``x.w1`` and ``x.w2`` become one
+matmul with ``concat(w1, w2)``, then a split). One is dropped as ``decomposes`` when
+each half is a rewrite on its own.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from taso_egg.errors import RuleError, TasoEggError
+from taso_egg.ops import OPS
+
+from .generate import Enumeration, Evaluator, fingerprint
+from .lang import App, Guard, Lit, ParamOp, Proj, Rule, Var
+
+REASONS = ("transitive", "weight-only", "renamed duplicate", "false match", "implied in context",
+           "common subgraph", "unbound variables", "decomposes")
+
+
+@dataclass
+class Candidate:
+    """Single-output: ``lhs``/``rhs`` one term id each; two-output: two each."""
+
+    lhs: tuple
+    rhs: tuple
+    size: int  # operators of the larger side
+
+
+@dataclass
+class Pruned:
+    kept: list
+    dropped: dict = field(default_factory=lambda: {r: 0 for r in REASONS})
+    candidates: int = 0
+    multi_candidates: int = 0
+    seconds: float = 0.0
+
+
+# --- terms as trees ------------------------------------------------------------------
+
+
+_LEAF = re.compile("\x00([^\x00]+)\x00")
+
+
+# Operands of these are sorted in the canonical text: rules that differ only by the
+# order of such operands follow from the kept one and the commutativity rules.
+COMMUTATIVE = ("ewadd", "ewmul")
+
+
+def _template(e: Enumeration, tid: int) -> str:
+    """The term's text with leaves as ``\\0NAME\\0`` placeholders (memoized);
+    operands of commutative operators sorted."""
+    cache = e.__dict__.setdefault("_templates", {})
+    text = cache.get(tid)
+    if text is None:
+        t = e.terms[tid]
+        if t.op == "leaf":
+            text = f"\x00{t.leaf.name}\x00"
+        elif t.op == "proj":
+            text = f"(proj {t.index} {_template(e, t.children[0])})"
+        else:
+            kids = [_template(e, c) for c in t.children]
+            if t.op in COMMUTATIVE:
+                kids.sort()
+            text = f"({t.choice.label()} " + " ".join(kids) + ")"
+        cache[tid] = text
+    return text
+
+
+def _leaf_order(e: Enumeration, tids) -> list:
+    return list(dict.fromkeys(n for t in tids for n in _LEAF.findall(_template(e, t))))
+
+
+def _variables(e: Enumeration, tids) -> dict:
+    """Leaf name -> variable name, by first use in ``tids``; constants stay unnamed."""
+    leaves = e.__dict__.setdefault("_leaf_specs", {lf.name: lf for lf in e.menu.leaves})
+    names, counters = {}, {}
+    for name in _leaf_order(e, tids):
+        lf = leaves[name]
+        if lf.role.startswith("const_"):
+            continue
+        k = counters.get(lf.prefix, 0)
+        counters[lf.prefix] = k + 1
+        names[name] = f"{lf.prefix}{k}"
+    return names
+
+
+def canonical(e: Enumeration, lhs: tuple, rhs: tuple) -> str:
+    """The candidate's text with inputs renamed by first use, lhs first."""
+    names = _variables(e, lhs + rhs)
+    text = " | ".join(_template(e, t) for t in lhs) + " => " + \
+        " | ".join(_template(e, t) for t in rhs)
+    return _LEAF.sub(lambda m: names.get(m.group(1), m.group(1)), text)
+
+
+def _unordered_key(e: Enumeration, a: tuple, b: tuple) -> str:
+    keys = [canonical(e, a, b), canonical(e, b, a)]
+    if len(a) == 2:
+        keys += [canonical(e, a[::-1], b[::-1]), canonical(e, b[::-1], a[::-1])]
+    return min(keys)
+
+
+# --- numeric helpers -----------------------------------------------------------------
+
+
+class _Substituted:
+    """Evaluates terms with one sub-term replaced by a fresh random input, on both
+    draws (fingerprint and check)."""
+
+    def __init__(self, e: Enumeration, replaced: int, seed: int):
+        self.e, self.replaced = e, replaced
+        shape = e.terms[replaced].shape
+        rng = np.random.default_rng(seed)
+        self.fresh = (rng.integers(-3, 4, size=shape).astype(np.float64), rng.standard_normal(shape))
+        self.memo = ({}, {})
+
+    def value(self, tid: int, draw: int):
+        if tid == self.replaced:
+            return self.fresh[draw]
+        memo = self.memo[draw]
+        if tid in memo:
+            return memo[tid]
+        t = self.e.terms[tid]
+        if self.replaced not in t.nodes:
+            v = self.e.values[tid] if draw == 0 else self.e.check_value(tid)
+        elif t.op == "proj":
+            v = self._outputs(t.children[0], draw)[t.index]
+        else:
+            v = self._outputs(tid, draw)[0]
+        memo[tid] = v
+        return v
+
+    def _outputs(self, tid: int, draw: int) -> list:
+        t = self.e.terms[tid]
+        args = [self.value(c, draw) for c in t.children]
+        with np.errstate(all="ignore"):
+            return Evaluator(standin=draw == 0).apply(t, args)
+
+
+def _close(a, b) -> bool:
+    return a.shape == b.shape and np.allclose(a, b, rtol=1e-6, atol=1e-9)
+
+
+def _same_on_check(e: Enumeration, a: int, b: int) -> bool:
+    with np.errstate(all="ignore"):
+        return _close(e.check_value(a), e.check_value(b))
+
+
+def _implied_in_context(e: Enumeration, a: int, b: int) -> bool:
+    ta, tb = e.terms[a], e.terms[b]
+    if ta.op == "proj" and tb.op == "proj":
+        if ta.index != tb.index:
+            return False
+        ta, tb = e.terms[ta.children[0]], e.terms[tb.children[0]]
+    if ta.op in ("leaf", "proj") or ta.choice != tb.choice or len(ta.children) != len(tb.children):
+        return False
+    return all(x == y or e.fingerprints.get(x) == e.fingerprints.get(y)
+               for x, y in zip(ta.children, tb.children))
+
+
+def _common_subgraph(e: Enumeration, a: int, b: int, seed: int) -> bool:
+    shared = (e.terms[a].nodes & e.terms[b].nodes) - {a, b}
+    for s in sorted(shared):
+        if e.terms[s].op == "split":
+            continue
+        sub = _Substituted(e, s, seed + s)
+        f0 = (fingerprint(sub.value(a, 0)), fingerprint(sub.value(b, 0)))
+        if f0[0] is not None and f0[0] == f0[1] and _close(sub.value(a, 1), sub.value(b, 1)):
+            return True
+    return False
+
+
+# --- pruning -------------------------------------------------------------------------
+
+
+def prune(e: Enumeration, progress=None) -> Pruned:
+    """Candidates of the enumeration, pruned; ``progress(done, total)`` per class."""
+    start = time.perf_counter()
+    out = Pruned(kept=[])
+    seen: set = set()
+    classes = [ids for ids in e.classes.values() if len(ids) > 1]
+    rewrites = set()  # (lhs, rhs) ids that are rewrites on their own
+    half_rules = []  # (small, merged) pairs a two-output rule may complete
+    for n, ids in enumerate(classes):
+        k = len(ids)
+        out.candidates += k * (k - 1) // 2
+        out.dropped["transitive"] += (k - 1) * (k - 2) // 2
+        rep = ids[0]
+        for b in ids[1:]:
+            a = rep
+            if e.terms[a].weight_only and e.terms[b].weight_only:
+                reason = "weight-only"
+            else:
+                if e.terms[b].op == "proj" or e.terms[a].op == "proj":
+                    # before renamed twins are dropped: a two-output rule needs both halves
+                    if _same_on_check(e, a, b):
+                        _note_halves(e, a, b, rewrites, half_rules)
+                reason = _single_reason(e, a, b, seen)
+            if reason:
+                out.dropped[reason] += 1
+                continue
+            size = max(e.terms[a].size, e.terms[b].size)
+            out.kept.append(Candidate((a,), (b,), size))
+        if progress:
+            progress(n + 1, len(classes))
+    _multi(e, half_rules, rewrites, seen, out)
+    out.seconds = round(time.perf_counter() - start, 3)
+    return out
+
+
+def _single_reason(e: Enumeration, a: int, b: int, seen: set) -> str | None:
+    key = _unordered_key(e, (a,), (b,))
+    if key in seen:
+        return "renamed duplicate"
+    seen.add(key)
+    left, right = key.split(" => ")
+    if left == right and not _plain_commutation(e, a, b):
+        return "renamed duplicate"  # operands swapped somewhere: commutativity implies it
+    if not _same_on_check(e, a, b):
+        return "false match"
+    if _implied_in_context(e, a, b):
+        return "implied in context"
+    if _common_subgraph(e, a, b, e.seed + 7):
+        return "common subgraph"
+    la, lb = e.terms[a].leaves, e.terms[b].leaves
+    if not (la <= lb or lb <= la) or (la != lb and _bare_leaf(e, a if la > lb else b)):
+        return "unbound variables"
+    return None
+
+
+def _plain_commutation(e: Enumeration, a: int, b: int) -> bool:
+    """``op(x, y)`` against ``op(y, x)`` on two inputs: the commutativity rule itself."""
+    ta, tb = e.terms[a], e.terms[b]
+    return ta.op in COMMUTATIVE and ta.choice == tb.choice and \
+        all(e.terms[c].op == "leaf" for c in ta.children + tb.children)
+
+
+def _bare_leaf(e: Enumeration, tid: int) -> bool:
+    return e.terms[tid].op == "leaf"
+
+
+def _note_halves(e: Enumeration, a: int, b: int, rewrites: set, half_rules: list) -> None:
+    for small, merged in ((a, b), (b, a)):
+        if e.terms[merged].op == "proj" and e.terms[small].op != "leaf" \
+                and not _has_split(e, small):
+            if e.terms[merged].leaves <= e.terms[small].leaves:
+                rewrites.add((small, merged))
+            else:
+                half_rules.append((small, merged))
+
+
+def _has_split(e: Enumeration, tid: int) -> bool:
+    return any(e.terms[n].op == "split" for n in e.terms[tid].nodes)
+
+
+def _multi(e: Enumeration, half_rules: list, rewrites: set, seen: set, out: Pruned) -> None:
+    """Two-output candidates: (t, t') -> (proj i S, proj j S) of one split S."""
+    by_split: dict[int, list] = {}
+    for small, merged in half_rules:
+        by_split.setdefault(e.terms[merged].children[0], []).append((small, merged))
+    for split, halves in by_split.items():
+        partners = [(s, m) for s, m in _all_halves(e, split, half_rules, rewrites)]
+        for (t1, u1), (t2, u2) in itertools.product(halves, partners):
+            if u1 == u2 or t1 == t2 or e.terms[u1].index > e.terms[u2].index:
+                continue
+            if not (e.terms[u1].leaves | e.terms[u2].leaves) <= (e.terms[t1].leaves | e.terms[t2].leaves):
+                continue
+            if len(e.terms[t1].nodes | e.terms[t2].nodes) > e.size:
+                continue
+            out.multi_candidates += 1
+            key = _unordered_key(e, (t1, t2), (u1, u2))
+            if key in seen:
+                out.dropped["renamed duplicate"] += 1
+                continue
+            seen.add(key)
+            if (t1, u1) in rewrites and (t2, u2) in rewrites:
+                out.dropped["decomposes"] += 1
+                continue
+            out.kept.append(Candidate((t1, t2), (u1, u2), len(e.terms[u1].nodes)))
+
+
+def _all_halves(e: Enumeration, split: int, half_rules: list, rewrites: set):
+    for small, merged in half_rules:
+        if e.terms[merged].children[0] == split:
+            yield small, merged
+    for small, merged in rewrites:
+        if e.terms[merged].children[0] == split:
+            yield small, merged
+
+
+# --- candidates -> rules -------------------------------------------------------------
+
+
+def _pattern(e: Enumeration, tid: int, names: dict):
+    t = e.terms[tid]
+    if t.op == "leaf":
+        lf = t.leaf
+        if lf.role.startswith("const_"):
+            return App(lf.role, (Lit(tuple(lf.shape)), Lit("float32")), ())
+        return Var(names[lf.name])
+    if t.op == "proj":
+        return Proj(t.index, _pattern(e, t.children[0], names))
+    kids = tuple(_pattern(e, c, names) for c in t.children)
+    if t.op == "concat":
+        return App("concat", (Lit(t.params["axis"]),), kids)
+    params = tuple(Lit(_literal(t.params[k])) for k in OPS[t.op].defaults)
+    return App(t.op, params, kids)
+
+
+def _literal(v):
+    return tuple(v) if isinstance(v, (list, tuple)) else v
+
+
+def _cost(e: Enumeration, tids: tuple) -> tuple:
+    nodes = frozenset().union(*(e.terms[t].nodes for t in tids))
+    return (len(nodes), len(_leaf_order(e, tids)))
+
+
+def orientations(e: Enumeration, c: Candidate) -> list:
+    """(lhs, rhs) pairs to emit: the bigger side rewrites to the smaller; sides of
+    equal size give both directions unless the reverse is the same rule renamed.
+    Two-output rules go from the separate terms to the merged one."""
+    if len(c.lhs) == 2:
+        return [(c.lhs, c.rhs)]
+    a, b = c.lhs, c.rhs
+    ok = [(x, y) for x, y in ((a, b), (b, a))
+          if e.terms[x[0]].op != "leaf" and e.terms[y[0]].leaves <= e.terms[x[0]].leaves]
+    ca, cb = _cost(e, a), _cost(e, b)
+    if ca != cb:
+        big = [(x, y) for x, y in ok if _cost(e, x) > _cost(e, y)]
+        if big:
+            return big
+    if len(ok) == 2 and canonical(e, a, b) == canonical(e, b, a):
+        return ok[:1]
+    return ok
+
+
+def to_rule(e: Enumeration, lhs: tuple, rhs: tuple, name: str) -> Rule:
+    names = _variables(e, lhs + rhs)
+    leaves = {lf.name: lf for lf in e.menu.leaves}
+    lhs_p = tuple(_pattern(e, t, names) for t in lhs)
+    rhs_p = tuple(_pattern(e, t, names) for t in rhs)
+    example = {names[n]: tuple(leaves[n].shape) for n in _leaf_order(e, lhs + rhs) if n in names}
+    guards = list(_shape_guards(e, lhs + rhs, names, leaves))
+    multi = len(lhs) == 2
+    guards += _weight_guards(e, lhs, rhs, names, leaves)
+    return Rule(name, lhs_p, rhs_p, tuple(guards), example, "", ("<generated>", 0), multi)
+
+
+def _shape_guards(e, tids, names, leaves):
+    """Inputs keep their rank, and inputs found with one shape keep equal shapes (no
+    broadcasting they were never tried on); rules with a split keep the exact shapes
+    (its sizes are literal)."""
+    order = [n for n in _leaf_order(e, tids) if n in names]
+    if any(_has_split(e, t) for t in tids):
+        for n in order:
+            yield Guard("=", (ParamOp("shape", (Var(names[n]),)),
+                              ParamOp("vec", tuple(Lit(d) for d in leaves[n].shape)) if leaves[n].shape
+                              else Lit(())))
+        return
+    first: dict = {}
+    for n in order:
+        shape = leaves[n].shape
+        if shape in first:
+            yield Guard("=", (ParamOp("shape", (Var(names[first[shape]]),)),
+                              ParamOp("shape", (Var(names[n]),))))
+        else:
+            first[shape] = n
+            yield Guard("=", (ParamOp("rank", (Var(names[n]),)), Lit(len(shape))))
+
+
+def _weight_guards(e, lhs, rhs, names, leaves):
+    """A merge pays off only when the concatenated operands are weights (folded at
+    export), so weights concatenated by the rhs must be weights; ``before`` applies a
+    symmetric two-output merge once."""
+    concatenated = []
+
+    def walk(tid, under_concat):
+        t = e.terms[tid]
+        if t.op == "leaf":
+            if under_concat and t.leaf.name in names and t.leaf.name not in concatenated:
+                concatenated.append(t.leaf.name)
+            return
+        for c in t.children:
+            walk(c, under_concat or t.op == "concat")
+
+    for t in rhs:
+        walk(t, False)
+    weights = [n for n in concatenated if leaves[n].role == "weight"]
+    guards = [Guard("weight", (Var(names[n]),)) for n in weights]
+    if len(lhs) == 2 and canonical(e, lhs, ()) == canonical(e, lhs[::-1], ()) and len(weights) >= 2:
+        guards.append(Guard("before", (Var(names[weights[0]]), Var(names[weights[1]]))))
+    return guards
+
+
+def rules_from(e: Enumeration, pruned: Pruned, prefix: str) -> list:
+    rules = []
+    for c in sorted(pruned.kept, key=lambda c: (len(c.lhs), c.size)):
+        for lhs, rhs in orientations(e, c):
+            rules.append(to_rule(e, lhs, rhs, f"{prefix}-{len(rules) + 1}"))
+    return rules
+
+
+def generalize_or_pin(rule: Rule) -> Rule:
+    """Check the rule on shapes other than its example; if it fails there, pin every
+    input to its example shape (the parameters found on small shapes generalize only
+    where checked). A rule that fails on its own example is a RuleError."""
+    from .instantiate import check_rule_numerically, check_rule_on_other_shapes
+
+    try:
+        check_rule_numerically(rule)
+    except TasoEggError as err:
+        raise RuleError(f"generated rule {rule.name} fails on its own example: {err}") from None
+    try:
+        check_rule_on_other_shapes(rule)
+        return rule
+    except TasoEggError:
+        pins = tuple(Guard("=", (ParamOp("shape", (Var(v),)), ParamOp("vec", tuple(Lit(d) for d in s))))
+                     for v, s in rule.example.items() if s and not _pinned(rule, v))
+        return Rule(rule.name, rule.lhs, rule.rhs, rule.guards + pins, rule.example, rule.doc,
+                    rule.source, rule.multi)
+
+
+def _pinned(rule: Rule, v: str) -> bool:
+    return any(g.kind == "=" and isinstance(g.args[0], ParamOp) and g.args[0].fn == "shape"
+               and g.args[0].args[0] == Var(v) and isinstance(g.args[1], ParamOp)
+               and g.args[1].fn == "vec" for g in rule.guards)
+
+
+__all__ = ["Candidate", "Pruned", "REASONS", "prune", "rules_from", "to_rule", "orientations",
+           "canonical", "generalize_or_pin"]

@@ -1,0 +1,300 @@
+"""Back ends that time one operator configuration: the operator table's kernels on an
+array module (NumPy on CPU, CuPy on GPU), or onnxruntime on a one-operator model.
+
+Every back end takes warm-ups, then ``repeats`` samples; a sample loops the operator
+until it lasts about SAMPLE_S so that clock resolution does not matter, and the
+result is the median with half the interquartile range as its spread.
+
+- Each back end times what its runtime does with a whole graph: our executor with
+  the table's kernels on an array module (NumPy on CPU, CuPy on GPU), or an
+  onnxruntime session on the project's export (weights as initializers, exactly as
+  in an exported model). The graph is the configuration alone; a run of it carries
+  a fixed overhead that a whole model pays once, not per operator, so a fast
+  operator is timed as the marginal cost of one more copy of it in the graph:
+  (time of K copies - time of 1) / (K - 1). Prepared runs are cached.
+- On a real CuPy device a sample is bracketed by CUDA events; any other array
+  module (NumPy, or NumPy standing in for CuPy in tests) is timed on the host.
+- On the CPU the clock is the process's CPU time, everything pinned to one thread:
+  the machine is shared, and other processes' load must not count as ours.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from ..cost import OpConfig
+from ..errors import ProfileError
+from ..graph import Graph, new_graph
+from ..ops import TensorType
+
+SAMPLE_S = 1e-3         # a sample loops the operator for at least this long
+DIRECT_ABOVE_S = 2e-3   # slower than this, a session run's fixed overhead is < 1%: no copies
+MAX_COPIES = 64
+CPU_CLOCK = "process CPU time (time.process_time), one thread"
+BACKENDS = ("numpy", "ort", "cupy")
+DEVICE_OF = {"numpy": "cpu", "ort": "cpu", "cupy": "gpu"}
+
+
+@dataclass
+class Measurement:
+    seconds: float      # the operator's cost
+    spread_s: float     # half the interquartile range of the samples
+    samples: int
+    loops: int          # runs per sample
+    copies: int = 1     # > 1: marginal cost of one more copy in the model
+    note: str = ""
+
+    def as_entry(self) -> dict:
+        return asdict(self)
+
+
+def one_op_graph(config: OpConfig, copies: int = 1) -> Graph:
+    """``copies`` independent nodes of one configuration; constant inputs are weights
+    (initializers once exported), one set per copy, the others shared graph inputs."""
+    if config.weight_only:
+        raise ProfileError(f"{config.key}: every input is constant, so it is folded at export "
+                           f"and costs nothing; there is nothing to time")
+    g = new_graph()
+    shared = {i: g.new_input(t.shape, name=f"x{i}", dtype=t.dtype)
+              for i, (t, const) in enumerate(zip(config.inputs, config.constant)) if not const}
+    for k in range(copies):
+        # Each copy reads its own weights, as each node of a model does: weights come
+        # in cold, activations warm from the operator that just produced them.
+        args = [shared[i] if i in shared else g.new_weight(t.shape, name=f"w{i}_{k}", dtype=t.dtype)
+                for i, t in enumerate(config.inputs)]
+        for j, out in enumerate(g.add_node(config.op, args, **config.param_dict)):
+            g.mark_output(out, f"y{k}_{j}")
+    return g
+
+
+def _summary(samples: list[float]) -> tuple[float, float]:
+    q1, med, q3 = np.percentile(samples, [25, 50, 75])
+    return float(med), float(q3 - q1) / 2
+
+
+def _sample(run, warmups: int, repeats: int, clock) -> tuple[float, float, int]:
+    """Median and spread of ``repeats`` samples of ``run`` (seconds per call), and
+    the loops per sample."""
+    if repeats < 1 or warmups < 0:
+        raise ProfileError(f"need repeats >= 1 and warmups >= 0, got {repeats}, {warmups}")
+    first = clock(run, 1)  # also the first warm-up
+    loops = max(1, math.ceil(SAMPLE_S / max(first, 1e-9)))
+    for _ in range(warmups - 1):
+        clock(run, loops)
+    med, spread = _summary([clock(run, loops) for _ in range(repeats)])
+    return med, spread, loops
+
+
+def host_clock(timer=time.process_time):
+    """Seconds per call of a loop on the host. The default counts this process's CPU
+    time: with one thread it is the operator's own time, and other processes on a
+    shared machine do not inflate it (pass time.perf_counter for wall time)."""
+
+    def clock(run, loops: int) -> float:
+        start = timer()
+        for _ in range(loops):
+            run()
+        return (timer() - start) / loops
+
+    return clock
+
+
+def cuda_event_clock(xp):
+    """Device time between two CUDA events around the loop (CuPy's API)."""
+
+    def clock(run, loops: int) -> float:
+        start, end = xp.cuda.Event(), xp.cuda.Event()
+        start.record()
+        for _ in range(loops):
+            run()
+        end.record()
+        end.synchronize()
+        return xp.cuda.get_elapsed_time(start, end) / 1e3 / loops
+
+    return clock
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@contextmanager
+def pinned_threads():
+    """One BLAS / OpenMP thread while profiling or timing end to end, so that profiles
+    and whole-model runs see the same machine (onnxruntime is pinned per session)."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1):
+        yield
+
+
+class _GraphBackend:
+    """Times a configuration as the cost of one node in a whole-graph run of this
+    back end's runtime: a run of the one-operator graph when that is slow enough for
+    the run's fixed overhead not to matter, else the marginal cost of one more copy."""
+
+    name = device = ""
+    clock = staticmethod(host_clock())
+
+    def __init__(self):
+        self._runners: dict[tuple[str, int], object] = {}
+
+    def _prepare(self, graph: Graph):
+        """A callable that runs ``graph`` once on fixed inputs."""
+        raise NotImplementedError
+
+    def _time(self, config: OpConfig, copies: int, warmups: int, repeats: int):
+        key = (config.key, copies)
+        if key not in self._runners:
+            self._runners[key] = self._prepare(one_op_graph(config, copies))
+        return _sample(self._runners[key], warmups, repeats, self.clock)
+
+    def measure(self, config: OpConfig, warmups: int = 2, repeats: int = 10) -> Measurement:
+        one, spread1, loops1 = self._time(config, 1, warmups, repeats)
+        if one >= DIRECT_ABOVE_S:
+            return Measurement(one, spread1, repeats, loops1)
+        copies = min(MAX_COPIES, max(4, math.ceil(DIRECT_ABOVE_S / max(one, 1e-9))))
+        many, spread_k, loops_k = self._time(config, copies, warmups, repeats)
+        marginal = max(many - one, 0.0) / (copies - 1)
+        return Measurement(marginal, (spread1 + spread_k) / (copies - 1), repeats, loops_k, copies)
+
+    def run_overhead(self, warmups: int, repeats: int, tiny: OpConfig, tiny_cost: float) -> float:
+        """What one whole-graph run costs beyond its operators (``tiny`` costs ``tiny_cost``)."""
+        one, _, _ = self._time(tiny, 1, warmups, repeats)
+        return max(one - tiny_cost, 0.0)
+
+
+class KernelBackend(_GraphBackend):
+    """The operator table's kernels run by our executor on ``xp``: NumPy on CPU, CuPy
+    on GPU. Inputs and weights are put on the device once, outside the timing."""
+
+    def __init__(self, xp=np, name: str = "numpy"):
+        super().__init__()
+        if name not in ("numpy", "cupy"):
+            raise ProfileError(f"kernel back end {name!r}: expected numpy or cupy")
+        self.xp, self.name, self.device = xp, name, DEVICE_OF[name]
+        self.events = getattr(xp, "cuda", None) is not None  # a real CuPy device
+        self.clock = cuda_event_clock(xp) if self.events else host_clock()
+
+    def _prepare(self, graph: Graph):
+        from ..executor import random_inputs, run
+
+        feeds = {k: self.xp.asarray(v) for k, v in random_inputs(graph).items()}
+        for n in graph.weights():
+            graph.weight_data[n.id] = self.xp.asarray(graph.weight_array(n))
+        return lambda: run(graph, feeds, xp=self.xp)
+
+    def metadata(self) -> dict:
+        if self.name == "numpy":
+            return {"device_name": cpu_name(), "libraries": {"numpy": np.__version__, "blas": _blas()},
+                    "threads": {"blas": 1}, "clock": CPU_CLOCK}
+        if not self.events:  # tests: NumPy standing in for CuPy
+            return {"device_name": f"{getattr(self.xp, '__name__', 'array module')} standing in for CuPy",
+                    "libraries": {"numpy": np.__version__}, "threads": {"blas": 1},
+                    "clock": CPU_CLOCK}
+        props = self.xp.cuda.runtime.getDeviceProperties(self.xp.cuda.Device().id)
+        name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+        return {"device_name": name,
+                "libraries": {"cupy": self.xp.__version__,
+                              "cuda_runtime": self.xp.cuda.runtime.runtimeGetVersion()},
+                "threads": {}, "clock": "CUDA events"}
+
+
+def _blas() -> str:
+    from threadpoolctl import threadpool_info
+
+    libs = [f"{i.get('internal_api')} {i.get('version')}" for i in threadpool_info()
+            if i.get("user_api") == "blas"]
+    return ", ".join(sorted(libs)) or "unknown"
+
+
+class OrtBackend(_GraphBackend):
+    """onnxruntime on CPU, one intra-op thread, all graph optimizations on; the
+    one-operator models come from the project's exporter."""
+
+    name, device = "ort", "cpu"
+    # ORT_ENABLE_ALL, as users run exported models; common-subexpression elimination
+    # would merge the copies, so it alone is off.
+    DISABLED = ("CommonSubexpressionElimination",)
+
+    def measure(self, config: OpConfig, warmups: int = 2, repeats: int = 10) -> Measurement:
+        if config.op != "reshape":
+            return super().measure(config, warmups, repeats)
+        # Inside a model ONNX Reshape aliases its input; a one-operator model must copy
+        # it to a graph output instead. Time it where the copy is nothing: one element.
+        dtype = config.inputs[0].dtype
+        m = super().measure(OpConfig.of("reshape", {"shape": (1,)}, [TensorType((1,), dtype)]),
+                            warmups, repeats)
+        m.note = "aliases its input inside a model: timed on one element"
+        return m
+
+    def _prepare(self, graph: Graph):
+        from ..executor import random_inputs
+        from ..onnx_io.exporter import export_onnx
+
+        session, feeds = make_session(export_onnx(graph), self.DISABLED), random_inputs(graph)
+        try:
+            session.run(None, feeds)
+        except Exception as e:  # onnxruntime raises its own exception types
+            raise ProfileError(f"onnxruntime cannot run {graph.summary()}: {e}") from None
+        return lambda: session.run(None, feeds)
+
+    def metadata(self) -> dict:
+        import onnx
+        import onnxruntime
+
+        return {"device_name": cpu_name(),
+                "libraries": {"onnxruntime": onnxruntime.__version__, "onnx": onnx.__version__},
+                "threads": {"intra_op": 1, "inter_op": 1},
+                "graph_optimization": "ORT_ENABLE_ALL, " + ", ".join(self.DISABLED) + " off",
+                "clock": CPU_CLOCK}
+
+
+def make_session(model, disabled_optimizers=()):
+    """An onnxruntime CPU session pinned to one thread, all graph optimizations on."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    data = model if isinstance(model, (bytes, str)) else model.SerializeToString()
+    try:
+        return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"],
+                                    disabled_optimizers=list(disabled_optimizers))
+    except Exception as e:  # onnxruntime raises its own exception types
+        raise ProfileError(f"onnxruntime cannot build the model: {e}") from None
+
+
+def make_backend(name: str, xp=None):
+    """``numpy`` / ``ort`` on CPU; ``cupy`` on the GPU (``xp`` injects the array module,
+    e.g. NumPy standing in for CuPy where no GPU is present)."""
+    if name == "ort":
+        return OrtBackend()
+    if name == "numpy":
+        return KernelBackend(np if xp is None else xp, "numpy")
+    if name == "cupy":
+        if xp is None:
+            try:
+                import cupy as xp
+            except ImportError:
+                raise ProfileError("the cupy back end needs CuPy and a GPU: "
+                                   "pip install 'taso-egg[gpu]'") from None
+        return KernelBackend(xp, "cupy")
+    raise ProfileError(f"unknown back end {name!r}; choose from {', '.join(BACKENDS)}")
+

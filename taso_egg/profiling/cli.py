@@ -1,0 +1,115 @@
+"""``taso-egg profile MODEL... --device cpu|gpu --backend numpy|ort|cupy [-o PROFILE]``:
+time every operator configuration the models (and, by default, their saturated
+e-graphs and extracted graphs) need, and merge the results into a profile."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from ..errors import ProfileError, TasoEggError
+from .backends import BACKENDS, DEVICE_OF, make_backend, pinned_threads
+
+EXTRACTORS = ("greedy-dag", "ilp")
+
+
+def add_arguments(p) -> None:
+    p.add_argument("models", nargs="+", metavar="MODEL", help="ONNX file or zoo model name")
+    p.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
+    p.add_argument("--backend", choices=BACKENDS, help="default: ort on cpu, cupy on gpu")
+    p.add_argument("-o", "--output", help="profile to create or merge into "
+                   "(default: the shipped profiles/<device>-<backend>.json)")
+    p.add_argument("--warmups", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=10, help="samples per configuration (median kept)")
+    p.add_argument("--graph-only", action="store_true",
+                   help="only the models' own configurations, not their saturated e-graphs'")
+    p.add_argument("--include-unproved", action="store_true",
+                   help="saturate with the corpus's unproved rules too (a superset of the "
+                        "configurations optimize can reach)")
+    p.add_argument("--remeasure", action="store_true",
+                   help="time configurations the profile already has again, replacing them")
+    p.add_argument("--input-shape", action="append", metavar="NAME=D1,D2,...",
+                   help="fix a symbolic input dimension of an ONNX model (repeatable)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def load_model(name: str, input_shapes=None):
+    """A zoo model by name, or an ONNX file."""
+    from .. import zoo
+    from ..onnx_io.importer import load_onnx
+
+    if name in zoo.MODELS:
+        return zoo.MODELS[name]()
+    if not os.path.exists(name):
+        raise TasoEggError(f"{name}: neither an ONNX file nor a zoo model "
+                           f"({', '.join(sorted(zoo.MODELS))})")
+    return load_onnx(name, input_shapes)
+
+
+def run(args) -> int:
+    from ..api import extract_graph
+    from ..cli import parse_input_shapes
+    from ..cost import ProfiledCost
+    from ..egraph.saturate import saturate
+    from ..rules.lang import load_corpus
+    from .profiler import (
+        exported_graph,
+        graph_configurations,
+        new_profile,
+        profile_configurations,
+        saturation_configurations,
+        unique,
+    )
+    from .store import load_profile, profiles_dir
+
+    backend_name = args.backend or ("ort" if args.device == "cpu" else "cupy")
+    if DEVICE_OF[backend_name] != args.device:
+        raise ProfileError(f"back end {backend_name} runs on the {DEVICE_OF[backend_name]}, "
+                           f"not the {args.device}")
+    if args.repeats < 1 or args.warmups < 0:
+        raise ProfileError("--repeats must be >= 1 and --warmups >= 0")
+    shapes = parse_input_shapes(args.input_shape)
+    graphs = {name: load_model(name, shapes) for name in args.models}  # fail early on a bad name
+    backend = make_backend(backend_name)
+    path = Path(args.output) if args.output else profiles_dir() / f"{args.device}-{backend_name}.json"
+    timing = {"warmups": args.warmups, "repeats": args.repeats, "progress": not args.quiet}
+    start = time.perf_counter()
+    with pinned_threads():
+        if path.exists():
+            profile = load_profile(path)
+            print(f"{path}: merging into {len(profile.entries)} configurations", file=sys.stderr)
+        else:
+            print(f"{path}: new profile; calibrating {args.device} with {backend_name}", file=sys.stderr)
+            profile = new_profile(backend, args.warmups, args.repeats)
+        for name, g in graphs.items():
+            t0 = time.perf_counter()
+            configs = graph_configurations(g)
+            sat = None
+            if not args.graph_only:
+                sat = saturate(g, rules=load_corpus(include_unproved=args.include_unproved))
+                configs += saturation_configurations(sat)
+            result = profile_configurations(unique(configs), backend, profile, replace=args.remeasure,
+                                            desc=name, **timing)
+            if sat is not None:
+                # Extraction's post-passes re-fuse biases and activations, and export
+                # folds weights: profile what the extracted graphs run as well.
+                extra = []
+                for extractor in EXTRACTORS:
+                    chosen = extract_graph(sat, extractor, ProfiledCost(profile)).graph
+                    extra += graph_configurations(chosen) + graph_configurations(exported_graph(chosen))
+                more = profile_configurations(unique(extra), backend, profile, replace=False,
+                                              desc=f"{name} (extracted)", **timing)
+                result.measured += more.measured
+                result.failed.update(more.failed)
+            profile.meta["models"] = sorted(set(profile.meta.get("models", [])) | {name})
+            profile.save(path)
+            print(f"{name}: {result.measured} configurations measured, {result.kept} already in "
+                  f"the profile, {len(result.failed)} could not run "
+                  f"({time.perf_counter() - t0:.1f} s)")
+            for key, why in result.failed.items():
+                print(f"  not measured: {key}: {why}", file=sys.stderr)
+    print(f"wrote {path}: {len(profile.entries)} configurations; "
+          f"{time.perf_counter() - start:.1f} s in all")
+    return 0

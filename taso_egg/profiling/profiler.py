@@ -1,0 +1,138 @@
+"""Collect operator configurations (from a graph, or every one a saturated e-graph could
+be extracted as) and time the ones a profile lacks."""
+
+from __future__ import annotations
+
+import platform
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from ..cost import OpConfig
+from ..errors import TasoEggError
+from ..graph import Graph
+from ..ops import OPS, TensorType
+from .store import Profile, now
+
+CALIBRATION_DTYPE = "float32"
+# Sizes at which each device reaches its peak: a square matmul for FLOP/s, a vector
+# add (inputs and output far beyond the caches) for bytes/s.
+_CALIBRATION_SIZES = {"cpu": (1024, 1 << 22), "gpu": (8192, 1 << 26)}
+
+
+def graph_configurations(graph: Graph) -> list[OpConfig]:
+    """The distinct configurations a graph runs (work on weights alone is folded at
+    export, so it is left out)."""
+    folded = graph.weight_only_nodes()
+    seen: dict[str, OpConfig] = {}
+    for n in graph.topo_order():
+        if OPS[n.op].is_leaf or n.id in folded:
+            continue
+        config = OpConfig.of(n.op, n.params, [t.type for t in n.inputs], n.outputs,
+                             [t.node in folded for t in n.inputs])
+        seen.setdefault(config.key, config)
+    return list(seen.values())
+
+
+def saturation_configurations(saturation) -> list[OpConfig]:
+    """Every configuration any e-node of a saturated e-graph could be extracted as."""
+    from ..api import enode_configurations
+
+    return enode_configurations(saturation)
+
+
+def unique(configs: Iterable[OpConfig]) -> list[OpConfig]:
+    seen: dict[str, OpConfig] = {}
+    for c in configs:
+        seen.setdefault(c.key, c)
+    return list(seen.values())
+
+
+def calibration_configs(device: str) -> dict[str, OpConfig]:
+    n, length = _CALIBRATION_SIZES[device]
+    square, vector, one = TensorType((n, n), CALIBRATION_DTYPE), TensorType((length,), CALIBRATION_DTYPE), \
+        TensorType((1,), CALIBRATION_DTYPE)
+    return {"peak": OpConfig.of("matmul", {}, [square, square], constant=[False, True]),
+            "bandwidth": OpConfig.of("ewadd", {}, [vector, vector]),
+            "overhead": OpConfig.of("relu", {}, [one])}
+
+
+def calibrate(backend, warmups: int, repeats: int) -> dict:
+    """The device's measured peak FLOP/s, bytes/s and per-operator overhead (what the
+    analytic fallback uses), and the fixed overhead of one whole-graph run."""
+    configs = calibration_configs(backend.device)
+    peak, bandwidth, tiny = (backend.measure(configs[k], warmups, repeats).seconds
+                             for k in ("peak", "bandwidth", "overhead"))
+    mm, add = configs["peak"], configs["bandwidth"]
+    flops = OPS["matmul"].flops({}, mm.inputs, mm.outputs)
+    nbytes = 4 * (sum(t.size for t in add.inputs) + add.outputs[0].size)
+    return {"peak_flops": flops / peak, "bandwidth": nbytes / bandwidth, "overhead_s": tiny,
+            "run_overhead_s": backend.run_overhead(warmups, repeats, configs["overhead"], tiny),
+            "measured_on": {k: c.key for k, c in configs.items()}}
+
+
+def new_profile(backend, warmups: int = 2, repeats: int = 10) -> Profile:
+    """An empty profile for ``backend`` with its metadata and calibration."""
+    meta = {"device": backend.device, "backend": backend.name, "dtype": CALIBRATION_DTYPE,
+            **backend.metadata(),
+            "python": platform.python_version(), "platform": platform.platform(),
+            "created": now(), "updated": now(), "warmups": warmups, "repeats": repeats,
+            "models": []}
+    meta["calibration"] = calibrate(backend, warmups, repeats)
+    return Profile(meta)
+
+
+def run_metadata(backend) -> dict:
+    """What an existing profile must agree with before ``backend``'s measurements join it."""
+    return {"device": backend.device, "backend": backend.name, "dtype": CALIBRATION_DTYPE,
+            **backend.metadata()}
+
+
+@dataclass
+class ProfileRun:
+    measured: int = 0
+    kept: int = 0            # already in the profile
+    failed: dict[str, str] = field(default_factory=dict)   # key -> why
+    seconds: float = 0.0
+
+
+def profile_configurations(configs: Iterable[OpConfig], backend, profile: Profile, warmups: int = 2,
+                           repeats: int = 10, replace: bool = False, progress: bool = True,
+                           desc: str = "profiling") -> ProfileRun:
+    """Time every configuration ``profile`` lacks (all of them with ``replace``) and
+    add it. A configuration that cannot run is reported, not fatal: the cost model
+    estimates it."""
+    from tqdm import tqdm
+
+    profile.check_compatible(run_metadata(backend))
+    run = ProfileRun()
+    start = time.perf_counter()
+    todo = []
+    for c in configs:
+        if c.key in profile.entries and not replace:
+            run.kept += 1
+        else:
+            todo.append(c)
+    for config in tqdm(todo, desc=desc, unit="config", file=sys.stderr, disable=not progress,
+                       leave=False):
+        try:
+            m = backend.measure(config, warmups, repeats)
+        except TasoEggError as e:
+            run.failed[config.key] = str(e)
+            continue
+        profile.add(config, m.as_entry(), replace=True)
+        run.measured += 1
+    if run.measured:
+        profile.meta["updated"] = now()
+    run.seconds = time.perf_counter() - start
+    return run
+
+
+def exported_graph(graph: Graph) -> Graph:
+    """The graph as a user deploys it: exported to ONNX (weight-only work folded into
+    initializers) and read back."""
+    from ..onnx_io.exporter import export_onnx
+    from ..onnx_io.importer import load_onnx
+
+    return load_onnx(export_onnx(graph))

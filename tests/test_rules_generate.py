@@ -1,0 +1,210 @@
+"""The rule generator (rules/generate.py), pruning (rules/prune.py), proof records in
+the rule language, and the `taso-egg rules` commands, on tiny menus (seconds each)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from taso_egg.cli import main
+from taso_egg.errors import RuleError
+from taso_egg.rules import generate
+from taso_egg.rules.egglog import compile_rules
+from taso_egg.rules.generate import LeafSpec, Menu, choice, enumerate_terms, matrix_menu
+from taso_egg.rules.instantiate import check_rule_numerically
+from taso_egg.rules.lang import (Proof, corpus_files, load_corpus, load_rule_file, parse_rules,
+                                 with_proof_records)
+from taso_egg.rules.prune import canonical, prune as prune_candidates, rules_from
+
+
+def _run(menu, size):
+    e = enumerate_terms(menu, size)
+    p = prune_candidates(e)
+    return e, p, rules_from(e, p, "t")
+
+
+@pytest.fixture(scope="module")
+def matrix2():
+    return _run(matrix_menu(2, 2), 2)
+
+
+def _sides(rule):
+    return str(rule.lhs[0]), str(rule.rhs[0])
+
+
+def test_finds_known_identities(matrix2):
+    _, _, rules = matrix2
+    found = {_sides(r) for r in rules if not r.multi}
+    assert ("(ewadd ?x0 ?x1)", "(ewadd ?x1 ?x0)") in found  # commutativity
+    assert ("(transpose [1 0] (transpose [1 0] ?x0))", "?x0") in found  # involution
+    assert ("(matmul NONE (matmul NONE ?x0 ?w0) ?w1)",
+            "(matmul NONE ?x0 (matmul NONE ?w0 ?w1))") in found  # associativity
+    # the bigger side is the lhs: never rewrite x into a longer graph
+    assert all(not (r.rhs[0].__class__.__name__ == "App" and str(r.lhs[0]).startswith("?"))
+               for r in rules)
+
+
+def test_every_emitted_rule_holds_numerically(matrix2):
+    _, _, rules = matrix2
+    assert len(rules) > 50
+    for rule in rules:
+        for seed in (0, 1):
+            assert check_rule_numerically(rule, seed=seed) <= 1e-5, rule.to_text()
+
+
+def test_rules_parse_back_and_compile_to_egglog(matrix2):
+    _, _, rules = matrix2
+    text = "\n\n".join(r.to_text() for r in rules)
+    parsed = parse_rules(text, "gen.rules")
+    assert [(p.lhs, p.rhs, p.guards) for p in parsed] == [(r.lhs, r.rhs, r.guards) for r in rules]
+    assert compile_rules(parsed).count("(rule ") == len(rules)
+
+
+def test_shape_guards_block_broadcasting(matrix2):
+    _, _, rules = matrix2
+    comm = next(r for r in rules if _sides(r) == ("(ewadd ?x0 ?x1)", "(ewadd ?x1 ?x0)"))
+    assert "(= (shape ?x0) (shape ?x1))" in map(str, comm.guards)
+    assert "(= (rank ?x0) 2)" in map(str, comm.guards)
+
+
+def test_pruning_removes_renamed_duplicates(matrix2):
+    e, p, rules = matrix2
+    assert p.dropped["renamed duplicate"] > 0 and p.dropped["transitive"] > 0
+    keys = [canonical(e, c.lhs, c.rhs) for c in p.kept]
+    swapped = [canonical(e, c.rhs, c.lhs) for c in p.kept]
+    assert len(set(keys)) == len(keys)
+    # no kept candidate is another one with its sides swapped (and inputs renamed)
+    assert not (set(keys) & set(swapped)) - {k for k, s in zip(keys, swapped) if k == s}
+    commutativity = [r for r in rules if str(r.lhs[0]) in ("(ewadd ?x0 ?x1)", "(ewadd ?x1 ?x0)")
+                     and str(r.rhs[0]) in ("(ewadd ?x0 ?x1)", "(ewadd ?x1 ?x0)")]
+    assert len(commutativity) == 1
+
+
+def test_weight_only_rules_are_pruned(matrix2):
+    e, p, _ = matrix2
+    assert p.dropped["weight-only"] > 0
+    assert not any(e.terms[c.lhs[0]].weight_only and e.terms[c.rhs[0]].weight_only for c in p.kept)
+
+
+def test_false_matches_are_caught(monkeypatch):
+    # Plant a bad fingerprint: relu as the identity makes relu(x) look equal to x.
+    monkeypatch.setattr(generate, "relu_standin", lambda x: x)
+    menu = Menu("relu", (LeafSpec("x0", (2, 4), "activation", "x"),), (choice("relu"),))
+    _, p, rules = _run(menu, 1)
+    assert p.dropped["false match"] == 1
+    assert rules == []
+
+
+def test_two_output_merge_is_found():
+    menu = Menu("merge", (LeafSpec("x0", (2, 4), "activation", "x"),
+                          LeafSpec("w0", (4, 4), "weight", "w"), LeafSpec("w1", (4, 4), "weight", "w")),
+                (choice("matmul", activation="NONE"), choice("concat", axis=1), choice("split", axis=1)))
+    _, _, rules = _run(menu, 3)
+    multi = [r for r in rules if r.multi]
+    assert multi, "no two-output rule"
+    merge = [r for r in multi if str(r.lhs[0]) == "(matmul NONE ?x0 ?w0)"
+             and str(r.lhs[1]) == "(matmul NONE ?x0 ?w1)"]
+    assert len(merge) == 1
+    rule = merge[0]
+    assert "concat 1 ?w0 ?w1" in str(rule.rhs[0])
+    assert {"(weight ?w0)", "(weight ?w1)", "(before ?w0 ?w1)"} <= set(map(str, rule.guards))
+    check_rule_numerically(rule)
+    compile_rules([rule])
+
+
+def test_bad_size_and_menu():
+    with pytest.raises(Exception, match="at least 1"):
+        enumerate_terms(matrix_menu(1, 1), 0)
+    with pytest.raises(Exception, match="unknown operator"):
+        choice("no_such_op")
+
+
+# --- proof records -------------------------------------------------------------------
+
+RULES = """; a comment that must survive
+(rule a
+  :lhs (relu (relu ?x))
+  :rhs (relu ?x)
+  :example ((?x [2 3])))
+
+(rule b :lhs (ewadd ?x ?y) :rhs (ewadd ?y ?x) :example ((?x [2 3]) (?y [2 3]))
+  :proof ((status unknown) (found-by generator-2) (seconds 0.5) (reason "no \\"proof\\"")))
+"""
+
+
+def test_proof_records_round_trip_and_rewrite():
+    rules = parse_rules(RULES)
+    assert rules[0].proof is None and rules[1].proof.reason == 'no "proof"'
+    assert parse_rules(rules[1].to_text())[0].proof == rules[1].proof
+    new = with_proof_records(RULES, {"a": Proof("proved", "hand", ("ax-1",), 0.25),
+                                     "b": Proof("refuted", "generator-2", (), 1.0, "bad")})
+    assert new.startswith("; a comment that must survive")
+    a, b = parse_rules(new)
+    assert a.proved and a.proof.axioms == ("ax-1",) and a.proof.found_by == "hand"
+    assert b.proof.status == "refuted" and not b.proved
+    assert (a.lhs, b.rhs) == (rules[0].lhs, rules[1].rhs)
+
+
+def test_bad_proof_records():
+    for bad, msg in [("((status maybe))", "proof status"), ("((found-by hand))", "needs a"),
+                     ("((status proved) (seconds -1))", "non-negative"),
+                     ("((status proved) (colour red))", "unknown :proof entry")]:
+        with pytest.raises(RuleError, match=msg):
+            parse_rules(f"(rule r :lhs (relu ?x) :rhs ?x :proof {bad})")
+
+
+def test_load_corpus_loads_only_proved_rules(tmp_path, monkeypatch):
+    from taso_egg.rules import lang
+
+    (tmp_path / "c.rules").write_text(with_proof_records(RULES, {"a": Proof("proved", "hand")}))
+    monkeypatch.setattr(lang, "corpus_files", lambda: sorted(tmp_path.glob("*.rules")))
+    assert [r.name for r in lang.load_corpus()] == ["a"]
+    assert [r.name for r in lang.load_corpus(include_unproved=True)] == ["a", "b"]
+
+
+def test_shipped_corpus_rules_carry_proof_records():
+    for f in corpus_files():
+        if f.name == "axioms.rules":
+            continue
+        missing = [r.name for r in load_rule_file(f) if r.proof is None]
+        assert not missing, f"{f.name}: no proof record for {missing[:5]} (run taso-egg rules verify)"
+    assert load_corpus(), "no proved rule in the corpus"
+
+
+def test_generated_corpus_is_opt_in_proved_and_compiles():
+    default = {r.name for r in load_corpus()}
+    generated = load_corpus(["generated"])
+    assert generated and not default & {r.name for r in generated}
+    assert all(r.proved and r.proof.found_by.startswith("generator-") for r in generated)
+    assert compile_rules(generated).count("(rule ") == len(generated)
+    # every 25th rule, for speed: the float check the verifier also ran
+    for rule in generated[::25]:
+        check_rule_numerically(rule, seed=3)
+
+
+# --- the command line ----------------------------------------------------------------
+
+
+def test_cli_generate_verify_stats(tmp_path, monkeypatch, capsys):
+    tiny = Menu("tiny", (LeafSpec("x0", (2, 4), "activation", "x"), LeafSpec("x1", (2, 4), "activation", "x")),
+                (choice("ewadd"), choice("transpose", perm=(1, 0))))
+    monkeypatch.setitem(generate.MENUS, "tiny", lambda: tiny)
+    out = tmp_path / "tiny.rules"
+    assert main(["rules", "generate", "--size", "2", "--menu", "tiny", "-o", str(out)]) == 0
+    rules = load_rule_file(out)
+    assert rules and all(r.proof.status == "unchecked" and r.proof.found_by == "generator-2"
+                         for r in rules)
+    stats = json.loads((tmp_path / "tiny.stats.json").read_text())
+    assert stats["rules_emitted"] == len(rules) and stats["graphs_enumerated"] > 0
+    assert main(["rules", "verify", str(out), "--timeout", "2"]) == 0
+    verified = load_rule_file(out)
+    assert all(r.proof.status != "unchecked" for r in verified)
+    assert any(r.proved for r in verified)
+    assert all(r.proof.found_by == "generator-2" for r in verified)
+    capsys.readouterr()
+    assert main(["rules", "stats", str(out)]) == 0
+    table = capsys.readouterr().out
+    for word in ("graphs enumerated", "candidates", "pruned: renamed duplicate", "proved"):
+        assert word in table
+    assert main(["rules", "stats", str(tmp_path / "missing.rules")]) == 1
