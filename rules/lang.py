@@ -827,21 +827,14 @@ def corpus_files() -> list:
 AXIOM_FILES = ("axioms.rules",)
 
 
-# Corpus files read only when named: the generated corpus waits to be wired into
-# saturation's default (load_corpus(["taso_hand", "generated"]) reads it now).
-OPT_IN_FILES = ("generated.rules",)
-
-
 def load_corpus(names=None, include_unproved: bool = False) -> list[Rule]:
     """The proved rules of the corpus files (sorted by file name, rules in file order);
     ``include_unproved`` adds the rules without a ``proved`` record (for experiments).
     ``names`` restricts to some files, by stem or file name (``"taso_hand"`` or
-    ``"taso_hand.rules"``); without it, every file but OPT_IN_FILES. Rule names must be
-    unique across the files read."""
+    ``"taso_hand.rules"``); without it, every corpus file (the hand rules and the
+    generated ones). Rule names must be unique across the files read."""
     available = corpus_files()
-    if names is None:
-        available = [f for f in available if f.name not in OPT_IN_FILES]
-    else:
+    if names is not None:
         if isinstance(names, str):
             names = [names]
         by_name = {f.name: f for f in available}
