@@ -11,14 +11,13 @@ stats     the table: graphs enumerated, candidates, pruned by reason, proved, re
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 
 from taso_egg.errors import RuleError, TasoEggError
+from taso_egg.files import write_atomically
 
 from .lang import Proof, Rule, load_rule_file, parse_rules, with_proof_records
 
@@ -58,19 +57,9 @@ def stats_path(rule_file) -> Path:
     return p.with_name(p.name.removesuffix(".rules") + ".stats.json")
 
 
-def write_atomically(path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder, so the
-    file is either the old or the new one, never half written."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix="." + path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+def write_text_atomically(path, text: str) -> None:
+    """Write ``text`` to ``path``, all or nothing."""
+    write_atomically(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"), RuleError)
 
 
 # --- generate ------------------------------------------------------------------------
@@ -145,9 +134,9 @@ def _generate(args) -> int:
               f"their proof records; `taso-egg rules verify` proves them. Only proved rules load.")
     text = rules_text(rules, header)
     parse_rules(text, args.output)  # never write a file that does not read back
-    write_atomically(args.output, text)
+    write_text_atomically(args.output, text)
     stats["command"] = command
-    write_atomically(stats_path(args.output), json.dumps(stats, indent=2) + "\n")
+    write_text_atomically(stats_path(args.output), json.dumps(stats, indent=2) + "\n")
     print(f"wrote {args.output}: {len(rules)} rules ({stats['multi_rules']} two-output) from "
           f"{stats['graphs_enumerated']} graphs, {stats['candidates']} candidates, in "
           f"{stats['generation_seconds']:.1f} s; stats in {stats_path(args.output)}")
@@ -180,7 +169,7 @@ def verify_file(path, timeout_s: float = 10.0, progress=None) -> list:
         proof = Proof(status, found_by, tuple(res.axioms_used), round(res.seconds, 4), reason)
         proofs[rule.name] = proof
         out.append((rule, proof))
-    write_atomically(path, with_proof_records(text, proofs, str(path)))
+    write_text_atomically(path, with_proof_records(text, proofs, str(path)))
     return out
 
 
@@ -201,7 +190,7 @@ def _verify(args) -> int:
             stats["verification"] = {"rules": len(results), **{k: counts.get(k, 0) for k in
                                      ("proved", "refuted", "unknown", "unsupported")},
                                      "timeout_s": args.timeout, "seconds": round(seconds, 2)}
-            write_atomically(sp, json.dumps(stats, indent=2) + "\n")
+            write_text_atomically(sp, json.dumps(stats, indent=2) + "\n")
     bar.close()
     print(f"{'file':<40}{'rules':>7}{'proved':>8}{'refuted':>9}{'unknown':>9}{'unsupp.':>9}{'seconds':>9}")
     for f, n, c, s in table:

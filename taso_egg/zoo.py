@@ -435,3 +435,18 @@ MODELS = {
     "vgg19": vgg19,
     "vgg19-small": vgg19_small,
 }
+
+
+def load_model(name: str, input_shapes=None) -> Graph:
+    """A zoo model by name, else an ONNX file (``input_shapes`` fixes symbolic
+    dimensions); the commands that take either call this."""
+    import os
+
+    from .errors import TasoEggError
+    from .onnx_io.importer import load_onnx
+
+    if name in MODELS:
+        return MODELS[name]()
+    if not os.path.exists(name):
+        raise TasoEggError(f"{name}: neither an ONNX file nor a zoo model ({', '.join(sorted(MODELS))})")
+    return load_onnx(name, input_shapes)

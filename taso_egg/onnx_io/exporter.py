@@ -9,12 +9,12 @@ a temporary file so a failure never leaves a half-written model at the path.
 from __future__ import annotations
 
 import os
-import tempfile
 
 import numpy as np
 
 from ..errors import ExportError, TasoEggError
 from ..executor import call_kernel
+from ..files import write_atomically
 from ..graph import Graph, Node, claim_unique_name
 from ..ops import OPS
 from .versions import ir_version_for
@@ -38,20 +38,7 @@ def save_atomically(model, path) -> None:
     """Write to a temporary file beside ``path`` and rename: all or nothing."""
     import onnx
 
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise ExportError(f"cannot write {path}: folder {folder} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=".taso_egg_", suffix=".onnx", dir=folder)
-    os.close(fd)
-    try:
-        onnx.save(model, tmp)
-        os.replace(tmp, path)
-    except Exception as e:
-        raise ExportError(f"cannot write {path}: {e}") from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    write_atomically(path, lambda tmp: onnx.save(model, tmp), ExportError)
 
 
 class _Exporter:

@@ -4,12 +4,11 @@ e-graphs and extracted graphs) need, and merge the results into a profile."""
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
 
-from ..errors import ProfileError, TasoEggError
+from ..errors import ProfileError
 from .backends import BACKENDS, DEVICE_OF, make_backend, pinned_threads
 
 EXTRACTORS = ("greedy-dag", "ilp")
@@ -35,25 +34,13 @@ def add_arguments(p) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
-def load_model(name: str, input_shapes=None):
-    """A zoo model by name, or an ONNX file."""
-    from .. import zoo
-    from ..onnx_io.importer import load_onnx
-
-    if name in zoo.MODELS:
-        return zoo.MODELS[name]()
-    if not os.path.exists(name):
-        raise TasoEggError(f"{name}: neither an ONNX file nor a zoo model "
-                           f"({', '.join(sorted(zoo.MODELS))})")
-    return load_onnx(name, input_shapes)
-
-
 def run(args) -> int:
     from ..api import extract_graph
     from ..cli import parse_input_shapes
     from ..cost import ProfiledCost
     from ..egraph.saturate import saturate
     from ..rules.lang import load_corpus
+    from ..zoo import load_model
     from .profiler import (
         exported_graph,
         graph_configurations,

@@ -18,13 +18,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
 from ..cost import OpConfig, jsonable
 from ..errors import ProfileError
+from ..files import write_atomically
 
 FORMAT = "taso-egg-profile"
 VERSION = 1
@@ -117,22 +117,12 @@ class Profile:
 
     def save(self, path) -> None:
         """Write through a temporary file and rename: all or nothing."""
-        path = Path(path)
-        folder = path.resolve().parent
-        if not folder.is_dir():
-            raise ProfileError(f"cannot write {path}: folder {folder} does not exist")
-        fd, tmp = tempfile.mkstemp(prefix=".profile_", suffix=".json", dir=folder)
-        try:
-            with os.fdopen(fd, "w") as f:
+        def write(tmp):
+            with open(tmp, "w") as f:
                 json.dump(self.to_json(), f, indent=1)
                 f.write("\n")
-            os.chmod(tmp, 0o644)  # mkstemp makes it private; a profile is shared data
-            os.replace(tmp, path)
-        except OSError as e:
-            raise ProfileError(f"cannot write {path}: {e}") from None
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+
+        write_atomically(path, write, ProfileError)
 
 
 _CACHE: dict[tuple, Profile] = {}

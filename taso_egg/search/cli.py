@@ -9,8 +9,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from taso_egg.errors import TasoEggError
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="ONNX file, or a zoo model name (taso_egg.zoo.MODELS)")
@@ -28,25 +26,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="fix a symbolic input dimension of an ONNX file (repeatable)")
 
 
-def load_model(name: str, input_shapes=None):
-    """A Graph from an ONNX file, or from the zoo when ``name`` is not a file."""
-    from taso_egg import zoo
-    from taso_egg.onnx_io.importer import load_onnx
-
-    if Path(name).is_file() or name.endswith(".onnx"):
-        return load_onnx(name, input_shapes)
-    if name not in zoo.MODELS:
-        raise TasoEggError(f"{name!r} is neither an ONNX file nor a zoo model; zoo models: "
-                           f"{', '.join(sorted(zoo.MODELS))}")
-    return zoo.MODELS[name]()
-
-
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from taso_egg.cli import parse_input_shapes
     from taso_egg.cost import DEFAULT_PROFILE
     from taso_egg.onnx_io.exporter import export_onnx
+    from taso_egg.zoo import load_model
 
     from .search import backtracking_search
 
