@@ -288,6 +288,12 @@ def test_egraph_shapes_equal_ir_shapes(name):
     missing = [cid for cid in _tensor_classes(eg) if cid not in eg.shapes]
     assert not missing, f"{name}: tensor classes without a shape: " \
                         f"{[[n.op for n in eg.classes[c]] for c in missing]}"
+    for (out_name, t), root in zip(g.outputs, eg.roots):
+        assert eg.dtypes.get(root) == t.dtype, f"{name}: output {out_name!r}: e-graph dtype " \
+                                               f"{eg.dtypes.get(root)} != IR {t.dtype}"
+    untyped = [cid for cid in _tensor_classes(eg) if cid not in eg.dtypes]
+    assert not untyped, f"{name}: tensor classes without a dtype: " \
+                        f"{[[n.op for n in eg.classes[c]] for c in untyped]}"
 
 
 def test_shape_cases_cover_every_operator():
@@ -379,6 +385,20 @@ def test_shape_breaking_rewrite_does_not_fire(a_shape, b_shape):
     assert eg.shapes[eg.roots[0]] == (a_shape[0], b_shape[1])
     out = extract_graph(sat).graph
     assert out.structural_hash() == g.structural_hash()
+
+
+@pytest.mark.parametrize("const_dtype, fires", [("float32", False), ("float16", True)])
+def test_dtype_breaking_rewrite_does_not_fire(const_dtype, fires):
+    """relu(x) -> x * ones: shape-valid either way, but with float32 ones on a float16
+    x the result has no single dtype, so it must not join x's class."""
+    rule = parse_rules(f"(rule ones :lhs (relu ?x) :rhs (ewmul ?x (const_one [2 3] {const_dtype})))")
+    g = new_graph()
+    g.mark_output(g.relu(g.new_input((2, 3), name="x", dtype="float16")), "y")
+    sat = saturate(g, rules=rule)
+    assert sum(s.matches.get("ones", 0) for s in sat.iterations) >= 1
+    eg, nodes = _root_nodes(sat)
+    assert sorted(n.op for n in nodes) == (["ewmul", "relu"] if fires else ["relu"])
+    assert eg.dtypes[eg.roots[0]] == "float16"
 
 
 def test_shape_checked_rewrite_fires_when_shapes_agree():

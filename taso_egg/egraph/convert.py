@@ -67,6 +67,7 @@ def graph_to_program(graph: Graph) -> GraphProgram:
             for i, t in enumerate(node.outputs):
                 lines.append(f"(let $n{node.id}_{i} (Proj $n{node.id} {i}))")
                 lines.append(f"(set (shape $n{node.id}_{i}) {encode('IVec', t.shape)})")
+                lines.append(f"(set (dtype $n{node.id}_{i}) {encode('String', t.dtype)})")
             continue
         if op == "weight":
             expr = f"(Weight {weight_ids[node.id]} {_params(op, p, skip_first=True)})"
@@ -133,6 +134,7 @@ class TensorEGraph:
     """The serialized e-graph restricted to tensor classes, with decoded parameters."""
     classes: dict[str, list[ENode]] = field(default_factory=dict)
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    dtypes: dict[str, str] = field(default_factory=dict)
     roots: list[str] = field(default_factory=list)
 
     @property
@@ -169,8 +171,9 @@ def read_serialized(data: dict) -> TensorEGraph:
     for nid, node in nodes.items():
         sort = sort_of.get(node["eclass"])
         op = node["op"]
-        if op == "shape":
-            eg.shapes[nodes[node["children"][0]]["eclass"]] = value(member[node["eclass"]])
+        if op in ("shape", "dtype"):
+            table = eg.shapes if op == "shape" else eg.dtypes
+            table[nodes[node["children"][0]]["eclass"]] = value(member[node["eclass"]])
             continue
         if sort not in _TENSOR_SORTS or node.get("subsumed"):
             continue

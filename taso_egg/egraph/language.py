@@ -114,6 +114,7 @@ def declarations() -> str:
         lines.append(f"(constructor {constructor(op)} ({' '.join(sorts)}) {out})")
     lines += [
         "(function shape (T) IVec :no-merge)",
+        "(function dtype (T) String :no-merge)",
         "(function wlo (T) i64 :merge (min old new))",
         "(function whi (T) i64 :merge (max old new))",
         "(relation pending (T T))",
@@ -233,6 +234,23 @@ def _shape_rules() -> list[str]:
     return rules
 
 
+def _dtype_rules() -> list[str]:
+    """Leaves carry their dtype; every other operator needs one dtype on all its
+    tensor inputs and keeps it (ONNX's rule for every operator of the table)."""
+    rules = []
+    for op in OPS:
+        if op == "opaque" or returns_tuple(op):
+            continue  # opaque outputs get theirs from the bridge; split's below
+        pattern, _, tensors = term_pattern(op)
+        if OPS[op].is_leaf:
+            rules.append(_rule([pattern], ["(set (dtype x) p_dtype)"]))
+            continue
+        rules.append(_rule([pattern] + [f"(= d (dtype {t}))" for t in tensors], ["(set (dtype x) d)"]))
+    rules.append(_rule(["(= x (Proj (Split p_axis p_sizes t0) i))", "(= d (dtype t0))"],
+                       ["(set (dtype x) d)"]))
+    return rules
+
+
 def _weight_order_rules() -> list[str]:
     rules = [_rule(["(= x (Weight p_id p_name p_shape p_dtype))"],
                    ["(set (wlo x) p_id)", "(set (whi x) p_id)"])]
@@ -254,5 +272,7 @@ def _weight_order_rules() -> list[str]:
 
 
 def _analysis_rules() -> list[str]:
-    commit = _rule(["(pending a b)", "(= s (shape a))", "(= s (shape b))"], ["(union a b)"])
-    return _shape_rules() + _weight_order_rules() + [commit]
+    # A rewrite's result joins the class it replaces only with the same shape and dtype.
+    commit = _rule(["(pending a b)", "(= s (shape a))", "(= s (shape b))",
+                    "(= d (dtype a))", "(= d (dtype b))"], ["(union a b)"])
+    return _shape_rules() + _dtype_rules() + _weight_order_rules() + [commit]

@@ -13,7 +13,7 @@ from .convert import GraphProgram, TensorEGraph, graph_to_program, read_serializ
 from .language import declarations
 
 # Functions that are analyses, not e-nodes of the tensor language.
-_ANALYSES = {"shape", "wlo", "whi", "pending"}
+_ANALYSES = {"shape", "dtype", "wlo", "whi", "pending"}
 
 
 @dataclass(frozen=True)
