@@ -16,7 +16,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m taso_egg.bench", description=__doc__)
     p.add_argument("--models", nargs="+", default=["bert", "nasrnn"], choices=sorted(zoo.MODELS))
     p.add_argument("--extractors", nargs="+", default=["greedy-dag", "ilp"])
-    p.add_argument("--multi-iterations", type=int, default=1)
+    p.add_argument("--multi-iterations", type=int, default=2)
     p.add_argument("--node-limit", type=int, default=20_000)
     p.add_argument("--profile", default="cpu-ort", help="cost profile name or path, or 'analytic'")
     args = p.parse_args(argv)

@@ -178,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--node-limit", type=int, default=20_000, help="stop past this many e-nodes")
     p.add_argument("--iter-limit", type=int, default=15, help="stop after this many iterations")
     p.add_argument("--time-limit", type=float, default=30.0, help="stop saturating after this many seconds")
-    p.add_argument("--multi-iterations", type=int, default=1,
+    p.add_argument("--multi-iterations", type=int, default=2,
                    help="iterations in which multi-pattern rules run (k_multi)")
     p.add_argument("--rules", action="append", metavar="FILE", help="extra .rules file (repeatable)")
     p.add_argument("--profile", default="cpu-ort",

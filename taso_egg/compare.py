@@ -109,11 +109,13 @@ def compare_model(name: str, graph: Graph, cost_model: CostModel, rules=None, bu
 def measure(original: Graph, results: dict[str, Graph], repeats: int,
             runtimes=("ort", "executor")) -> dict[str, dict[str, float]]:
     """Median milliseconds per run of the original and each result, timed interleaved
-    in one process (so machine load hits all alike), one thread each."""
+    in one process (so machine load hits all alike), one thread each. Both runtimes
+    run the graphs as deployed: exported, weight-only work folded into constants."""
     from .executor import random_inputs, run
     from .onnx_io.exporter import export_onnx
     from .profiling.backends import make_session, pinned_threads
     from .profiling.bench import median_times
+    from .profiling.profiler import exported_graph
 
     graphs = {"original": original, **results}
     feeds = random_inputs(original)
@@ -124,7 +126,8 @@ def measure(original: Graph, results: dict[str, Graph], repeats: int,
             times = median_times({k: (lambda s=s: s.run(None, feeds)) for k, s in sessions.items()}, repeats)
             out["ort"] = {k: cpu * 1e3 for k, (cpu, _) in times.items()}
         if "executor" in runtimes:
-            times = median_times({k: (lambda g=g: run(g, feeds)) for k, g in graphs.items()}, repeats)
+            deployed = {k: exported_graph(g) for k, g in graphs.items()}
+            times = median_times({k: (lambda g=g: run(g, feeds)) for k, g in deployed.items()}, repeats)
             out["executor"] = {k: cpu * 1e3 for k, (cpu, _) in times.items()}
     return out
 
@@ -236,7 +239,7 @@ def add_arguments(p) -> None:
     p.add_argument("--search-seconds", type=float, default=600.0, help="time limit of each search")
     p.add_argument("--node-limit", type=int, default=20_000, help="saturation e-node limit")
     p.add_argument("--iter-limit", type=int, default=15, help="saturation iteration limit")
-    p.add_argument("--multi-iterations", type=int, default=1, help="k_multi")
+    p.add_argument("--multi-iterations", type=int, default=2, help="k_multi")
     p.add_argument("--ilp-seconds", type=float, default=60.0, help="ILP time limit")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per graph (0: do not measure)")
     p.add_argument("--profile", default=None, help="cost profile (default: the CPU default)")
