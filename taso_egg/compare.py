@@ -113,7 +113,7 @@ def measure(original: Graph, results: dict[str, Graph], repeats: int,
     run the graphs as deployed: exported, weight-only work folded into constants."""
     from .executor import random_inputs, run
     from .onnx_io.exporter import export_onnx
-    from .profiling.backends import make_session, pinned_threads
+    from .profiling.backends import pinned_threads
     from .profiling.bench import median_times
     from .profiling.profiler import exported_graph
 
@@ -122,14 +122,24 @@ def measure(original: Graph, results: dict[str, Graph], repeats: int,
     out: dict[str, dict[str, float]] = {}
     with pinned_threads(), np.errstate(all="ignore"):  # TASO's BERT overflows float32
         if "ort" in runtimes:
-            sessions = {k: make_session(export_onnx(g)) for k, g in graphs.items()}
-            times = median_times({k: (lambda s=s: s.run(None, feeds)) for k, s in sessions.items()}, repeats)
-            out["ort"] = {k: cpu * 1e3 for k, (cpu, _) in times.items()}
+            out["ort"] = ort_ms({k: export_onnx(g) for k, g in graphs.items()}, feeds, repeats)
         if "executor" in runtimes:
             deployed = {k: exported_graph(g) for k, g in graphs.items()}
             times = median_times({k: (lambda g=g: run(g, feeds)) for k, g in deployed.items()}, repeats)
             out["executor"] = {k: cpu * 1e3 for k, (cpu, _) in times.items()}
     return out
+
+
+def ort_ms(models: dict, feeds, repeats: int) -> dict[str, float]:
+    """Median CPU milliseconds per run of each ONNX model in onnxruntime
+    (ORT_ENABLE_ALL, one thread), timed interleaved."""
+    from .profiling.backends import make_session, pinned_threads
+    from .profiling.bench import median_times
+
+    with pinned_threads(), np.errstate(all="ignore"):
+        sessions = {k: make_session(m) for k, m in models.items()}
+        times = median_times({k: (lambda s=s: s.run(None, feeds)) for k, s in sessions.items()}, repeats)
+    return {k: cpu * 1e3 for k, (cpu, _) in times.items()}
 
 
 # --- reports ---------------------------------------------------------------------

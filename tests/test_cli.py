@@ -128,3 +128,39 @@ def test_usage_error_exits_2(capsys):
     with pytest.raises(SystemExit) as e:
         main(["convert"])
     assert e.value.code == 2
+
+
+# --- optimize ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def nasrnn_path(tmp_path):
+    from taso_egg import zoo
+    from taso_egg.onnx_io.exporter import export_onnx
+
+    path = tmp_path / "nas.onnx"
+    export_onnx(zoo.nasrnn_small(steps=1), path)
+    return path
+
+
+def test_optimize_writes_a_checked_faster_model(nasrnn_path, tmp_path, capsys):
+    out = tmp_path / "nas.opt.onnx"
+    assert main(["optimize", str(nasrnn_path), "-o", str(out), "--measure", "0", "--extractor", "greedy-dag"]) == 0
+    text = capsys.readouterr().out
+    assert "predicted speedup" in text and "check (" in text and "onnxruntime (ORT" not in text
+    before, after = onnx.load(nasrnn_path), onnx.load(out)
+    assert len(after.graph.node) < len(before.graph.node)
+    feeds = {"x0": np.ones((1, 16), np.float32), "h0": np.full((1, 16), 0.5, np.float32)}
+    assert_close(onnx_outputs(before, feeds), onnx_outputs(after, feeds), rtol=1e-5)
+
+
+def test_optimize_keeps_the_original_when_the_result_measures_slower(nasrnn_path, tmp_path, monkeypatch,
+                                                                     capsys):
+    from taso_egg import compare
+
+    monkeypatch.setattr(compare, "ort_ms", lambda models, feeds, repeats: {"original": 1.0, "optimized": 2.0})
+    out = tmp_path / "nas.opt.onnx"
+    assert main(["optimize", str(nasrnn_path), "-o", str(out), "--extractor", "greedy-dag"]) == 0
+    captured = capsys.readouterr()
+    assert "measured slower" in captured.err and "(0.500x)" in captured.out
+    assert onnx.load(out).graph == onnx.load(nasrnn_path).graph
