@@ -57,6 +57,7 @@ Every error is a :class:`~taso_egg.errors.RuleError` whose message starts with
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -850,11 +851,18 @@ def load_corpus(names=None, include_unproved: bool = False) -> list[Rule]:
     rules: list[Rule] = []
     seen: dict[str, Rule] = {}
     for f in available:
-        for rule in parse_rules(f.read_text(encoding="utf-8"), str(f)):
+        for rule in _parsed_file(str(f), f.read_text(encoding="utf-8")):
             _check_unique(rule, seen)
             if include_unproved or rule.proved:
                 rules.append(rule)
     return rules
+
+
+@functools.lru_cache(maxsize=16)
+def _parsed_file(path: str, text: str) -> tuple[Rule, ...]:
+    """Parsing a thousand rules takes a second; every saturation loads the corpus.
+    Keyed by the text, so an edited file is parsed again. Rules are immutable."""
+    return tuple(parse_rules(text, path))
 
 
 def _form_spans(text: str, filename: str) -> list[tuple[int, int]]:
