@@ -231,7 +231,8 @@ def _build_node(g: Graph, n: ENode, kids, weights, source, opaque):
     if n.op == "weight":
         src = weights[n.params["name"]]
         t = g.new_weight(n.params["shape"], name=n.params["name"], dtype=n.params["dtype"])
-        g.weight_data[t.node] = source.weight_array(src)
+        if src.id in source.weight_data:  # stand-in data (none stored) regenerates by name
+            g.weight_data[t.node] = source.weight_data[src.id]
         return t
     if n.op == "opaque":
         orig = opaque[n.params["key"]]
@@ -295,7 +296,8 @@ def _rebuild_with_fusions(g: Graph, replace) -> Graph:
             outs = [new.new_input(n.params["shape"], n.params["name"], n.params["dtype"])]
         elif n.op == "weight":
             outs = [new.new_weight(n.params["shape"], name=n.params["name"], dtype=n.params["dtype"])]
-            new.weight_data[outs[0].node] = g.weight_array(n)
+            if n.id in g.weight_data:  # stand-in data (none stored) regenerates by name
+                new.weight_data[outs[0].node] = g.weight_data[n.id]
         elif n.id in replace:
             bias_t, _, _, act = replace[n.id]
             o = n.outputs[0].shape[1]
