@@ -162,7 +162,8 @@ def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: 
     model = cost_model or load_cost_model(profile)
     graph.validate()
     t0 = time.perf_counter()
-    sat = saturate(graph, rules=rules, limits=limits, progress=progress)
+    # Counting e-classes serializes the e-graph: per iteration only for a progress display.
+    sat = saturate(graph, rules=rules, limits=limits, progress=progress, count_classes=progress is not None)
     ext = extract_graph(sat, extractor, model)
     before, after = graph_cost(graph, model), graph_cost(ext.graph, model)
     t_check = time.perf_counter()
@@ -177,7 +178,7 @@ def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: 
         "stop_reason": sat.stop_reason,
         "iterations": len(sat.iterations),
         "enodes": sat.enodes,
-        "eclasses": sat.iterations[-1].eclasses if sat.iterations else 0,
+        "eclasses": sat.iterations[-1].eclasses if progress is not None else sat.eclasses(),
         "extractor": extractor,
         "extractor_status": ext.status,
         "ops_before": graph.op_counts(runtime_only=True),  # what runs after export

@@ -59,6 +59,7 @@ class Saturation:
     seconds: float = 0.0
     rules: tuple = ()
     initial: IterationStats | None = None  # the e-graph before any rewrite ("iteration 0")
+    _decoded: TensorEGraph | None = field(default=None, repr=False)
 
     def serialized(self) -> dict:
         """The e-graph in egraph-serialize JSON form (analysis rows included)."""
@@ -69,7 +70,14 @@ class Saturation:
         return json.loads(self.egraph.serialize(roots).to_json())
 
     def tensor_egraph(self) -> TensorEGraph:
-        return read_serialized(self.serialized())
+        """The final e-graph, decoded (once: it no longer changes)."""
+        if self._decoded is None:
+            self._decoded = read_serialized(self.serialized())
+        return self._decoded
+
+    def eclasses(self) -> int:
+        """E-classes of tensor sorts in the final e-graph."""
+        return _eclasses(self.egraph, self.program)
 
     @property
     def enodes(self) -> int:
