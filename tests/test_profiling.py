@@ -320,3 +320,30 @@ def test_profile_cli_on_a_tiny_model(tmp_path, capsys):
     assert "cannot merge" in capsys.readouterr().err
     assert main(["profile", "no-such-model", "-o", str(out)]) == 1
     assert main(["profile", "nasrnn-small", "--device", "gpu", "--backend", "ort", "-o", str(out)]) == 1
+
+
+def test_calibration_measures_again_when_a_timing_comes_out_zero():
+    """A marginal timing of 0 s (few repeats, noisy machine) must not reach the
+    division that turns it into a peak: measure again, else a clear error."""
+    from types import SimpleNamespace
+
+    from taso_egg.errors import ProfileError
+    from taso_egg.profiling.profiler import calibrate
+
+    class Flaky:
+        device = "cpu"
+
+        def __init__(self, zeros):
+            self.zeros, self.calls = zeros, 0
+
+        def measure(self, config, warmups, repeats):
+            self.calls += 1
+            return SimpleNamespace(seconds=0.0 if self.calls <= self.zeros else 1e-3)
+
+        def run_overhead(self, warmups, repeats, tiny, tiny_cost):
+            return 0.0
+
+    cal = calibrate(Flaky(zeros=1), 0, 1)
+    assert cal["peak_flops"] > 0 and cal["bandwidth"] > 0
+    with pytest.raises(ProfileError, match="measured 0 s"):
+        calibrate(Flaky(zeros=10), 0, 1)

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ..cost import OpConfig
-from ..errors import TasoEggError
+from ..errors import ProfileError, TasoEggError
 from ..graph import Graph
 from ..ops import OPS, TensorType
 from .store import Profile, now
@@ -62,14 +62,26 @@ def calibrate(backend, warmups: int, repeats: int) -> dict:
     """The device's measured peak FLOP/s, bytes/s and per-operator overhead (what the
     analytic fallback uses), and the fixed overhead of one whole-graph run."""
     configs = calibration_configs(backend.device)
-    peak, bandwidth, tiny = (backend.measure(configs[k], warmups, repeats).seconds
-                             for k in ("peak", "bandwidth", "overhead"))
+    peak, bandwidth = (_positive_seconds(backend, configs[k], warmups, repeats, k)
+                       for k in ("peak", "bandwidth"))
+    tiny = backend.measure(configs["overhead"], warmups, repeats).seconds
     mm, add = configs["peak"], configs["bandwidth"]
     flops = OPS["matmul"].flops({}, mm.inputs, mm.outputs)
     nbytes = 4 * (sum(t.size for t in add.inputs) + add.outputs[0].size)
     return {"peak_flops": flops / peak, "bandwidth": nbytes / bandwidth, "overhead_s": tiny,
             "run_overhead_s": backend.run_overhead(warmups, repeats, configs["overhead"], tiny),
             "measured_on": {k: c.key for k, c in configs.items()}}
+
+
+def _positive_seconds(backend, config: OpConfig, warmups: int, repeats: int, what: str) -> float:
+    """A marginal timing can come out 0 with few repeats on a noisy machine; the peak
+    and bandwidth divide by it, so measure again with more before giving up."""
+    for n in (repeats, max(repeats, 5) * 4):
+        seconds = backend.measure(config, warmups, n).seconds
+        if seconds > 0:
+            return seconds
+    raise ProfileError(f"calibration: {what} ({config.key}) measured 0 s even with {n} repeats; "
+                       f"the machine is too noisy to calibrate on")
 
 
 def new_profile(backend, warmups: int = 2, repeats: int = 10) -> Profile:
