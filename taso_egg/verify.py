@@ -9,6 +9,7 @@ from typing import Mapping
 import numpy as np
 
 from .errors import VerificationError
+from .ops import OPS
 
 # float32 results of re-associated sums differ in the last bits; compare relative to
 # the output's scale so large and small outputs are judged alike.
@@ -82,16 +83,6 @@ def _check(original, candidate, feeds, rtol, what) -> float:
     return compare_outputs(expected, actual, rtol, what)
 
 
-# How each operator's output scales with its inputs, for run_scaled: "multilinear"
-# ops scale by the product of their inputs' scales (f(2^a x, 2^b y) = 2^(a+b) f(x, y)),
-# "additive" ops need their inputs on one scale. Ops with an activation are
-# homogeneous only with NONE or RELU. Anything else (sigmoid, tanh, batchnorm,
-# opaque, constants) sees its inputs' true values.
-_MULTILINEAR = {"matmul", "conv2d", "ewmul", "smul", "relu", "transpose", "reshape", "split",
-                "maxpool2d", "avgpool2d", "global_avgpool", "merge_gconv"}
-_ADDITIVE = {"ewadd", "concat"}
-
-
 def run_scaled(graph, feeds) -> dict[str, tuple[np.ndarray, int]]:
     """Run in float64 with a power-of-two exponent tracked per tensor: each value is
     ``m * 2**e`` with ``max|m|`` near 1 and ``e`` a Python int.
@@ -117,16 +108,16 @@ def run_scaled(graph, feeds) -> dict[str, tuple[np.ndarray, int]]:
 def _scaled_apply(node, args) -> list[tuple[np.ndarray, int]]:
     from .executor import call_kernel
 
-    op, act = node.op, node.params.get("activation", "NONE")
+    scaling, act = OPS[node.op].scaling, node.params.get("activation", "NONE")
     mantissas = [m for m, _ in args]
     if all(m.dtype.kind == "f" for m in mantissas):
-        if op in _MULTILINEAR and act in ("NONE", "RELU") and \
-                not (op == "conv2d" and len(args) == 3):  # a bias makes conv affine
+        if scaling == "multilinear" and act in ("NONE", "RELU") and \
+                not (node.op == "conv2d" and len(args) == 3):  # a bias makes conv affine
             exponent = sum(e for _, e in args)
             return [_normalize(o, exponent) for o in call_kernel(np, node, mantissas, True)]
-        if op == "enlarge":  # zero-pads w; ref only lends its shape
+        if scaling == "first":
             return [_normalize(o, args[0][1]) for o in call_kernel(np, node, mantissas, True)]
-        if op in _ADDITIVE:
+        if scaling == "additive":
             top = max(e for _, e in args)
             aligned = [m * _pow2(e - top) for m, e in args]
             return [_normalize(o, top) for o in call_kernel(np, node, aligned, True)]

@@ -89,3 +89,10 @@ def test_op_seconds_times_every_operator():
     run(g, random_inputs(g), op_seconds=seconds)
     ops = {n.id for n in g.nodes.values() if n.op not in ("input", "weight")}
     assert set(seconds) == ops and all(s >= 0 for s in seconds.values())
+
+
+def test_every_operator_declares_a_known_scaling():
+    from taso_egg.ops import OPS
+
+    assert {spec.scaling for spec in OPS.values()} <= {"", "multilinear", "additive", "first"}
+    assert {n for n, s in OPS.items() if s.scaling == "additive"} == {"ewadd", "concat"}

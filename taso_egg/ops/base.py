@@ -58,6 +58,12 @@ class OpSpec:
     is_constant: bool = False
     # Inputs whose values must be positive (a variance): stand-in data is made so.
     positive_inputs: tuple[int, ...] = ()
+    # How the output scales with the inputs (the exponent-tracking check uses it):
+    # "multilinear": f(2^a x, 2^b y) = 2^(a+b) f(x, y) (with activation NONE/RELU and
+    # no conv bias); "additive": inputs must share one scale, which the output keeps;
+    # "first": scales with the first input only (enlarge: ref lends its shape);
+    # "": none of these, the check feeds true values.
+    scaling: str = ""
     doc: str = ""
 
     def normalize_params(self, params: Mapping[str, Any], where: str = "") -> dict:

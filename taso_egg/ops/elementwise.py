@@ -59,12 +59,12 @@ def _binary_export(onnx_type):
 
 
 register(OpSpec(
-    name="ewadd", inputs=(2, 2), defaults={}, infer=_binary_infer("ewadd"),
+    name="ewadd", scaling="additive", inputs=(2, 2), defaults={}, infer=_binary_infer("ewadd"),
     kernel=lambda xp, p, a, b: [a + b], export=_binary_export("Add"), flops=elementwise_flops,
     doc="Element-wise add with NumPy broadcasting."))
 
 register(OpSpec(
-    name="ewmul", inputs=(2, 2), defaults={}, infer=_binary_infer("ewmul"),
+    name="ewmul", scaling="multilinear", inputs=(2, 2), defaults={}, infer=_binary_infer("ewmul"),
     kernel=lambda xp, p, a, b: [a * b], export=_binary_export("Mul"), flops=elementwise_flops,
     doc="Element-wise multiply with NumPy broadcasting."))
 
@@ -79,7 +79,7 @@ def _smul_infer(p, ins):
 
 
 register(OpSpec(
-    name="smul", inputs=(2, 2), defaults={}, infer=_smul_infer,
+    name="smul", scaling="multilinear", inputs=(2, 2), defaults={}, infer=_smul_infer,
     kernel=lambda xp, p, x, s: [x * s], export=_binary_export("Mul"), flops=elementwise_flops,
     doc="Scalar multiply: x times a 0-d tensor."))
 
@@ -90,6 +90,7 @@ def _unary(name, onnx_type, fn):
 
     return register(OpSpec(
         name=name, inputs=(1, 1), defaults={}, infer=lambda p, ins: [ins[0]],
+        scaling="multilinear" if name == "relu" else "",  # relu(2^a x) = 2^a relu(x)
         kernel=lambda xp, p, x: [fn(xp, x)], export=export, flops=elementwise_flops,
         doc=f"Element-wise {name}."))
 

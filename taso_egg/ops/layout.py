@@ -29,7 +29,7 @@ def _concat_infer(p, ins):
 
 
 register(OpSpec(
-    name="concat", inputs=(1, None), defaults={"axis": 0}, infer=_concat_infer,
+    name="concat", scaling="additive", inputs=(1, None), defaults={"axis": 0}, infer=_concat_infer,
     kernel=lambda xp, p, *xs: [xp.concatenate(xs, axis=p["axis"])],
     export=lambda ctx, p, in_types, ins, outs: ctx.node("Concat", ins, outs, axis=p["axis"]),
     is_view=False, doc="Concatenate n tensors along an axis."))
@@ -69,7 +69,7 @@ def _split_export(ctx, p, in_types, ins, outs):
 
 
 register(OpSpec(
-    name="split", inputs=(1, 1), defaults={"axis": 0, "sizes": ()}, infer=_split_infer,
+    name="split", scaling="multilinear", inputs=(1, 1), defaults={"axis": 0, "sizes": ()}, infer=_split_infer,
     kernel=_split_kernel, export=_split_export, is_view=True,
     doc="Split one tensor into len(sizes) outputs along an axis."))
 
@@ -89,7 +89,7 @@ def _reshape_export(ctx, p, in_types, ins, outs):
 
 
 register(OpSpec(
-    name="reshape", inputs=(1, 1), defaults={"shape": ()}, infer=_reshape_infer,
+    name="reshape", scaling="multilinear", inputs=(1, 1), defaults={"shape": ()}, infer=_reshape_infer,
     kernel=lambda xp, p, x: [x.reshape(p["shape"])], export=_reshape_export, is_view=True,
     doc="Reshape to a fully known shape (no -1 or 0: the builder resolves them)."))
 
@@ -103,7 +103,7 @@ def _transpose_infer(p, ins):
 
 
 register(OpSpec(
-    name="transpose", inputs=(1, 1), defaults={"perm": ()}, infer=_transpose_infer,
+    name="transpose", scaling="multilinear", inputs=(1, 1), defaults={"perm": ()}, infer=_transpose_infer,
     kernel=lambda xp, p, x: [xp.transpose(x, p["perm"]).copy()],
     export=lambda ctx, p, in_types, ins, outs: ctx.node("Transpose", ins, outs, perm=list(p["perm"])),
     is_view=True, doc="Permute axes."))
@@ -138,7 +138,7 @@ def _enlarge_export(ctx, p, in_types, ins, outs):
 
 
 register(OpSpec(
-    name="enlarge", inputs=(2, 2), defaults={}, infer=_enlarge_infer,
+    name="enlarge", scaling="first", inputs=(2, 2), defaults={}, infer=_enlarge_infer,
     kernel=_enlarge_kernel, export=_enlarge_export,
     doc="Zero-pad a conv kernel, centred, to the kernel size of ref (a SAME conv "
         "with the enlarged kernel computes the same)."))
@@ -169,7 +169,7 @@ def _merge_gconv_kernel(xp, p, w):
 
 
 register(OpSpec(
-    name="merge_gconv", inputs=(1, 1), defaults={"groups": 1, "count": 1},
+    name="merge_gconv", scaling="multilinear", inputs=(1, 1), defaults={"groups": 1, "count": 1},
     infer=_merge_gconv_infer, kernel=_merge_gconv_kernel,
     doc="Rewrite a grouped conv kernel (with `groups` groups) so that `count` neighbouring "
         "groups merge into one: the conv then runs with groups/count groups."))

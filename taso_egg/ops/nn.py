@@ -123,7 +123,7 @@ def _conv_export(ctx, p, in_types, ins, outs):
 
 
 register(OpSpec(
-    name="conv2d", inputs=(2, 3), defaults=CONV_DEFAULTS, infer=_conv_infer,
+    name="conv2d", scaling="multilinear", inputs=(2, 3), defaults=CONV_DEFAULTS, infer=_conv_infer,
     kernel=_conv_kernel, export=_conv_export, flops=_conv_flops,
     doc="2-D convolution, NCHW x OIHW; groups = in_channels / weight.shape[1]; optional bias."))
 
@@ -148,7 +148,7 @@ def _matmul_export(ctx, p, in_types, ins, outs):
 
 
 register(OpSpec(
-    name="matmul", inputs=(2, 2), defaults={"activation": "NONE"}, infer=_matmul_infer,
+    name="matmul", scaling="multilinear", inputs=(2, 2), defaults={"activation": "NONE"}, infer=_matmul_infer,
     kernel=lambda xp, p, a, b: [apply_activation(xp, xp.matmul(a, b), p["activation"])],
     export=_matmul_export,
     flops=lambda p, ins, outs: 2.0 * outs[0].size * ins[0].shape[-1],
@@ -217,12 +217,12 @@ def _pool_flops(p, ins, outs):
 
 
 register(OpSpec(
-    name="maxpool2d", inputs=(1, 1), defaults=POOL_DEFAULTS, infer=_pool_infer("maxpool2d"),
+    name="maxpool2d", scaling="multilinear", inputs=(1, 1), defaults=POOL_DEFAULTS, infer=_pool_infer("maxpool2d"),
     kernel=_maxpool_kernel, export=_pool_export("MaxPool"), flops=_pool_flops,
     doc="2-D max pooling (padding never wins the max)."))
 
 register(OpSpec(
-    name="avgpool2d", inputs=(1, 1), defaults={**POOL_DEFAULTS, "count_include_pad": 1},
+    name="avgpool2d", scaling="multilinear", inputs=(1, 1), defaults={**POOL_DEFAULTS, "count_include_pad": 1},
     infer=_pool_infer("avgpool2d"), kernel=_avgpool_kernel, export=_pool_export("AveragePool"),
     flops=_pool_flops,
     doc="2-D average pooling; count_include_pad=1 (TASO's, so conv with const_pool equals it) "
@@ -237,7 +237,7 @@ def _gap_infer(p, ins):
 
 
 register(OpSpec(
-    name="global_avgpool", inputs=(1, 1), defaults={}, infer=_gap_infer,
+    name="global_avgpool", scaling="multilinear", inputs=(1, 1), defaults={}, infer=_gap_infer,
     kernel=lambda xp, p, x: [x.mean(axis=(2, 3), keepdims=True)],
     export=lambda ctx, p, in_types, ins, outs: ctx.node("GlobalAveragePool", ins, outs),
     flops=lambda p, ins, outs: float(ins[0].size),
