@@ -10,7 +10,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from .cost import DEFAULT_PROFILE, CostModel, OpConfig, graph_cost, load_cost_model
+from .cost import DEFAULT_PROFILE, MIN_GAIN, CostModel, OpConfig, graph_cost, load_cost_model
 from .egraph.convert import TensorEGraph, build_graph
 from .egraph.saturate import Limits, Saturation, saturate
 from .errors import ExtractionError, ShapeError, TasoEggError
@@ -155,10 +155,21 @@ def extract_graph(saturation: Saturation, extractor: str = "greedy-dag",
 
 def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: str = "greedy-dag",
              cost_model: CostModel | None = None, progress=None, verify: bool = True,
-             seed: int = 0, profile: str = DEFAULT_PROFILE) -> OptimizeResult:
+             seed: int = 0, profile: str = DEFAULT_PROFILE, min_gain: float = MIN_GAIN,
+             measure: int = 0) -> OptimizeResult:
     """Saturate, extract, check numerically, and keep the better of input and result.
+
     Costs come from ``cost_model`` when given, else from ``profile`` (a shipped profile's
-    name, a profile path, or "analytic"; see ``taso_egg.cost.load_cost_model``)."""
+    name, a profile path, or "analytic"; see ``taso_egg.cost.load_cost_model``).
+    The result replaces the input only when its predicted cost is lower by more than
+    ``min_gain`` (a fraction): smaller predicted gains are within the cost model's
+    error and measured as often slower as faster. With ``measure`` > 0 both graphs are
+    also exported and timed in onnxruntime (``measure`` interleaved runs each); a
+    result measured slower than the input is not returned."""
+    if not 0 <= min_gain < 1:
+        raise TasoEggError(f"min_gain must be a fraction in [0, 1), got {min_gain!r}")
+    if measure < 0:
+        raise TasoEggError(f"measure must be a number of runs >= 0, got {measure!r}")
     model = cost_model or load_cost_model(profile)
     graph.validate()
     t0 = time.perf_counter()
@@ -168,7 +179,15 @@ def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: 
     before, after = graph_cost(graph, model), graph_cost(ext.graph, model)
     t_check = time.perf_counter()
     check_error = check_graphs_equivalent(graph, ext.graph, seed=seed) if verify else None
-    best = ext.graph if after <= before else graph
+    best = ext.graph if after < before * (1 - min_gain) else graph
+    kept = "" if best is ext.graph else \
+        f"predicted gain {1 - after / before:+.2%} is not above min_gain {min_gain:.2%}" if before > 0 else \
+        "the input costs nothing"
+    measured = None
+    if measure and best is not graph:
+        measured = measure_in_onnxruntime(graph, best, measure)
+        if measured["optimized"] > measured["original"]:
+            best, kept = graph, "the result measured slower than the input in onnxruntime"
     stats = {
         "saturation_seconds": sat.seconds,
         "extraction_seconds": ext.seconds,
@@ -184,8 +203,22 @@ def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: 
         "ops_before": graph.op_counts(runtime_only=True),  # what runs after export
         "ops_after": best.op_counts(runtime_only=True),
         "rules": len(sat.rules),
+        "extracted_cost": after,
+        "kept_input": kept,  # why the input was returned, or "" when the result was
+        "measured_ms": measured,  # onnxruntime, input and result, when measured
     }
     if hasattr(model, "lookups"):  # a profiled model: how many costs were measured vs estimated
         stats["cost_lookups"] = model.lookups()
-    return OptimizeResult(best, graph, before, min(before, after), getattr(model, "name", "cost model"),
-                          stats, sat)
+    return OptimizeResult(best, graph, before, after if best is ext.graph else before,
+                          getattr(model, "name", "cost model"), stats, sat)
+
+
+def measure_in_onnxruntime(original: Graph, optimized: Graph, runs: int) -> dict[str, float]:
+    """Median milliseconds per run of both graphs, exported, in onnxruntime
+    (ORT_ENABLE_ALL, one thread), timed interleaved so machine load hits both alike."""
+    from .compare import ort_ms
+    from .executor import random_inputs
+    from .onnx_io.exporter import export_onnx
+
+    return ort_ms({"original": export_onnx(original), "optimized": export_onnx(optimized)},
+                  random_inputs(original), runs)

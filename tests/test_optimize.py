@@ -182,3 +182,47 @@ def test_batchnorm_folds_into_the_conv_before_it():
     assert all(n.id in folded for n in r.graph.nodes.values() if n.op in ("bn_factor", "bn_shift"))
     assert r.cost_after < r.cost_before
     check_graphs_equivalent(g, r.graph)
+
+
+# --- when the result is not handed back -------------------------------------------------
+
+
+def test_a_predicted_gain_below_min_gain_returns_the_input():
+    g, r = _run("nas-greedy")
+    gain = 1 - r.cost_after / r.cost_before
+    assert gain > 0 and r.stats["kept_input"] == ""
+    kept = optimize(_nas1(), extractor="greedy-dag", limits=Limits(multi_iterations=2),
+                    min_gain=gain + 0.01)
+    assert kept.graph is kept.original and kept.cost_after == kept.cost_before
+    assert kept.stats["extracted_cost"] == pytest.approx(r.cost_after)
+    assert "min_gain" in kept.stats["kept_input"]
+    taken = optimize(_nas1(), extractor="greedy-dag", limits=Limits(multi_iterations=2),
+                     min_gain=gain - 0.01)
+    assert taken.graph is not taken.original
+
+
+def test_a_result_measured_slower_in_onnxruntime_returns_the_input(monkeypatch):
+    from taso_egg import compare
+
+    timings = {"original": 1.0, "optimized": 2.0}
+    monkeypatch.setattr(compare, "ort_ms", lambda models, feeds, repeats: dict(timings))
+    slower = optimize(_nas1(), extractor="greedy-dag", limits=Limits(multi_iterations=2), measure=3)
+    assert slower.graph is slower.original and "measured slower" in slower.stats["kept_input"]
+    assert slower.stats["measured_ms"] == timings
+    timings["optimized"] = 0.5
+    faster = optimize(_nas1(), extractor="greedy-dag", limits=Limits(multi_iterations=2), measure=3)
+    assert faster.graph is not faster.original and faster.stats["kept_input"] == ""
+
+
+def test_optimize_measures_for_real_in_onnxruntime():
+    r = optimize(_nas1(), extractor="greedy-dag", limits=Limits(multi_iterations=2), measure=2)
+    assert set(r.stats["measured_ms"]) == {"original", "optimized"}
+    assert all(ms > 0 for ms in r.stats["measured_ms"].values())
+
+
+@pytest.mark.parametrize("bad", [{"min_gain": 1.0}, {"min_gain": -0.1}, {"measure": -1}])
+def test_optimize_rejects_impossible_limits(bad):
+    from taso_egg.errors import TasoEggError
+
+    with pytest.raises(TasoEggError, match=next(iter(bad))):
+        optimize(_nas1(), **bad)

@@ -12,6 +12,13 @@ model, in the same run. Times are medians of process CPU time (one thread; the
 machine is shared), wall-clock medians beside them. A prediction is the sum of the
 operator costs plus the profile's measured fixed cost of one whole-graph run.
 
+``--same-run`` also predicts from a profile measured in this run, just before each
+model is timed: the shipped profile was measured at another time, and on a shared
+machine the same operator's time drifts by 20 % or more between hours. The shipped
+profile's error mixes that drift with the cost model's own error (fusions, layout
+changes, caches that a per-operator profile does not see); the same-run error is the
+latter alone.
+
 ``--time-profiling`` first profiles every configuration of the chosen models from
 scratch into temporary profiles (both back ends) and reports the seconds.
 """
@@ -46,6 +53,10 @@ def median_times(runs: dict, repeats: int) -> dict[str, tuple[float, float]]:
     return {k: (float(np.median(cpu[k])), float(np.median(wall[k]))) for k in runs}
 
 
+def _same(a, b) -> bool:
+    return a is b or a.structural_hash() == b.structural_hash()
+
+
 def _predict(graph, model) -> tuple[float, str]:
     from ..cost import graph_cost
 
@@ -53,6 +64,31 @@ def _predict(graph, model) -> tuple[float, str]:
     total = graph_cost(graph, model) + model.profile.meta["calibration"]["run_overhead_s"]
     n = model.lookups()
     return total, f"{n['measured']}/{n['measured'] + n['estimated']}"
+
+
+class SameRunProfiles:
+    """One calibrated, initially empty profile per back end; ``model_for`` measures
+    the configurations of the given graphs again, right now, and returns a cost model
+    over them."""
+
+    def __init__(self, repeats: int = 10, warmups: int = 2):
+        self.repeats, self.warmups = repeats, warmups
+        self.profiles: dict = {}
+
+    def model_for(self, backend_name: str, graphs):
+        from ..cost import ProfiledCost
+        from .backends import make_backend, pinned_threads
+        from .profiler import graph_configurations, new_profile, profile_configurations, unique
+
+        backend = make_backend(backend_name)
+        with pinned_threads():
+            if backend_name not in self.profiles:
+                self.profiles[backend_name] = new_profile(backend, self.warmups, self.repeats)
+            profile = self.profiles[backend_name]
+            configs = unique(c for g in graphs for c in graph_configurations(g))
+            profile_configurations(configs, backend, profile, self.warmups, self.repeats,
+                                   replace=True, progress=False)
+        return ProfiledCost(profile)
 
 
 def _time_profiling(models, repeats, warmups, out) -> None:
@@ -74,7 +110,7 @@ def _time_profiling(models, repeats, warmups, out) -> None:
 def main(argv=None) -> int:
     from .. import zoo
     from ..api import optimize
-    from ..cost import load_cost_model
+    from ..cost import MIN_GAIN, load_cost_model
     from ..executor import random_inputs, run
     from ..onnx_io.exporter import export_onnx
     from ..rules.lang import load_corpus
@@ -91,6 +127,10 @@ def main(argv=None) -> int:
     p.add_argument("--include-unproved", action="store_true",
                    help="optimize with the corpus's unproved rules too")
     p.add_argument("--skip-numpy", action="store_true", help="only the onnxruntime comparison")
+    p.add_argument("--min-gain", type=float, default=MIN_GAIN,
+                   help=f"optimize's threshold (default {MIN_GAIN}); 0 measures every extracted graph")
+    p.add_argument("--same-run", action="store_true",
+                   help="also predict from the models' configurations profiled in this run")
     p.add_argument("--time-profiling", action="store_true",
                    help="first profile the models from scratch and report the seconds")
     args = p.parse_args(argv)
@@ -101,18 +141,24 @@ def main(argv=None) -> int:
     rules = load_corpus(include_unproved=args.include_unproved)
     ort_model = load_cost_model(args.ort_profile)
     np_model = None if args.skip_numpy else load_cost_model(args.numpy_profile)
+    same_run = SameRunProfiles() if args.same_run else None
     print(f"{'model':<13}{'runtime':<9}{'graph':<10}{'predicted ms':>13}{'measured ms':>12}"
-          f"{'error':>8}{'wall ms':>10}{'measured':>10}", file=out)
+          f"{'error':>8}{'wall ms':>10}{'measured':>10}"
+          + (f"{'same-run ms':>12}{'error':>8}" if same_run else ""), file=out)
     user_view, speedups = [], []
     for name in args.models:
         g = zoo.MODELS[name]()
-        graphs = {"original": g, "optimized": optimize(g, rules, cost_model=ort_model, extractor=args.extractor).graph}
+        graphs = {"original": g, "optimized": optimize(g, rules, cost_model=ort_model, extractor=args.extractor,
+                                                       min_gain=args.min_gain).graph}
         comparisons = [("ort", ort_model, graphs)]
         if np_model is not None:
-            np_opt = optimize(g, rules, cost_model=np_model, extractor=args.extractor).graph
+            np_opt = optimize(g, rules, cost_model=np_model, extractor=args.extractor,
+                              min_gain=args.min_gain).graph
             comparisons.append(("numpy", np_model, {"original": exported_graph(g),
                                                     "optimized": exported_graph(np_opt)}))
         for runtime, model, pair in comparisons:
+            fresh = same_run.model_for("ort" if runtime == "ort" else "numpy", pair.values()) \
+                if same_run else None
             feeds = random_inputs(g)
             with pinned_threads(), np.errstate(all="ignore"):  # TASO's BERT overflows float32
                 if runtime == "ort":
@@ -125,13 +171,19 @@ def main(argv=None) -> int:
             for k, graph in pair.items():
                 predicted[k], coverage = _predict(graph, model)
                 cpu, wall = times[k]
+                extra = ""
+                if fresh is not None:
+                    now, _ = _predict(graph, fresh)
+                    extra = f"{now * 1e3:>12.3f}{(now - cpu) / cpu:>+8.1%}"
+                unchanged = "  (unchanged)" if k == "optimized" and _same(graph, pair["original"]) else ""
                 print(f"{name:<13}{runtime:<9}{k:<10}{predicted[k] * 1e3:>13.3f}{cpu * 1e3:>12.3f}"
-                      f"{(predicted[k] - cpu) / cpu:>+8.1%}{wall * 1e3:>10.3f}{coverage:>10}",
+                      f"{(predicted[k] - cpu) / cpu:>+8.1%}{wall * 1e3:>10.3f}{coverage:>10}{extra}{unchanged}",
                       file=out, flush=True)
             speedups.append((name, runtime, predicted["original"] / predicted["optimized"],
                              times["original"][0] / times["optimized"][0]))
             if runtime == "ort":
-                user_view.append((name, times["original"], times["optimized"]))
+                user_view.append((name, times["original"], times["optimized"],
+                                  _same(pair["optimized"], pair["original"])))
     print(f"\n{'model':<13}{'runtime':<9}{'predicted speedup':>18}{'measured speedup':>18}", file=out)
     for name, runtime, pred, meas in speedups:
         print(f"{name:<13}{runtime:<9}{pred:>17.3f}x{meas:>17.3f}x", file=out)
@@ -139,8 +191,8 @@ def main(argv=None) -> int:
           file=out)
     print(f"{'model':<13}{'original ms':>12}{'optimized ms':>13}{'speedup':>9}{'wall orig':>11}"
           f"{'wall opt':>10}{'speedup':>9}", file=out)
-    for name, (cpu0, wall0), (cpu1, wall1) in user_view:
-        flag = "  SLOWER" if cpu1 > cpu0 else ""
+    for name, (cpu0, wall0), (cpu1, wall1), unchanged in user_view:
+        flag = "  (unchanged: the original)" if unchanged else "  SLOWER" if cpu1 > cpu0 else ""
         print(f"{name:<13}{cpu0 * 1e3:>12.3f}{cpu1 * 1e3:>13.3f}{cpu0 / cpu1:>8.3f}x{wall0 * 1e3:>11.3f}"
               f"{wall1 * 1e3:>10.3f}{wall0 / wall1:>8.3f}x{flag}", file=out)
     print(f"\ncosts: {ort_model.name}" + (f"; {np_model.name}" if np_model else ""), file=out)
