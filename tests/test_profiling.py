@@ -184,6 +184,22 @@ def test_ort_reshape_is_timed_as_the_alias_it_is_inside_a_model():
     assert "alias" in m.note
 
 
+def test_ort_leaves_out_the_layout_reorders_at_a_one_op_models_boundary(monkeypatch):
+    conv = OpConfig.of("conv2d", {"strides": (1, 1), "padding": "SAME"},
+                       [TensorType((1, 16, 8, 8)), TensorType((16, 16, 1, 1))], constant=[False, True])
+    b = OrtBackend()
+    share = b.boundary_share(conv, copies=4)
+    assert 0 < share < 1                        # NCHWc: reorders in, conv, reorders out
+    assert b.boundary_share(_mm(), copies=4) == 0  # no blocked layout for matmul
+    m = b.measure(conv, **FAST)
+    assert "reorders" in m.note
+    monkeypatch.setattr(OrtBackend, "boundary_share", lambda self, config, copies: 0.25)
+    monkeypatch.setattr(backends._GraphBackend, "measure",
+                        lambda self, config, warmups, repeats: backends.Measurement(4e-3, 4e-4, 2, 1))
+    m = OrtBackend().measure(conv, **FAST)
+    assert m.seconds == pytest.approx(3e-3) and m.spread_s == pytest.approx(3e-4)
+
+
 def _numpy_as(name, with_events=False):
     """NumPy under another module name; optionally with CuPy's CUDA-event API faked
     on the host clock, so the event-timed code path runs without a GPU."""
