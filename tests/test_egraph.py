@@ -224,6 +224,20 @@ def maxpool_same(g):
 
 
 @case
+def conv_sum_same_stride2(g):
+    z = _x(g, (1, 3, 3, 3), "z")
+    g.mark_output(g.add_node("conv2d_sum", [_x(g, (1, 2, 5, 5)), _w(g, (3, 2, 3, 3)), z], strides=(2, 2),
+                             activation="RELU")[0], "y0")
+
+
+@case
+def conv_sum_explicit_pads(g):
+    z = _x(g, (1, 3, 3, 2), "z")
+    g.mark_output(g.add_node("conv2d_sum", [_x(g, (1, 2, 6, 6)), _w(g, (3, 2, 3, 3)), z], strides=(2, 3),
+                             padding=(1, 0, 0, 1))[0], "y0")
+
+
+@case
 def maxpool_explicit(g):
     g.mark_output(g.maxpool2d(_x(g, (1, 3, 6, 6)), (3, 2), (2, 1), (1, 0, 1, 1)), "y0")
 

@@ -92,6 +92,29 @@ def test_conv2d_every_activation_changes_the_result(rng):
     assert (out["NONE"] < 0).any()
 
 
+@pytest.mark.parametrize("case", [((2, 2), "SAME", "RELU"), ((1, 1), (1, 0, 0, 1), "NONE"),
+                                  ((1, 2), "VALID", "TANH")])
+def test_conv2d_sum_matches_onnxruntime_and_its_parts(rng, case):
+    strides, padding, act = case
+    g = taso_egg.new_graph()
+    x = g.new_input((2, 4, 7, 6), name="x")
+    wt = _w(g, rng, (6, 2, 3, 3), "w")   # grouped
+    plain = g.conv2d(x, wt, strides=strides, padding=padding)
+    z = g.new_input(plain.shape, name="z")
+    [fused] = g.add_node("conv2d_sum", [x, wt, z], strides=strides, padding=padding, activation=act)
+    g.mark_output(fused, "fused")
+    g.mark_output(plain, "plain")
+    _, model = check_against_ort(g)
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("Conv") == 2 and ops.count("Add") == 1  # standard ONNX: runtimes fuse it again
+    out = taso_egg.run(g, feeds := taso_egg.random_inputs(g))
+    parts = out["plain"] + feeds["z"]
+    expected = {"NONE": parts, "RELU": np.maximum(parts, 0), "TANH": np.tanh(parts)}[act]
+    assert np.allclose(out["fused"], expected, atol=1e-5)
+    with pytest.raises(ShapeError, match="output type"):
+        g.add_node("conv2d_sum", [x, wt, x])
+
+
 # --- matmul ------------------------------------------------------------------------
 
 MATMUL_CASES = [
@@ -561,6 +584,7 @@ TESTED = {
     "input": "test_unary_matches_onnxruntime",
     "weight": "test_ewadd_with_weight_operand",
     "conv2d": "test_conv2d_matches_onnxruntime",
+    "conv2d_sum": "test_conv2d_sum_matches_onnxruntime_and_its_parts",
     "matmul": "test_matmul_matches_onnxruntime",
     "ewadd": "test_ewadd_ewmul_broadcast",
     "ewmul": "test_ewadd_ewmul_broadcast",

@@ -226,3 +226,43 @@ def test_optimize_rejects_impossible_limits(bad):
 
     with pytest.raises(TasoEggError, match=next(iter(bad))):
         optimize(_nas1(), **bad)
+
+
+# --- fusions a runtime does by itself ----------------------------------------------------
+
+
+def _residual_block(bias_shaped: bool = False):
+    """relu(conv(relu(conv(x))) + x), ResNet's basic block; or with a per-channel
+    (broadcast) tensor in place of the residual."""
+    g = new_graph()
+    x = g.new_input((1, 8, 6, 6), name="x")
+    h = g.conv2d(x, g.new_weight((8, 8, 3, 3)), activation="RELU")
+    y = g.conv2d(h, g.new_weight((8, 8, 3, 3)))
+    other = g.new_input((1, 8, 1, 1), name="b") if bias_shaped else x
+    g.mark_output(g.relu(g.add(y, other)), "out")
+    return g
+
+
+def test_a_residual_add_and_relu_fuse_into_the_conv():
+    from taso_egg.api import extract_graph
+    from taso_egg.egraph.saturate import saturate
+
+    g = _residual_block()
+    fused = extract_graph(saturate(g), "ilp").graph
+    assert fused.op_counts()["conv2d_sum"] == 1 and "ewadd" not in fused.op_counts()
+    check_graphs_equivalent(g, fused)
+    # The runtime fuses these by itself, so they are no predicted gain: the baseline
+    # has them already, and the input comes back unchanged.
+    r = optimize(g, min_gain=0)
+    assert r.graph is g and r.cost_before == pytest.approx(r.stats["extracted_cost"])
+    assert r.stats["input_cost"] > r.cost_before
+
+
+def test_a_broadcast_add_does_not_fuse_into_the_conv():
+    from taso_egg.api import extract_graph
+    from taso_egg.egraph.saturate import saturate
+
+    g = _residual_block(bias_shaped=True)
+    ext = extract_graph(saturate(g), "ilp").graph
+    assert "conv2d_sum" not in ext.op_counts() and ext.op_counts()["ewadd"] == 1
+    check_graphs_equivalent(g, ext)

@@ -146,8 +146,9 @@ def _g(v, i):
     return f"(vec-get {v} {i})"
 
 
-def _conv_like(op: str, kernel_from_weight: bool) -> list[str]:
-    """Conv and pooling output shapes for SAME (empty pads) and explicit pads."""
+def _conv_like(op: str, kernel_from_weight: bool, summand: bool = False) -> list[str]:
+    """Conv and pooling output shapes for SAME (empty pads) and explicit pads; with
+    ``summand`` the third input must have the output's shape (conv2d_sum)."""
     if kernel_from_weight:
         kh, kw, ch = _g("s1", 2), _g("s1", 3), _g("s1", 0)
         guards = ["(= (vec-length s1) 4)",
@@ -166,8 +167,10 @@ def _conv_like(op: str, kernel_from_weight: bool) -> list[str]:
     fits = [f"(>= (+ {h} (+ {_g('p_padding', 0)} {_g('p_padding', 2)})) {kh})",
             f"(>= (+ {w} (+ {_g('p_padding', 1)} {_g('p_padding', 3)})) {kw})"]
     return [
-        _shape_rule(op, guards + ["(= (vec-length p_padding) 0)"], same),
-        _shape_rule(op, guards + ["(= (vec-length p_padding) 4)"] + fits, explicit),
+        _shape_rule(op, guards + ["(= (vec-length p_padding) 0)"] + ([f"(= s2 {same})"] if summand else []),
+                    same),
+        _shape_rule(op, guards + ["(= (vec-length p_padding) 4)"] + fits +
+                    ([f"(= s2 {explicit})"] if summand else []), explicit),
     ]
 
 
@@ -198,7 +201,8 @@ def _shape_rules() -> list[str]:
         rules.append(_shape_rule(op, ["(= (vec-length s0) 1)"] + [
             f"(= s0 s{i})" for i in range(1, tensor_arity(op))], "s0"))
     rules += _broadcast_rules("ewadd") + _broadcast_rules("ewmul")
-    rules += _conv_like("conv2d", True) + _conv_like("maxpool2d", False) + _conv_like("avgpool2d", False)
+    rules += _conv_like("conv2d", True) + _conv_like("conv2d_sum", True, summand=True)
+    rules += _conv_like("maxpool2d", False) + _conv_like("avgpool2d", False)
     rules.append(_shape_rule("global_avgpool", ["(= (vec-length s0) 4)"],
                              f"(vec-of {_g('s0', 0)} {_g('s0', 1)} 1 1)"))
     # matmul: equal ranks with equal batch dims, or a 2-D right operand (x @ W)

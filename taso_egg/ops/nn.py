@@ -128,6 +128,38 @@ register(OpSpec(
     doc="2-D convolution, NCHW x OIHW; groups = in_channels / weight.shape[1]; optional bias."))
 
 
+# --- conv2d_sum: a conv that adds a residual tensor before its activation ------------
+# What cuDNN's conv-bias-add-activation and onnxruntime's fused NCHWc Conv with a Sum
+# input compute in one kernel: the add costs next to nothing there, so the cost model
+# must see it as one operator to price a residual block right. It exports as the
+# standard Conv, Add and activation, which those runtimes fuse again.
+
+def _conv_sum_infer(p, ins):
+    out = _conv_infer(p, ins[:2])
+    if ins[2] != out[0]:
+        fail("conv2d_sum", f"the added tensor must have the conv's output type {out[0]}", ins)
+    return out
+
+
+def _conv_sum_kernel(xp, p, x, w, z):
+    y = _conv_kernel(xp, {**p, "activation": "NONE"}, x, w)[0] + z
+    return [apply_activation(xp, y, p["activation"])]
+
+
+def _conv_sum_export(ctx, p, in_types, ins, outs):
+    conv = ctx.fresh(outs[0] + "_conv")
+    _conv_export(ctx, {**p, "activation": "NONE"}, in_types[:2], ins[:2], [conv])
+    export_with_activation(ctx, "Add", [conv, ins[2]], outs[0], p["activation"])
+
+
+register(OpSpec(
+    name="conv2d_sum", inputs=(3, 3), defaults=CONV_DEFAULTS, infer=_conv_sum_infer,
+    kernel=_conv_sum_kernel, export=_conv_sum_export,
+    flops=lambda p, ins, outs: _conv_flops(p, ins, outs) + outs[0].size,
+    doc="activation(conv2d(x, w) + z): a convolution fused with a residual add (z has the "
+        "conv's output shape), as cuDNN and onnxruntime run it."))
+
+
 # --- matmul ------------------------------------------------------------------------
 
 def _matmul_infer(p, ins):
