@@ -223,18 +223,23 @@ def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: 
                           getattr(model, "name", "cost model"), stats, sat)
 
 
-def runtime_cost(graph: Graph, rules, model: CostModel) -> float:
-    """What ``graph`` costs as a runtime runs it: with the corpus's fusion rules (named
-    ``*-fusion``) applied and nothing else. cuDNN and onnxruntime fuse activations and
-    residual adds into convolutions by themselves, so a predicted gain must be
-    measured from there, not from every operator priced alone."""
+def runtime_form(graph: Graph, rules, model: CostModel) -> Graph:
+    """``graph`` as a runtime runs it: with the corpus's fusion rules (named
+    ``*-fusion``) applied and nothing else; ``graph`` itself when none applies or
+    pays. cuDNN and onnxruntime fuse activations and residual adds into convolutions
+    by themselves, so a predicted gain must be measured from there, not from every
+    operator priced alone."""
     fusions = [r for r in rules if r.name.endswith("-fusion")]
-    alone = graph_cost(graph, model)
     if not fusions:
-        return alone
+        return graph
     sat = saturate(graph, rules=fusions, limits=Limits(iterations=4, multi_iterations=0),
                    count_classes=False)
-    return min(alone, graph_cost(extract_graph(sat, "greedy-dag", model).graph, model))
+    fused = extract_graph(sat, "greedy-dag", model).graph
+    return fused if graph_cost(fused, model) < graph_cost(graph, model) else graph
+
+
+def runtime_cost(graph: Graph, rules, model: CostModel) -> float:
+    return graph_cost(runtime_form(graph, rules, model), model)
 
 
 def measure_in_onnxruntime(original: Graph, optimized: Graph, runs: int) -> dict[str, float]:

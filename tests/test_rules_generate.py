@@ -192,20 +192,83 @@ def test_cli_generate_verify_stats(tmp_path, monkeypatch, capsys):
                 (choice("ewadd"), choice("transpose", perm=(1, 0))))
     monkeypatch.setitem(generate.MENUS, "tiny", lambda: tiny)
     out = tmp_path / "tiny.rules"
-    assert main(["rules", "generate", "--size", "2", "--menu", "tiny", "-o", str(out)]) == 0
+    assert main(["rules", "generate", "--size", "2", "--menu", "tiny", "-o", str(out),
+                 "--jobs", "1", "--timeout", "2"]) == 0
     rules = load_rule_file(out)
-    assert rules and all(r.proof.status == "unchecked" and r.proof.found_by == "generator-2"
-                         for r in rules)
+    assert rules and all(r.proof.found_by == "generator-2" for r in rules)
+    assert all(r.proof.status in ("proved", "unknown") for r in rules) and any(r.proved for r in rules)
     stats = json.loads((tmp_path / "tiny.stats.json").read_text())
     assert stats["rules_emitted"] == len(rules) and stats["graphs_enumerated"] > 0
-    assert main(["rules", "verify", str(out), "--timeout", "2"]) == 0
-    verified = load_rule_file(out)
-    assert all(r.proof.status != "unchecked" for r in verified)
-    assert any(r.proved for r in verified)
-    assert all(r.proof.found_by == "generator-2" for r in verified)
+    assert stats["verification"]["proved"] == sum(r.proved for r in rules)
+    for jobs in ("2", "1"):
+        assert main(["rules", "verify", str(out), "--timeout", "2", "--jobs", jobs]) == 0
+        verified = load_rule_file(out)
+        assert [(r.name, r.proof.status, r.proof.found_by) for r in verified] == \
+            [(r.name, r.proof.status, r.proof.found_by) for r in rules]
     capsys.readouterr()
     assert main(["rules", "stats", str(out)]) == 0
     table = capsys.readouterr().out
-    for word in ("graphs enumerated", "candidates", "pruned: renamed duplicate", "proved"):
+    for word in ("graphs enumerated", "candidates", "pruned: renamed duplicate", "pruned: derivable",
+                 "proved"):
         assert word in table
     assert main(["rules", "stats", str(tmp_path / "missing.rules")]) == 1
+
+
+# --- derivability pruning ------------------------------------------------------------
+
+def _adds_menu():
+    return Menu("adds", tuple(LeafSpec(f"x{i}", (2, 4), "activation", "x") for i in range(3)),
+                (choice("ewadd"),))
+
+
+def _hand(*names):
+    return [r for r in load_corpus(["taso_hand"]) if r.name in names]
+
+
+ASSOC_CANDIDATES = parse_rules("""
+(rule by-commutation :lhs (ewadd (ewadd ?a ?b) ?c) :rhs (ewadd ?c (ewadd ?b ?a))
+  :if ((= (shape ?a) (shape ?b)) (= (shape ?a) (shape ?c)))
+  :example ((?a [2 3]) (?b [2 3]) (?c [2 3])))
+(rule associativity :lhs (ewadd (ewadd ?a ?b) ?c) :rhs (ewadd ?a (ewadd ?b ?c))
+  :if ((= (shape ?a) (shape ?b)) (= (shape ?a) (shape ?c)))
+  :example ((?a [2 3]) (?b [2 3]) (?c [2 3])))
+""")
+
+
+def test_candidate_derivable_from_smaller_rules_is_recognized():
+    from taso_egg.rules.derive import check_derivable
+
+    d = check_derivable(ASSOC_CANDIDATES, _hand("ewadd-commutative"))
+    assert d.derived == [True, False]  # commutativity alone never reassociates
+    assert d.example_only == [False, False]
+    d = check_derivable(ASSOC_CANDIDATES, _hand("ewadd-commutative", "ewadd-associative"))
+    assert d.derived == [True, True]
+    assert check_derivable(ASSOC_CANDIDATES, []).derived == [False, False]
+
+
+def test_derivation_by_a_shape_pinned_rule_covers_only_its_shapes():
+    from taso_egg.rules.derive import check_derivable
+
+    pinned = parse_rules("""(rule comm-2x3 :lhs (ewadd ?a ?b) :rhs (ewadd ?b ?a)
+      :if ((= (shape ?a) [2 3]) (= (shape ?b) [2 3])) :example ((?a [2 3]) (?b [2 3])))""")
+    d = check_derivable(ASSOC_CANDIDATES[:1], pinned)
+    assert d.derived == [False] and d.example_only == [True]
+
+
+def test_generation_drops_derivable_rules_level_by_level():
+    from taso_egg.rules.cli import generate_rules
+
+    def sides(rules):
+        return {(str(r.lhs[0]), str(r.rhs[0])) for r in rules}
+
+    alone, stats = generate_rules(2, _adds_menu(), base=[])
+    assert stats["pruned"]["derivable"] == 0 and len(alone) == 8
+    assert all(r.proved for r in alone)
+    assert ("(ewadd ?x0 ?x1)", "(ewadd ?x1 ?x0)") in sides(alone)
+    # with commutativity known, the size-1 rule is derivable, every reassociation is not
+    comm, stats = generate_rules(2, _adds_menu(), base=_hand("ewadd-commutative"))
+    assert sides(comm) == sides(alone) - {("(ewadd ?x0 ?x1)", "(ewadd ?x1 ?x0)")}
+    assert [lv["derivable"] for lv in stats["levels"]] == [1, 0]
+    # associativity as well: nothing is new
+    both, stats = generate_rules(2, _adds_menu(), base=_hand("ewadd-commutative", "ewadd-associative"))
+    assert both == [] and stats["pruned"]["derivable"] == 8

@@ -156,14 +156,17 @@ def test_true_rule_outside_the_axioms_is_unknown_not_refuted():
     assert res.status == "unknown" and "float check: agrees on the example" in res.reason
 
 
+SLOW = """(rule slow
+  :lhs (ewmul (ewadd ?a (ewadd ?b (ewadd ?c ?d)))
+              (ewadd ?e (ewadd ?f (ewadd ?g (proj 0 (split 1 ?n (concat 1 ?h (concat 1 ?i ?j))))))))
+  :rhs (ewmul (ewadd ?d (ewadd ?c (ewadd ?b ?a))) (ewadd ?g (ewadd ?f (ewadd ?e (concat 1 ?h ?i)))))
+  :if ((= (len ?n) 2) (= (at ?n 0) (+ (dim ?h 1) (dim ?i 1))))
+  :example ((?a [2 4]) (?b [2 4]) (?c [2 4]) (?d [2 4]) (?e [2 4]) (?f [2 4]) (?g [2 4])
+            (?h [2 2]) (?i [2 2]) (?j [2 2]) (?n [4 2])))"""
+
+
 def test_timeout_gives_unknown():
-    (rule,) = parse_rules("""(rule slow
-      :lhs (ewmul (ewadd ?a (ewadd ?b (ewadd ?c ?d)))
-                  (ewadd ?e (ewadd ?f (ewadd ?g (proj 0 (split 1 ?n (concat 1 ?h (concat 1 ?i ?j))))))))
-      :rhs (ewmul (ewadd ?d (ewadd ?c (ewadd ?b ?a))) (ewadd ?g (ewadd ?f (ewadd ?e (concat 1 ?h ?i)))))
-      :if ((= (len ?n) 2) (= (at ?n 0) (+ (dim ?h 1) (dim ?i 1))))
-      :example ((?a [2 4]) (?b [2 4]) (?c [2 4]) (?d [2 4]) (?e [2 4]) (?f [2 4]) (?g [2 4])
-                (?h [2 2]) (?i [2 2]) (?j [2 2]) (?n [4 2])))""")
+    (rule,) = parse_rules(SLOW)
     res = prove_rule(rule, 0.5, AXIOMS)
     assert res.status == "unknown" and "timeout" in res.reason
     assert res.seconds < 5
@@ -189,6 +192,30 @@ def test_verify_rules_reports_progress():
     assert [r.status for r in results] == ["proved"] * 3
     assert all(isinstance(r, ProofResult) for r in results)
     assert seen == [(i, 3, r.name) for i, r in enumerate(HAND[:3])]
+
+
+def test_parallel_verification_matches_serial():
+    slow = parse_rules(SLOW)[0]  # first, and runs to its timeout: workers finish out of order
+    rules = [slow] + HAND[:6] + WRONG[2:3]
+    seen = []
+    serial = verify_rules(rules, 1.0, jobs=1)
+    parallel = verify_rules(rules, 1.0, jobs=2, progress=lambda i, n, r: seen.append((i, r.rule)))
+    assert [(r.rule, r.status, r.axioms_used) for r in parallel] == \
+        [(r.rule, r.status, r.axioms_used) for r in serial]
+    assert [r.status for r in serial] == ["unknown"] + ["proved"] * 6 + ["refuted"]
+    assert seen == [(i, r.name) for i, r in enumerate(rules)]
+    with pytest.raises(RuleError, match="jobs"):
+        verify_rules(rules, TIMEOUT, jobs=0)
+
+
+def test_proved_rule_failing_the_float_check_is_refuted(monkeypatch):
+    from taso_egg.rules import verify
+
+    # a prover that proves everything: the float check must still catch the wrong rule
+    monkeypatch.setattr(verify, "prove_rule",
+                        lambda rule, t, axioms=None: ProofResult(rule.name, "proved", 0.0, (), ""))
+    (res,) = verify_rules(WRONG[2:3], TIMEOUT)
+    assert res.status == "refuted" and "float check fails" in res.reason
 
 
 # --- float check on other shapes ----------------------------------------------------
