@@ -9,6 +9,7 @@ import json
 import types
 
 import numpy as np
+import onnx
 import pytest
 from taso_egg.rules.lang import load_corpus
 
@@ -200,6 +201,28 @@ def test_ort_leaves_out_the_layout_reorders_at_a_one_op_models_boundary(monkeypa
     assert m.seconds == pytest.approx(3e-3) and m.spread_s == pytest.approx(3e-4)
 
 
+def test_ort_times_conv2d_sum_fused_as_in_a_model(tmp_path):
+    import onnxruntime as ort
+
+    from taso_egg.onnx_io.exporter import export_onnx
+
+    config = OpConfig.of("conv2d_sum", {"activation": "RELU"},
+                         [TensorType((1, 16, 8, 8)), TensorType((16, 16, 1, 1)), TensorType((1, 16, 8, 8))],
+                         constant=[False, True, False])
+    b = OrtBackend()
+    g = b._graph(config, copies=2)
+    assert g.op_counts()["maxpool2d"] == 2 and g.op_counts()["conv2d_sum"] == 2
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "opt.onnx")
+    options.log_severity_level = 3
+    ort.InferenceSession(export_onnx(g).SerializeToString(), options, providers=["CPUExecutionProvider"])
+    ops = [n.op_type for n in onnx.load(tmp_path / "opt.onnx").graph.node]
+    if "ReorderInput" not in ops:
+        pytest.skip("onnxruntime runs no NCHWc kernels on this CPU")
+    assert "Add" not in ops and "Relu" not in ops     # fused into the conv, as in a ResNet
+    assert 0 < b.boundary_share(config, copies=2) < 1  # the staging pools and reorders
+
+
 def _numpy_as(name, with_events=False):
     """NumPy under another module name; optionally with CuPy's CUDA-event API faked
     on the host clock, so the event-timed code path runs without a GPU."""
@@ -363,3 +386,39 @@ def test_calibration_measures_again_when_a_timing_comes_out_zero():
     assert cal["peak_flops"] > 0 and cal["bandwidth"] > 0
     with pytest.raises(ProfileError, match="measured 0 s"):
         calibrate(Flaky(zeros=10), 0, 1)
+
+
+def test_profile_cli_only_the_named_operators(tmp_path, capsys):
+    from taso_egg.cli import main
+
+    out = tmp_path / "relu.json"
+    assert main(["profile", "nasrnn-small", "--backend", "numpy", "-o", str(out), "--quiet",
+                 "--repeats", "1", "--warmups", "0", "--graph-only", "--ops", "relu", "tanh"]) == 0
+    assert {e.split()[0] for e in load_profile(out).entries} == {"relu", "tanh"}
+    assert main(["profile", "nasrnn-small", "--ops", "no_such_op", "-o", str(out)]) != 0
+    assert "no_such_op" in capsys.readouterr().err
+
+
+def test_bench_predicts_from_a_same_run_profile_too(capsys):
+    from taso_egg.profiling import bench
+
+    assert bench.main(["--models", "nasrnn-small", "--repeats", "1", "--skip-numpy", "--same-run",
+                       "--min-gain", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "same-run ms" in out
+    rows = [line.split() for line in out.splitlines()
+            if line.startswith("nasrnn-small ort") and "%" in line]
+    assert [r[2] for r in rows] == ["original", "optimized"]
+    assert all(len(r) >= 10 and float(r[-2]) > 0 for r in rows)   # same-run prediction, error
+
+
+def test_shipped_profiles_price_what_the_runtime_runs():
+    from taso_egg.api import runtime_form
+    from taso_egg.rules.lang import load_corpus
+
+    model = load_cost_model("cpu-ort")
+    fused = runtime_form(zoo.resnet50(), load_corpus(), model)
+    assert fused.op_counts()["conv2d_sum"] == 16      # every residual add, fused
+    model.reset_counts()
+    graph_cost(fused, model)
+    assert model.lookups()["estimated"] == 0

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from ..errors import ProfileError
+from ..ops import OPS
 from .backends import BACKENDS, DEVICE_OF, make_backend, pinned_threads
 
 EXTRACTORS = ("greedy-dag", "ilp")
@@ -29,6 +30,8 @@ def add_arguments(p) -> None:
                         "configurations optimize can reach)")
     p.add_argument("--remeasure", action="store_true",
                    help="time configurations the profile already has again, replacing them")
+    p.add_argument("--ops", nargs="+", metavar="OP",
+                   help="only configurations of these operators (e.g. to remeasure one kind)")
     p.add_argument("--input-shape", action="append", metavar="NAME=D1,D2,...",
                    help="fix a symbolic input dimension of an ONNX model (repeatable)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -57,6 +60,9 @@ def run(args) -> int:
                            f"not the {args.device}")
     if args.repeats < 1 or args.warmups < 0:
         raise ProfileError("--repeats must be >= 1 and --warmups >= 0")
+    unknown = sorted(set(args.ops or ()) - set(OPS))
+    if unknown:
+        raise ProfileError(f"--ops: unknown operator(s) {unknown}; known: {sorted(OPS)}")
     shapes = parse_input_shapes(args.input_shape)
     graphs = {name: load_model(name, shapes) for name in args.models}  # fail early on a bad name
     backend = make_backend(backend_name)
@@ -77,8 +83,8 @@ def run(args) -> int:
             if not args.graph_only:
                 sat = saturate(g, rules=load_corpus(include_unproved=args.include_unproved))
                 configs += saturation_configurations(sat)
-            result = profile_configurations(unique(configs), backend, profile, replace=args.remeasure,
-                                            desc=name, **timing)
+            result = profile_configurations(_only(unique(configs), args.ops), backend, profile,
+                                            replace=args.remeasure, desc=name, **timing)
             if sat is not None:
                 # Extraction's post-passes re-fuse biases and activations, and export
                 # folds weights: profile what the extracted graphs run as well.
@@ -86,7 +92,7 @@ def run(args) -> int:
                 for extractor in EXTRACTORS:
                     chosen = extract_graph(sat, extractor, ProfiledCost(profile)).graph
                     extra += graph_configurations(chosen) + graph_configurations(exported_graph(chosen))
-                more = profile_configurations(unique(extra), backend, profile, replace=False,
+                more = profile_configurations(_only(unique(extra), args.ops), backend, profile, replace=False,
                                               desc=f"{name} (extracted)", **timing)
                 result.measured += more.measured
                 result.failed.update(more.failed)
@@ -100,3 +106,7 @@ def run(args) -> int:
     print(f"wrote {path}: {len(profile.entries)} configurations; "
           f"{time.perf_counter() - start:.1f} s in all")
     return 0
+
+
+def _only(configs, ops):
+    return [c for c in configs if c.op in ops] if ops else configs
