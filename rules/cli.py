@@ -1,7 +1,8 @@
 """``taso-egg rules generate | verify | stats``: discover rules, prove them, report.
 
-generate  enumerate graphs, fingerprint, prune, write the candidate rules (status
-          ``unchecked``) and a stats file beside them (``NAME.stats.json``);
+generate  enumerate graphs, fingerprint, prune, then size level by size level: drop the
+          candidates smaller proved rules derive, prove the rest; write them with their
+          proof records and a stats file beside them (``NAME.stats.json``);
 verify    prove each rule with the Z3 verifier, float-check the proved ones, and write
           the proof records back into the rule files (atomically);
 stats     the table: graphs enumerated, candidates, pruned by reason, proved, rejected
@@ -35,11 +36,28 @@ def add_arguments(parser) -> None:
                    "reduced (default for size 4), matrix")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("-o", "--output", default=str(DEFAULT_OUTPUT), help="rule file to write")
+    p.add_argument("--timeout", type=float, default=5.0, help="prover seconds per rule (default 5)")
+    _jobs_argument(p)
     p = sub.add_parser("verify", help="prove rules and write their proof records")
     p.add_argument("files", nargs="*", help=f"rule files (default: {', '.join(DEFAULT_FILES)})")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds per rule (default 10)")
+    _jobs_argument(p)
     p = sub.add_parser("stats", help="print the generation and verification table")
     p.add_argument("files", nargs="*", help=f"rule files (default: {', '.join(DEFAULT_FILES)})")
+
+
+def _jobs_argument(parser) -> None:
+    import argparse
+
+    from .verify import default_jobs
+
+    def positive(text: str) -> int:
+        if not text.isdigit() or int(text) < 1:
+            raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+        return int(text)
+
+    parser.add_argument("--jobs", type=positive, default=default_jobs(),
+                        help=f"prover processes (default: the number of CPUs, {default_jobs()})")
 
 
 def run(args) -> int:
@@ -65,11 +83,21 @@ def write_text_atomically(path, text: str) -> None:
 # --- generate ------------------------------------------------------------------------
 
 
-def generate_rules(size: int = 3, menu=None, seed: int = 0, progress_bars: bool = False):
-    """Enumerate, prune and emit rules. Returns ``(rules, stats)``; every rule has a
-    ``(status unchecked)`` record and has passed the numeric check on its example."""
+def generate_rules(size: int = 3, menu=None, seed: int = 0, progress_bars: bool = False,
+                   timeout_s: float = 5.0, jobs: int = 1, base=None):
+    """Enumerate, prune, and emit rules one level at a time (by size, then by number
+    of input variables, most first). A level's candidate rules that follow from
+    ``base`` (default: the proved hand rules) and the rules proved at the levels before
+    are dropped as ``derivable`` (:mod:`.derive`); the rest pass the float check on
+    their example (and are pinned to it where they do not generalize), then Z3 with
+    ``timeout_s`` per rule in ``jobs`` processes, and the proved ones join the
+    derivation corpus of the next level. Returns ``(rules, stats)``; every rule
+    carries its proof record. Derivable rules are not emitted: saturation derives
+    them from the emitted ones."""
     from .generate import MENUS, enumerate_terms
-    from .prune import generalize_or_pin, prune, rules_from
+    from .lang import load_corpus
+    from .prune import prune, sized_rules
+    from .verify import STATUSES
 
     if menu is None:
         menu = MENUS["taso" if size <= 3 else "reduced"]()
@@ -88,10 +116,57 @@ def generate_rules(size: int = 3, menu=None, seed: int = 0, progress_bars: bool 
     if bar:
         bar.close()
     found_by = f"generator-{size}"
-    rules = rules_from(e, pruned, f"gen{size}")
-    bar = _bar(len(rules), "checking on other shapes") if progress_bars else None
-    checked, pinned, failed = [], 0, []
-    for r in rules:
+    # Levels: by size, then most variables first. A candidate that reuses an input is a
+    # special case of the same-size rule with distinct inputs, proved one level before.
+    by_level: dict[tuple, list] = {}
+    for k, rule in sized_rules(e, pruned, f"gen{size}"):
+        by_level.setdefault((k, -len(rule.tensor_vars())), []).append(rule)
+    known = list(load_corpus(["taso_hand"]) if base is None else base)
+    emitted, failed, levels = [], [], []
+    proving_seconds = 0.0
+    for k, minus_vars in sorted(by_level):
+        rules, level, seconds = _generate_level(by_level[k, minus_vars], known, found_by, timeout_s,
+                                                jobs, progress_bars, failed)
+        proving_seconds += seconds
+        emitted += rules
+        known += [r for r in rules if r.proved]
+        levels.append({"size": k, "variables": -minus_vars, **level})
+    counts = Counter(r.proof.status for r in emitted)
+    stats = dict(e.stats)
+    stats.update({
+        "candidates": pruned.candidates, "multi_candidates": pruned.multi_candidates,
+        "pruned": {**pruned.dropped, "derivable": sum(lv["derivable"] for lv in levels)},
+        "kept_candidates": len(pruned.kept),
+        "candidate_rules": sum(lv["candidate_rules"] for lv in levels),
+        "rules_emitted": len(emitted), "multi_rules": sum(r.multi for r in emitted),
+        "shapes_pinned": sum(lv["pinned"] for lv in levels), "failed_example_check": len(failed),
+        "failed_example_check_first": failed[:5], "pruning_seconds": pruned.seconds,
+        "derivation_seconds": round(sum(lv["derivation_seconds"] for lv in levels), 3),
+        "levels": levels,
+        "generation_seconds": round(time.perf_counter() - start - proving_seconds, 3),
+        "verification": {"rules": len(emitted), **{s: counts.get(s, 0) for s in STATUSES},
+                         "timeout_s": timeout_s, "jobs": jobs, "seconds": round(proving_seconds, 2)},
+    })
+    return emitted, stats
+
+
+def _generate_level(candidates, known, found_by, timeout_s, jobs, progress_bars, failed):
+    """One size level of :func:`generate_rules`: derivability, numeric check, proof.
+    Returns ``(rules, stats, seconds proving)``; numeric failures go to ``failed``."""
+    from .derive import check_derivable
+    from .prune import generalize_or_pin
+    from .verify import verify_rules
+
+    bar = _bar(len(candidates), "derivable?") if progress_bars else None
+    derivation = check_derivable(candidates, known,
+                                 progress=(lambda d, n: bar.update(d - bar.n)) if bar else None)
+    if bar:
+        bar.close()
+    start = time.perf_counter()
+    checked, derivable, pinned = [], sum(derivation.derived), 0
+    todo = [(r, ex) for r, d, ex in zip(candidates, derivation.derived, derivation.example_only) if not d]
+    bar = _bar(len(todo), "checking on other shapes") if progress_bars else None
+    for r, example_only in todo:
         try:
             g = generalize_or_pin(r)
         except RuleError as err:  # both draws agreed, yet the float32 example does not
@@ -100,20 +175,29 @@ def generate_rules(size: int = 3, menu=None, seed: int = 0, progress_bars: bool 
         finally:
             if bar:
                 bar.update()
-        pinned += g.guards != r.guards
-        checked.append(_with_proof(g, Proof("unchecked", found_by)))
+        if g.guards != r.guards:
+            if example_only:  # pinned to its example, where smaller rules derive it
+                derivable += 1
+                continue
+            pinned += 1
+        checked.append(g)
     if bar:
         bar.close()
-    stats = dict(e.stats)
-    stats.update({
-        "candidates": pruned.candidates, "multi_candidates": pruned.multi_candidates,
-        "pruned": dict(pruned.dropped), "kept_candidates": len(pruned.kept),
-        "rules_emitted": len(checked), "multi_rules": sum(r.multi for r in checked),
-        "shapes_pinned": pinned, "failed_example_check": len(failed),
-        "failed_example_check_first": failed[:5], "pruning_seconds": pruned.seconds,
-        "generation_seconds": round(time.perf_counter() - start, 3),
-    })
-    return checked, stats
+    check_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    bar = _bar(len(checked), f"proving ({jobs} jobs)") if progress_bars else None
+    results = verify_rules(checked, timeout_s, progress=(lambda i, n, res: bar.update()) if bar else None,
+                           jobs=jobs, float_checked=True)  # generalize_or_pin ran the float checks
+    if bar:
+        bar.close()
+    rules = [_with_proof(r, Proof(res.status, found_by, tuple(res.axioms_used), round(res.seconds, 4),
+                                  res.reason)) for r, res in zip(checked, results)]
+    proving_seconds = time.perf_counter() - start
+    return rules, {"candidate_rules": len(candidates), "derivable": derivable,
+                   "derivation_seconds": derivation.seconds, "derivation_stops": derivation.stop_reasons,
+                   "pinned": pinned, "emitted": len(rules), "proved": sum(r.proved for r in rules),
+                   "check_seconds": round(check_seconds, 3),
+                   "proving_seconds": round(proving_seconds, 3)}, proving_seconds
 
 
 def _with_proof(rule: Rule, proof: Proof) -> Rule:
@@ -127,46 +211,42 @@ def rules_text(rules, header: str) -> str:
 
 
 def _generate(args) -> int:
-    rules, stats = generate_rules(args.size, args.menu, args.seed, progress_bars=True)
+    rules, stats = generate_rules(args.size, args.menu, args.seed, progress_bars=True,
+                                  timeout_s=args.timeout, jobs=args.jobs)
     command = f"taso-egg rules generate --size {args.size}" + \
         (f" --menu {args.menu}" if args.menu else "") + (f" --seed {args.seed}" if args.seed else "")
-    header = (f"Generated by `{command}` (menu {stats['menu']!r}): candidate rules with\n"
-              f"their proof records; `taso-egg rules verify` proves them. Only proved rules load.")
+    header = (f"Generated by `{command}` (menu {stats['menu']!r}): the rules no smaller\n"
+              f"proved rule derives, with their proof records. Only proved rules load.")
     text = rules_text(rules, header)
     parse_rules(text, args.output)  # never write a file that does not read back
     write_text_atomically(args.output, text)
     stats["command"] = command
     write_text_atomically(stats_path(args.output), json.dumps(stats, indent=2) + "\n")
-    print(f"wrote {args.output}: {len(rules)} rules ({stats['multi_rules']} two-output) from "
-          f"{stats['graphs_enumerated']} graphs, {stats['candidates']} candidates, in "
-          f"{stats['generation_seconds']:.1f} s; stats in {stats_path(args.output)}")
+    print(f"wrote {args.output}: {len(rules)} rules ({stats['multi_rules']} two-output, "
+          f"{stats['verification']['proved']} proved, {stats['pruned']['derivable']} derivable "
+          f"ones dropped) from {stats['graphs_enumerated']} graphs, {stats['candidates']} "
+          f"candidates, in {stats['generation_seconds']:.1f} s + "
+          f"{stats['verification']['seconds']:.1f} s proving; stats in {stats_path(args.output)}")
     return 0
 
 
 # --- verify --------------------------------------------------------------------------
 
 
-def verify_file(path, timeout_s: float = 10.0, progress=None) -> list:
-    """Prove every rule of ``path``, float-check the proved ones, and rewrite the
-    file with the records. Returns ``[(rule, Proof)]``."""
-    from .instantiate import check_rule_numerically, check_rule_on_other_shapes
+def verify_file(path, timeout_s: float = 10.0, progress=None, jobs: int = 1) -> list:
+    """Prove every rule of ``path`` (in ``jobs`` processes), float-check the proved
+    ones, and rewrite the file with the records, all at once at the end (an
+    interrupted run leaves the file as it was). Returns ``[(rule, Proof)]``."""
     from .verify import verify_rules
 
     path = Path(path)
     text = path.read_text(encoding="utf-8")
     rules = parse_rules(text, str(path))
-    results = verify_rules(rules, timeout_s, progress=progress)
+    results = verify_rules(rules, timeout_s, progress=progress, jobs=jobs)
     proofs, out = {}, []
     for rule, res in zip(rules, results):
         found_by = rule.proof.found_by if rule.proof and rule.proof.found_by else "hand"
-        status, reason = res.status, res.reason
-        if status == "proved":
-            try:  # a proof rests on the axioms; the floats must agree as well
-                check_rule_numerically(rule)
-                check_rule_on_other_shapes(rule)
-            except TasoEggError as err:
-                status, reason = "refuted", f"proved from the axioms but the float check fails: {err}"
-        proof = Proof(status, found_by, tuple(res.axioms_used), round(res.seconds, 4), reason)
+        proof = Proof(res.status, found_by, tuple(res.axioms_used), round(res.seconds, 4), res.reason)
         proofs[rule.name] = proof
         out.append((rule, proof))
     write_text_atomically(path, with_proof_records(text, proofs, str(path)))
@@ -180,7 +260,7 @@ def _verify(args) -> int:
     table = []
     for f in files:
         start = time.perf_counter()
-        results = verify_file(f, args.timeout, progress=lambda i, n, r: bar.update())
+        results = verify_file(f, args.timeout, progress=lambda i, n, r: bar.update(), jobs=args.jobs)
         seconds = time.perf_counter() - start
         counts = Counter(p.status for _, p in results)
         table.append((f, len(results), counts, seconds))
@@ -189,7 +269,8 @@ def _verify(args) -> int:
             stats = json.loads(sp.read_text())
             stats["verification"] = {"rules": len(results), **{k: counts.get(k, 0) for k in
                                      ("proved", "refuted", "unknown", "unsupported")},
-                                     "timeout_s": args.timeout, "seconds": round(seconds, 2)}
+                                     "timeout_s": args.timeout, "jobs": args.jobs,
+                                     "seconds": round(seconds, 2)}
             write_text_atomically(sp, json.dumps(stats, indent=2) + "\n")
     bar.close()
     print(f"{'file':<40}{'rules':>7}{'proved':>8}{'refuted':>9}{'unknown':>9}{'unsupp.':>9}{'seconds':>9}")
@@ -229,19 +310,34 @@ def stats_table(files) -> str:
         stats = json.loads(sp.read_text()) if sp.exists() else {}
         if stats:
             rows.append(f"  generation ({stats.get('command', '?')}, menu {stats['menu']}):")
+            if "file_holds" in stats:
+                rows.append(f"    (the file holds {stats['file_holds']})")
             rows.append(f"    graphs enumerated      {stats['graphs_enumerated']:>9}")
             rows.append(f"    fingerprint classes    {stats['value_classes']:>9}")
             rows.append(f"    candidates (pairs)     {stats['candidates']:>9}")
             rows.append(f"    two-output candidates  {stats['multi_candidates']:>9}")
             for reason, n in stats["pruned"].items():
-                rows.append(f"    pruned: {reason:<18}{n:>9}")
+                if reason != "derivable":  # counted on rules, below
+                    rows.append(f"    pruned: {reason:<18}{n:>9}")
             rows.append(f"    kept candidates        {stats['kept_candidates']:>9}")
             rows.append(f"    failed example check   {stats.get('failed_example_check', 0):>9}")
+            if "candidate_rules" in stats:
+                rows.append(f"    candidate rules        {stats['candidate_rules']:>9}  (both "
+                            f"orientations of equal-size sides)")
+                rows.append(f"    pruned: derivable      {stats['pruned']['derivable']:>9}  (rules that "
+                            f"the hand rules and smaller proved rules derive)")
+                for lv in stats.get("levels", ()):
+                    rows.append(f"      size {lv['size']}, {lv['variables']} inputs: "
+                                f"{lv['candidate_rules']} candidate rules, "
+                                f"{lv['derivable']} derivable, {lv['emitted']} emitted, "
+                                f"{lv['proved']} proved")
             rows.append(f"    rules emitted          {stats['rules_emitted']:>9}  "
                         f"({stats['multi_rules']} two-output; {stats['shapes_pinned']} with shapes pinned)")
+            derivation = (f", derivation {stats['derivation_seconds']:.1f}"
+                          if "derivation_seconds" in stats else "")
             rows.append(f"    seconds                {stats['generation_seconds']:>9.1f}  "
                         f"(enumeration {stats['enumeration_seconds']:.1f}, pruning "
-                        f"{stats['pruning_seconds']:.1f})")
+                        f"{stats['pruning_seconds']:.1f}{derivation})")
         rows.append("  verification:")
         for status in ("proved", "refuted", "unknown", "unsupported", "unchecked", "no record"):
             if statuses.get(status):
@@ -252,8 +348,9 @@ def stats_table(files) -> str:
             rows.append(f"      {reason:<60} {n:>6}")
         seconds = sum(r.proof.seconds or 0 for r in rules if r.proof)
         if "verification" in stats:
-            rows.append(f"    seconds                {stats['verification']['seconds']:>9.1f}  "
-                        f"(timeout {stats['verification']['timeout_s']:g} s per rule)")
+            v = stats["verification"]
+            rows.append(f"    seconds                {v['seconds']:>9.1f}  (timeout {v['timeout_s']:g} s "
+                        f"per rule, {v.get('jobs', 1)} job(s))")
         else:
             rows.append(f"    prover seconds (sum)   {seconds:>9.1f}")
         found = Counter(r.proof.found_by for r in rules if r.proved)

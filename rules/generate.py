@@ -295,6 +295,9 @@ def _child_tuples(pool, containing, terms, shapes, want):
         right = pool.get(want - a, {}).get(sb, ())
         if not left or not right:
             continue
+        if a == 0 or a == want:  # one side is a leaf: no operators to overlap
+            yield from itertools.product(left, right)
+            continue
         for x in left:
             nx = terms[x].nodes
             for y in right:

@@ -148,6 +148,26 @@ class PatternBuilder:
         return compare(g.kind, self.param(g.args[0]), self.param(g.args[1]))
 
 
+def guards_hold(rule: Rule, bindings: Mapping[str, Any] | None = None) -> bool:
+    """Whether the rule's comparison guards hold on its example with ``bindings`` laid
+    over it, judged from the shapes alone (no graph is built); a guard that cannot be
+    evaluated there (an axis out of range) does not hold."""
+    values = example_values(rule, bindings)
+    tensors = set(rule.tensor_vars())
+
+    def shape_of(name):
+        if name not in tensors:
+            raise RuleError(f"{rule.where}: ?{name} is not a tensor variable")
+        return values[name]
+
+    try:
+        return all(compare(g.kind, evaluate_param(g.args[0], values, shape_of, rule.where),
+                           evaluate_param(g.args[1], values, shape_of, rule.where))
+                   for g in rule.guards if g.kind in _COMPARE)
+    except RuleError:
+        return False
+
+
 def instantiate(rule: Rule, bindings: Mapping[str, Any] | None = None, seed: int = 0):
     """Build one Graph holding both sides of ``rule`` on its example (``bindings``
     override or complete it). Tensor variables become graph inputs named after the
@@ -155,30 +175,41 @@ def instantiate(rule: Rule, bindings: Mapping[str, Any] | None = None, seed: int
     Returns ``(graph, lhs_outputs, rhs_outputs)``; the outputs are marked
     ``lhs0``/``rhs0`` (``lhs1``/``rhs1`` for multi rules). RuleError when the example
     violates a guard or a side does not type-check."""
-    values = example_values(rule, bindings)
-    rng = np.random.default_rng(seed)
     g = Graph()
+    lhs, rhs = add_rule_sides(g, rule, bindings, np.random.default_rng(seed))
+    for i, (l, r) in enumerate(zip(lhs, rhs)):
+        g.mark_output(l, f"lhs{i}")
+        g.mark_output(r, f"rhs{i}")
+    return g, lhs, rhs
+
+
+def add_rule_sides(g: Graph, rule: Rule, bindings: Mapping[str, Any] | None = None,
+                   rng=None, prefix: str = "") -> tuple[list[Tensor], list[Tensor]]:
+    """Build both sides of ``rule`` into ``g`` (as :func:`instantiate` does; its inputs
+    named ``prefix`` + variable, so many rules can share one graph) and return
+    ``(lhs_outputs, rhs_outputs)`` unmarked. Weights get random data from ``rng``; with
+    ``rng`` None they get none (for graphs that are never run). RuleError when the
+    example violates a guard or a side does not type-check; ``g`` may then keep the
+    nodes built so far (never outputs)."""
+    values = example_values(rule, bindings)
     weights = set(rule.weight_vars())
     tensors: dict[str, Tensor] = {}
     for v in rule.tensor_vars():
-        shape = values[v]
         if v in weights:  # data below, once operators that need positive data claimed theirs
-            tensors[v] = g.new_weight(shape, name=v)
+            tensors[v] = g.new_weight(values[v], name=prefix + v)
         else:
-            tensors[v] = g.new_input(shape, name=v)
+            tensors[v] = g.new_input(values[v], name=prefix + v)
     b = PatternBuilder(rule, values, g, tensors)
     for guard in rule.guards:
         if not b.guard(guard):
             raise RuleError(f"{rule.where}: the example violates guard {guard}")
     lhs = [b.tensor(p) for p in rule.lhs]
     rhs = [b.tensor(p) for p in rule.rhs]
-    for v in rule.tensor_vars():
-        if v in weights and tensors[v].node not in g.weight_data:
-            g.weight_data[tensors[v].node] = rng.standard_normal(values[v]).astype(np.float32)
-    for i, (l, r) in enumerate(zip(lhs, rhs)):
-        g.mark_output(l, f"lhs{i}")
-        g.mark_output(r, f"rhs{i}")
-    return g, lhs, rhs
+    if rng is not None:
+        for v in rule.weight_vars():
+            if tensors[v].node not in g.weight_data:
+                g.weight_data[tensors[v].node] = rng.standard_normal(values[v]).astype(np.float32)
+    return lhs, rhs
 
 
 def check_rule_numerically(rule: Rule, seed: int = 0, rtol: float = 1e-5,
@@ -254,6 +285,8 @@ def check_rule_on_other_shapes(rule: Rule, trials: int = 3, seed: int = 0,
 
     checked = []
     for i, variant in enumerate(islice(other_examples(rule, seed), attempts)):
+        if not guards_hold(rule, variant):
+            continue  # most variants of a guarded rule fail here, before any graph is built
         try:
             check_rule_numerically(rule, seed=seed + i, bindings=variant)
         except RuleError:
@@ -264,5 +297,5 @@ def check_rule_on_other_shapes(rule: Rule, trials: int = 3, seed: int = 0,
     return checked
 
 
-__all__ = ["instantiate", "check_rule_numerically", "example_values", "evaluate_param",
+__all__ = ["instantiate", "add_rule_sides", "guards_hold", "check_rule_numerically", "example_values", "evaluate_param",
            "compare", "PatternBuilder", "other_examples", "check_rule_on_other_shapes"]

@@ -422,11 +422,18 @@ def _weight_guards(e, lhs, rhs, names, leaves):
 
 
 def rules_from(e: Enumeration, pruned: Pruned, prefix: str) -> list:
-    rules = []
-    for c in sorted(pruned.kept, key=lambda c: (len(c.lhs), c.size)):
+    return [r for _, r in sized_rules(e, pruned, prefix)]
+
+
+def sized_rules(e: Enumeration, pruned: Pruned, prefix: str) -> list:
+    """``(size, rule)`` for every orientation of every kept candidate, sizes ascending
+    (single-output rules first at each size); ``size`` counts the operators of the
+    candidate's larger side."""
+    out = []
+    for c in sorted(pruned.kept, key=lambda c: (c.size, len(c.lhs))):
         for lhs, rhs in orientations(e, c):
-            rules.append(to_rule(e, lhs, rhs, f"{prefix}-{len(rules) + 1}"))
-    return rules
+            out.append((c.size, to_rule(e, lhs, rhs, f"{prefix}-{len(out) + 1}")))
+    return out
 
 
 def generalize_or_pin(rule: Rule) -> Rule:
@@ -455,5 +462,5 @@ def _pinned(rule: Rule, v: str) -> bool:
                and g.args[1].fn == "vec" for g in rule.guards)
 
 
-__all__ = ["Candidate", "Pruned", "REASONS", "prune", "rules_from", "to_rule", "orientations",
-           "canonical", "generalize_or_pin"]
+__all__ = ["Candidate", "Pruned", "REASONS", "prune", "rules_from", "sized_rules", "to_rule",
+           "orientations", "canonical", "generalize_or_pin"]

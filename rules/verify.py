@@ -28,13 +28,15 @@ example or on other shapes); a model over uninterpreted functions is no countere
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import z3
 
-from taso_egg.errors import RuleError, VerificationError
+from taso_egg.errors import RuleError, TasoEggError, VerificationError
 from taso_egg.ops import OPS
 
 from .instantiate import check_rule_numerically, check_rule_on_other_shapes
@@ -359,8 +361,16 @@ def _axiom_set(axioms) -> _AxiomSet:
     return _AXIOM_SETS[key]
 
 
-def prove_rule(rule: Rule, timeout_s: float = 10.0, axioms=None) -> ProofResult:
-    """Prove ``rule`` (each ``lhs[i] = rhs[i]``) from ``axioms`` (default: the file's)."""
+# The float evidence of a rule the generator already checked on floats (its example and
+# other shapes, or pinned to its example): the same checks with the same seeds.
+FLOAT_CHECKED = "passed when the rule was generated"
+
+
+def prove_rule(rule: Rule, timeout_s: float = 10.0, axioms=None,
+               float_checked: bool = False) -> ProofResult:
+    """Prove ``rule`` (each ``lhs[i] = rhs[i]``) from ``axioms`` (default: the file's).
+    A rule not proved is checked on floats for the reason (refuted on a disagreement),
+    unless ``float_checked`` says it passed those checks already."""
     if not timeout_s > 0:
         raise RuleError(f"{rule.where}: timeout must be positive, got {timeout_s}")
     start = time.perf_counter()
@@ -399,6 +409,8 @@ def prove_rule(rule: Rule, timeout_s: float = 10.0, axioms=None) -> ProofResult:
         why = f"no proof within the {timeout_s:g} s timeout"
     else:
         why = f"no proof from the axioms (Z3: {reason})"
+    if float_checked:
+        return result("unknown", f"{why}; float check: {FLOAT_CHECKED}")
     agrees, evidence = _float_evidence(rule)
     if agrees is False:
         return result("refuted", f"{why}; float counterexample: {evidence}")
@@ -424,17 +436,62 @@ def _float_evidence(rule: Rule, trials: int = 3, seed: int = 0) -> tuple[bool | 
     return True, f"agrees on the example and {len(checked)} other shape(s): {shapes}"
 
 
-def verify_rules(rules, timeout_s: float = 10.0, progress=None) -> list[ProofResult]:
-    """Prove every rule with the axioms (loaded once); ``progress(i, n, result)`` is
-    called after each (``i`` counts from 0)."""
+def prove_and_check(rule: Rule, timeout_s: float = 10.0, axioms=None,
+                    float_checked: bool = False) -> ProofResult:
+    """:func:`prove_rule`, then the float check a proof must also pass (on the example
+    and on other shapes): a proved rule whose floats disagree is ``refuted``.
+    ``float_checked``: the rule passed these float checks already (the generator's)."""
+    res = prove_rule(rule, timeout_s, axioms, float_checked)
+    if res.status != "proved" or float_checked:
+        return res
+    try:
+        check_rule_numerically(rule)
+        check_rule_on_other_shapes(rule)
+    except TasoEggError as err:
+        return ProofResult(res.rule, "refuted", res.seconds, res.axioms_used,
+                           f"proved from the axioms but the float check fails: {err}")
+    return res
+
+
+def _prove_in_worker(job: tuple) -> ProofResult:
+    rule, timeout_s, float_checked = job
+    return prove_and_check(rule, timeout_s, None, float_checked)  # axioms encoded once per worker
+
+
+def default_jobs() -> int:
+    return os.cpu_count() or 1
+
+
+def verify_rules(rules, timeout_s: float = 10.0, progress=None, jobs: int = 1,
+                 float_checked: bool = False) -> list[ProofResult]:
+    """:func:`prove_and_check` every rule (axioms loaded once per process), in rule
+    order; ``progress(i, n, result)`` is called after each (``i`` counts from 0).
+    ``jobs`` > 1 proves in that many worker processes, with the same results: each
+    proof is independent of the others."""
     rules = list(rules)
-    axioms = load_axioms()
+    if not (isinstance(jobs, int) and jobs >= 1):
+        raise RuleError(f"jobs must be a positive integer, got {jobs!r}")
+    jobs = min(jobs, len(rules))
+    if jobs <= 1:
+        axioms = load_axioms()
+        results_iter = (prove_and_check(r, timeout_s, axioms, float_checked) for r in rules)
+        pool = None
+    else:
+        # spawn, not fork: the parent may hold Z3 and egglog threads, which a fork copies badly
+        pool = multiprocessing.get_context("spawn").Pool(jobs)
+        chunk = max(1, min(16, len(rules) // (jobs * 8)))
+        results_iter = pool.imap(_prove_in_worker, [(r, timeout_s, float_checked) for r in rules],
+                                 chunksize=chunk)
     results = []
-    for i, rule in enumerate(rules):
-        res = prove_rule(rule, timeout_s, axioms)
-        results.append(res)
-        if progress is not None:
-            progress(i, len(rules), res)
+    try:
+        for i, res in enumerate(results_iter):
+            results.append(res)
+            if progress is not None:
+                progress(i, len(rules), res)
+    finally:
+        if pool is not None:
+            pool.terminate()  # at the end, or on an error or Ctrl-C: no orphan workers
+            pool.join()
     return results
 
 
@@ -447,5 +504,5 @@ def float_check(rule: Rule, trials: int = 3, seed: int = 0) -> tuple[bool, str]:
     return agrees is True, why
 
 
-__all__ = ["ProofResult", "STATUSES", "load_axioms", "prove_rule", "verify_rules",
-           "float_check", "AXIOM_FILE"]
+__all__ = ["ProofResult", "STATUSES", "load_axioms", "prove_rule", "prove_and_check",
+           "verify_rules", "default_jobs", "float_check", "AXIOM_FILE"]

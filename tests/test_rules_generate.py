@@ -184,6 +184,14 @@ def test_generated_corpus_loads_by_default_proved_and_compiles():
         check_rule_numerically(rule, seed=3)
 
 
+def test_opt_in_size3_corpus_is_proved_sound_and_not_loaded_by_default():
+    size3 = load_corpus(["generated3"])
+    assert size3 and all(r.proved and r.proof.found_by == "generator-3" for r in size3)
+    assert not {r.name for r in size3} & {r.name for r in load_corpus()}
+    for rule in size3[::60]:
+        check_rule_numerically(rule, seed=3)
+
+
 # --- the command line ----------------------------------------------------------------
 
 
@@ -212,6 +220,9 @@ def test_cli_generate_verify_stats(tmp_path, monkeypatch, capsys):
                  "proved"):
         assert word in table
     assert main(["rules", "stats", str(tmp_path / "missing.rules")]) == 1
+    with pytest.raises(SystemExit):
+        main(["rules", "verify", str(out), "--jobs", "0"])
+    assert "positive integer" in capsys.readouterr().err
 
 
 # --- derivability pruning ------------------------------------------------------------
@@ -262,13 +273,16 @@ def test_generation_drops_derivable_rules_level_by_level():
         return {(str(r.lhs[0]), str(r.rhs[0])) for r in rules}
 
     alone, stats = generate_rules(2, _adds_menu(), base=[])
-    assert stats["pruned"]["derivable"] == 0 and len(alone) == 8
     assert all(r.proved for r in alone)
     assert ("(ewadd ?x0 ?x1)", "(ewadd ?x1 ?x0)") in sides(alone)
-    # with commutativity known, the size-1 rule is derivable, every reassociation is not
+    # reassociations of three distinct inputs are new; those reusing one follow from them
+    assert [(lv["size"], lv["variables"], lv["derivable"], lv["emitted"]) for lv in stats["levels"]] \
+        == [(1, 2, 0, 1), (2, 3, 0, 3), (2, 2, 4, 0)]
+    assert all(len(r.tensor_vars()) == 3 for r in alone[1:])
+    # with commutativity known, the size-1 rule is derivable, the reassociations are not
     comm, stats = generate_rules(2, _adds_menu(), base=_hand("ewadd-commutative"))
     assert sides(comm) == sides(alone) - {("(ewadd ?x0 ?x1)", "(ewadd ?x1 ?x0)")}
-    assert [lv["derivable"] for lv in stats["levels"]] == [1, 0]
+    assert [lv["derivable"] for lv in stats["levels"]] == [1, 0, 4]
     # associativity as well: nothing is new
     both, stats = generate_rules(2, _adds_menu(), base=_hand("ewadd-commutative", "ewadd-associative"))
     assert both == [] and stats["pruned"]["derivable"] == 8

@@ -213,7 +213,7 @@ def test_proved_rule_failing_the_float_check_is_refuted(monkeypatch):
 
     # a prover that proves everything: the float check must still catch the wrong rule
     monkeypatch.setattr(verify, "prove_rule",
-                        lambda rule, t, axioms=None: ProofResult(rule.name, "proved", 0.0, (), ""))
+                        lambda rule, *args: ProofResult(rule.name, "proved", 0.0, (), ""))
     (res,) = verify_rules(WRONG[2:3], TIMEOUT)
     assert res.status == "refuted" and "float check fails" in res.reason
 

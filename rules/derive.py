@@ -1,0 +1,140 @@
+"""Derivability pruning: a candidate rule that smaller proved rules already imply adds
+nothing to equality saturation, which derives it anyway.
+
+Both sides of many candidates are built as concrete graphs on their example shapes
+(:func:`~taso_egg.rules.instantiate.add_rule_sides`) into one graph, which is saturated
+with the smaller proved rules under tight limits; a candidate whose two sides end in
+one e-class follows from those rules. That is a proof by derivation (each rule used is
+proved), so it needs no Z3 call.
+
+A derivation on the example covers the example's shapes only. A candidate that
+generalizes to other shapes is therefore built a second time, on a variant of its
+example with other dimensions (as the other-shape float check draws them): it counts
+as derived when both instances are. ``example_only`` reports the candidates derived
+on the example alone, which are derivable once their own check pins them to it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from itertools import islice
+
+from taso_egg.egraph.saturate import Limits, saturate
+from taso_egg.errors import RuleError, TasoEggError
+from taso_egg.graph import Graph
+
+from .instantiate import add_rule_sides, guards_hold, other_examples
+from .lang import Rule
+
+# A handful of rewrites reach what smaller rules imply for a candidate; the node and
+# time limits keep one exploding candidate from starving its batch. Multi-pattern
+# rules (merges) stay off: the constants every candidate shares made them pair up
+# across candidates (thousands of matches, 40 s per batch), for few derivations.
+DEFAULT_LIMITS = Limits(nodes=60_000, iterations=4, seconds=20.0, multi_iterations=0)
+BATCH = 500
+
+
+@dataclass
+class Derivation:
+    """Per candidate (input order): ``derived`` when the sides of both instances (or
+    of the example, when no other shape builds) share an e-class; ``example_only``
+    when the example's did and the variant's did not."""
+
+    derived: list
+    example_only: list
+    seconds: float = 0.0
+    batches: int = 0
+    stop_reasons: dict = field(default_factory=dict)
+
+
+def _variant(rule: Rule, attempts: int = 100):
+    """Bindings of a shape variant on which both sides build, or None (drawn as the
+    other-shape float check draws them, with as many attempts)."""
+    for bindings in islice(other_examples(rule, seed=1), attempts):
+        if not guards_hold(rule, bindings):
+            continue
+        try:
+            add_rule_sides(Graph(), rule, bindings)
+        except TasoEggError:
+            continue
+        return bindings
+    return None
+
+
+def _eclass(egraph, var: str):
+    """The canonical e-class of an egglog global (comparable with ``==``)."""
+    from egglog.bindings import PanicSpan, Var
+
+    return egraph.eval_expr(Var(PanicSpan(), var))[1]
+
+
+def check_derivable(candidates, corpus, limits: Limits | None = None, batch: int = BATCH,
+                    progress=None) -> Derivation:
+    """Which of ``candidates`` (rules with examples) follow from ``corpus`` (proved
+    rules) by equality saturation. ``progress(done, total)`` after each batch of the
+    examples."""
+    candidates = list(candidates)
+    corpus = tuple(corpus)
+    limits = limits or DEFAULT_LIMITS
+    if batch < 1:
+        raise TasoEggError(f"derivation batch size must be at least 1, got {batch}")
+    start = time.perf_counter()
+    out = Derivation([False] * len(candidates), [False] * len(candidates))
+    if not corpus:
+        return out
+    # First every example; then a shape variant of those derived there (few, and
+    # finding a variant that builds is most of the cost of an instance).
+    on_example = _saturated_batches(candidates, [(i, None) for i in range(len(candidates))],
+                                    corpus, limits, batch, out, progress)
+    variants = []
+    for i in (i for i, same in on_example.items() if same):
+        bindings = _variant(candidates[i])
+        if bindings is None:
+            out.derived[i] = True  # no other shape builds: the example is the rule
+        else:
+            variants.append((i, bindings))
+    for i, same in _saturated_batches(candidates, variants, corpus, limits, batch, out, None).items():
+        out.derived[i] = same
+        out.example_only[i] = not same
+    out.seconds = round(time.perf_counter() - start, 3)
+    return out
+
+
+def _saturated_batches(candidates, instances, corpus, limits, batch, out: Derivation, progress) -> dict:
+    """``{candidate index: both sides in one e-class}`` for ``(index, bindings)``
+    instances (bindings None: the example), ``batch`` candidates per e-graph."""
+    same = {}
+    for lo in range(0, len(instances), batch):
+        same.update(_batch(candidates, instances[lo:lo + batch], corpus, limits, out))
+        out.batches += 1
+        if progress:
+            progress(min(lo + batch, len(instances)), len(instances))
+    return same
+
+
+def _batch(candidates, instances, corpus, limits, out: Derivation) -> dict:
+    g = Graph()
+    sides = []  # (candidate index, output names of its sides)
+    for i, bindings in instances:
+        prefix = f"c{i}_"
+        try:
+            lhs, rhs = add_rule_sides(g, candidates[i], bindings, prefix=prefix)
+        except RuleError as err:
+            raise RuleError(f"derivability check: {err}") from None
+        names = []
+        for k, (l, r) in enumerate(zip(lhs, rhs)):
+            names += [f"{prefix}lhs{k}", f"{prefix}rhs{k}"]
+            g.mark_output(l, names[-2])
+            g.mark_output(r, names[-1])
+        sides.append((i, names))
+    sat = saturate(g, corpus, limits, count_classes=False)
+    stop = sat.stop_reason.split(" (")[0]
+    out.stop_reasons[stop] = out.stop_reasons.get(stop, 0) + 1
+    var_of = dict(zip((name for name, _ in g.outputs), sat.program.output_vars))
+    return {i: all(_eclass(sat.egraph, var_of[a]) == _eclass(sat.egraph, var_of[b])
+                   for a, b in zip(names[::2], names[1::2]))
+            for i, names in sides}
+
+
+__all__ = ["Derivation", "check_derivable", "DEFAULT_LIMITS", "BATCH"]
