@@ -828,9 +828,6 @@ def corpus_files() -> list:
 
 # The verifier's axioms: what corpus rules are proved from, not rewrites themselves.
 AXIOM_FILES = ("axioms.rules",)
-# Corpus files read only when named (``load_corpus(["generated3"])``): measured to
-# slow saturation more than they lower costs, kept for experiments.
-OPT_IN_FILES = ("generated3.rules",)
 
 
 def load_corpus(names=None, include_unproved: bool = False) -> list[Rule]:
@@ -838,12 +835,9 @@ def load_corpus(names=None, include_unproved: bool = False) -> list[Rule]:
     ``include_unproved`` adds the rules without a ``proved`` record (for experiments).
     ``names`` restricts to some files, by stem or file name (``"taso_hand"`` or
     ``"taso_hand.rules"``); without it, every corpus file (the hand rules and the
-    generated ones) but those of ``OPT_IN_FILES``. Rule names must be unique across
-    the files read."""
+    generated ones). Rule names must be unique across the files read."""
     available = corpus_files()
-    if names is None:
-        available = [f for f in available if f.name not in OPT_IN_FILES]
-    else:
+    if names is not None:
         if isinstance(names, str):
             names = [names]
         by_name = {f.name: f for f in available}

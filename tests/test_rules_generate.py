@@ -184,12 +184,14 @@ def test_generated_corpus_loads_by_default_proved_and_compiles():
         check_rule_numerically(rule, seed=3)
 
 
-def test_opt_in_size3_corpus_is_proved_sound_and_not_loaded_by_default():
-    size3 = load_corpus(["generated3"])
-    assert size3 and all(r.proved and r.proof.found_by == "generator-3" for r in size3)
-    assert not {r.name for r in size3} & {r.name for r in load_corpus()}
-    for rule in size3[::60]:
-        check_rule_numerically(rule, seed=3)
+def test_default_generated_corpus_is_the_size3_one_without_derivable_rules():
+    generated = load_corpus(["generated"])
+    assert all(r.proof.found_by == "generator-3" for r in generated)
+    from taso_egg.rules.cli import DEFAULT_OUTPUT, stats_path
+
+    stats = json.loads(stats_path(DEFAULT_OUTPUT).read_text())
+    assert stats["size"] == 3 and stats["pruned"]["derivable"] > 0
+    assert stats["verification"]["proved"] == len(generated)
 
 
 # --- the command line ----------------------------------------------------------------

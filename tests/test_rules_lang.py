@@ -298,17 +298,6 @@ def test_duplicate_names_across_corpus_files(tmp_path, monkeypatch):
     assert f"first defined at {tmp_path / 'a.rules'}:1" in msg
 
 
-def test_opt_in_corpus_files_load_only_when_named(tmp_path, monkeypatch):
-    from taso_egg.rules import lang
-
-    (tmp_path / "a.rules").write_text("(rule first :lhs (relu ?x) :rhs ?x)\n")
-    opt_in = lang.OPT_IN_FILES[0]
-    (tmp_path / opt_in).write_text("(rule extra :lhs (tanh ?x) :rhs ?x)\n")
-    monkeypatch.setattr(lang, "corpus_files", lambda: sorted(tmp_path.glob("*.rules")))
-    assert [r.name for r in lang.load_corpus(include_unproved=True)] == ["first"]
-    assert [r.name for r in lang.load_corpus(["a", opt_in], include_unproved=True)] == ["first", "extra"]
-
-
 def test_error_mentions_the_offending_line_inside_a_long_rule():
     text = EXAMPLES + "\n(rule late\n  :lhs (relu ?x)\n  :rhs (tanh\n    ?q))\n"
     msg = rule_error(text, "ex.rules")
