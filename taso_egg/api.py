@@ -188,10 +188,12 @@ def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: 
     before, after = runtime_cost(graph, rules, model), graph_cost(ext.graph, model)
     t_check = time.perf_counter()
     check_error = check_graphs_equivalent(graph, ext.graph, seed=seed) if verify else None
-    best = ext.graph if after < before * (1 - min_gain) else graph
-    kept = "" if best is ext.graph else \
-        f"predicted gain {1 - after / before:+.2%} is not above min_gain {min_gain:.2%}" if before > 0 else \
-        "the input costs nothing"
+    check_seconds = time.perf_counter() - t_check
+    best, kept = ext.graph, ""  # kept: why the input is returned instead
+    if after >= before * (1 - min_gain):
+        best = graph
+        kept = f"predicted gain {1 - after / before:+.2%} is not above min_gain {min_gain:.2%}" \
+            if before > 0 else "the input costs nothing"
     measured = None
     if measure and best is not graph:
         measured = measure_in_onnxruntime(graph, best, measure)
@@ -200,7 +202,7 @@ def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: 
     stats = {
         "saturation_seconds": sat.seconds,
         "extraction_seconds": ext.seconds,
-        "check_seconds": time.perf_counter() - t_check,
+        "check_seconds": check_seconds,
         "check_error": check_error,
         "total_seconds": time.perf_counter() - t0,
         "stop_reason": sat.stop_reason,
@@ -214,7 +216,7 @@ def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: 
         "rules": len(sat.rules),
         "extracted_cost": after,
         "input_cost": graph_cost(graph, model),  # every operator priced alone, no fusions
-        "kept_input": kept,  # why the input was returned, or "" when the result was
+        "kept_input": kept,  # "" when the result is returned
         "measured_ms": measured,  # onnxruntime, input and result, when measured
     }
     if hasattr(model, "lookups"):  # a profiled model: how many costs were measured vs estimated
