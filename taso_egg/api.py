@@ -196,7 +196,9 @@ def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: 
             if before > 0 else "the input costs nothing"
     measured = None
     if measure and best is not graph:
-        measured = measure_in_onnxruntime(graph, best, measure)
+        from .compare import measure as measure_runs
+
+        measured = measure_runs(graph, {"optimized": best}, measure, runtimes=("ort",))["ort"]
         if measured["optimized"] > measured["original"]:
             best, kept = graph, "the result measured slower than the input in onnxruntime"
     stats = {
@@ -242,14 +244,3 @@ def runtime_form(graph: Graph, rules, model: CostModel) -> Graph:
 
 def runtime_cost(graph: Graph, rules, model: CostModel) -> float:
     return graph_cost(runtime_form(graph, rules, model), model)
-
-
-def measure_in_onnxruntime(original: Graph, optimized: Graph, runs: int) -> dict[str, float]:
-    """Median milliseconds per run of both graphs, exported, in onnxruntime
-    (ORT_ENABLE_ALL, one thread), timed interleaved so machine load hits both alike."""
-    from .compare import ort_ms
-    from .executor import random_inputs
-    from .onnx_io.exporter import export_onnx
-
-    return ort_ms({"original": export_onnx(original), "optimized": export_onnx(optimized)},
-                  random_inputs(original), runs)

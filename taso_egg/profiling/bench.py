@@ -158,8 +158,7 @@ def main(argv=None) -> int:
             comparisons.append(("numpy", np_model, {"original": exported_graph(g),
                                                     "optimized": exported_graph(np_opt)}))
         for runtime, model, pair in comparisons:
-            fresh = same_run.model_for("ort" if runtime == "ort" else "numpy", pair.values()) \
-                if same_run else None
+            fresh = same_run.model_for(runtime, pair.values()) if same_run else None
             feeds = random_inputs(g)
             with pinned_threads(), np.errstate(all="ignore"):  # TASO's BERT overflows float32
                 if runtime == "ort":
