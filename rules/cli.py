@@ -21,6 +21,7 @@ from taso_egg.errors import RuleError, TasoEggError
 from taso_egg.files import write_atomically
 
 from .lang import Proof, Rule, load_rule_file, parse_rules, with_proof_records
+from .workers import map_in_order, worker_pool
 
 RULES_DIR = Path(__file__).parent
 DEFAULT_OUTPUT = RULES_DIR / "generated.rules"
@@ -49,7 +50,7 @@ def add_arguments(parser) -> None:
 def _jobs_argument(parser) -> None:
     import argparse
 
-    from .verify import default_jobs
+    from .workers import default_jobs
 
     def positive(text: str) -> int:
         if not text.isdigit() or int(text) < 1:
@@ -57,7 +58,7 @@ def _jobs_argument(parser) -> None:
         return int(text)
 
     parser.add_argument("--jobs", type=positive, default=default_jobs(),
-                        help=f"prover processes (default: the number of CPUs, {default_jobs()})")
+                        help=f"worker processes (default: the number of CPUs, {default_jobs()})")
 
 
 def run(args) -> int:
@@ -90,8 +91,9 @@ def generate_rules(size: int = 3, menu=None, seed: int = 0, progress_bars: bool 
     ``base`` (default: the proved hand rules) and the rules proved at the levels before
     are dropped as ``derivable`` (:mod:`.derive`); the rest pass the float check on
     their example (and are pinned to it where they do not generalize), then Z3 with
-    ``timeout_s`` per rule in ``jobs`` processes, and the proved ones join the
-    derivation corpus of the next level. Returns ``(rules, stats)``; every rule
+    ``timeout_s`` per rule, and the proved ones join the
+    derivation corpus of the next level. Derivation, checks and proofs run in ``jobs``
+    processes. Returns ``(rules, stats)``; every rule
     carries its proof record. Derivable rules are not emitted: saturation derives
     them from the emitted ones."""
     from .generate import MENUS, enumerate_terms
@@ -124,13 +126,14 @@ def generate_rules(size: int = 3, menu=None, seed: int = 0, progress_bars: bool 
     known = list(load_corpus(["taso_hand"]) if base is None else base)
     emitted, failed, levels = [], [], []
     proving_seconds = 0.0
-    for k, minus_vars in sorted(by_level):
-        rules, level, seconds = _generate_level(by_level[k, minus_vars], known, found_by, timeout_s,
-                                                jobs, progress_bars, failed)
-        proving_seconds += seconds
-        emitted += rules
-        known += [r for r in rules if r.proved]
-        levels.append({"size": k, "variables": -minus_vars, **level})
+    with worker_pool(jobs) as pool:
+        for k, minus_vars in sorted(by_level):
+            rules, level, seconds = _generate_level(by_level[k, minus_vars], known, found_by, timeout_s,
+                                                    (pool, jobs), progress_bars, failed)
+            proving_seconds += seconds
+            emitted += rules
+            known += [r for r in rules if r.proved]
+            levels.append({"size": k, "variables": -minus_vars, **level})
     counts = Counter(r.proof.status for r in emitted)
     stats = dict(e.stats)
     stats.update({
@@ -150,15 +153,16 @@ def generate_rules(size: int = 3, menu=None, seed: int = 0, progress_bars: bool 
     return emitted, stats
 
 
-def _generate_level(candidates, known, found_by, timeout_s, jobs, progress_bars, failed):
-    """One size level of :func:`generate_rules`: derivability, numeric check, proof.
-    Returns ``(rules, stats, seconds proving)``; numeric failures go to ``failed``."""
+def _generate_level(candidates, known, found_by, timeout_s, workers, progress_bars, failed):
+    """One size level of :func:`generate_rules`: derivability, numeric check, proof,
+    each spread over ``workers`` (a worker pool or None, and its size). Returns
+    ``(rules, stats, seconds proving)``; numeric failures go to ``failed``."""
     from .derive import check_derivable
-    from .prune import generalize_or_pin
     from .verify import verify_rules
 
+    pool, jobs = workers
     bar = _bar(len(candidates), "derivable?") if progress_bars else None
-    derivation = check_derivable(candidates, known,
+    derivation = check_derivable(candidates, known, pool=pool, jobs=jobs,
                                  progress=(lambda d, n: bar.update(d - bar.n)) if bar else None)
     if bar:
         bar.close()
@@ -166,15 +170,12 @@ def _generate_level(candidates, known, found_by, timeout_s, jobs, progress_bars,
     checked, derivable, pinned = [], sum(derivation.derived), 0
     todo = [(r, ex) for r, d, ex in zip(candidates, derivation.derived, derivation.example_only) if not d]
     bar = _bar(len(todo), "checking on other shapes") if progress_bars else None
-    for r, example_only in todo:
-        try:
-            g = generalize_or_pin(r)
-        except RuleError as err:  # both draws agreed, yet the float32 example does not
-            failed.append(f"{r.lhs[0]} => {r.rhs[0]}: {err}")
+    for (r, example_only), (g, error) in zip(todo, map_in_order(pool, _generalize, [r for r, _ in todo], jobs)):
+        if bar:
+            bar.update()
+        if g is None:  # both draws agreed, yet the float32 example does not
+            failed.append(f"{r.lhs[0]} => {r.rhs[0]}: {error}")
             continue
-        finally:
-            if bar:
-                bar.update()
         if g.guards != r.guards:
             if example_only:  # pinned to its example, where smaller rules derive it
                 derivable += 1
@@ -187,7 +188,7 @@ def _generate_level(candidates, known, found_by, timeout_s, jobs, progress_bars,
     start = time.perf_counter()
     bar = _bar(len(checked), f"proving ({jobs} jobs)") if progress_bars else None
     results = verify_rules(checked, timeout_s, progress=(lambda i, n, res: bar.update()) if bar else None,
-                           jobs=jobs, float_checked=True)  # generalize_or_pin ran the float checks
+                           jobs=jobs, float_checked=True, pool=pool)  # _generalize ran the float checks
     if bar:
         bar.close()
     rules = [_with_proof(r, Proof(res.status, found_by, tuple(res.axioms_used), round(res.seconds, 4),
@@ -198,6 +199,17 @@ def _generate_level(candidates, known, found_by, timeout_s, jobs, progress_bars,
                    "pinned": pinned, "emitted": len(rules), "proved": sum(r.proved for r in rules),
                    "check_seconds": round(check_seconds, 3),
                    "proving_seconds": round(proving_seconds, 3)}, proving_seconds
+
+
+def _generalize(rule: Rule) -> tuple[Rule | None, str]:
+    """:func:`~.prune.generalize_or_pin` for a worker: ``(rule, "")``, or ``(None, why)``
+    when the rule fails on its own example."""
+    from .prune import generalize_or_pin
+
+    try:
+        return generalize_or_pin(rule), ""
+    except RuleError as err:
+        return None, str(err)
 
 
 def _with_proof(rule: Rule, proof: Proof) -> Rule:
@@ -214,7 +226,8 @@ def _generate(args) -> int:
     rules, stats = generate_rules(args.size, args.menu, args.seed, progress_bars=True,
                                   timeout_s=args.timeout, jobs=args.jobs)
     command = f"taso-egg rules generate --size {args.size}" + \
-        (f" --menu {args.menu}" if args.menu else "") + (f" --seed {args.seed}" if args.seed else "")
+        (f" --menu {args.menu}" if args.menu else "") + (f" --seed {args.seed}" if args.seed else "") + \
+        f" --jobs {args.jobs} --timeout {args.timeout:g}"
     header = (f"Generated by `{command}` (menu {stats['menu']!r}): the rules no smaller\n"
               f"proved rule derives, with their proof records. Only proved rules load.")
     text = rules_text(rules, header)

@@ -26,6 +26,7 @@ from taso_egg.graph import Graph
 
 from .instantiate import add_rule_sides, guards_hold, other_examples
 from .lang import Rule
+from .workers import map_in_order
 
 # A handful of rewrites reach what smaller rules imply for a candidate; the node and
 # time limits keep one exploding candidate from starving its batch. Multi-pattern
@@ -70,10 +71,11 @@ def _eclass(egraph, var: str):
 
 
 def check_derivable(candidates, corpus, limits: Limits | None = None, batch: int = BATCH,
-                    progress=None) -> Derivation:
+                    progress=None, pool=None, jobs: int = 1) -> Derivation:
     """Which of ``candidates`` (rules with examples) follow from ``corpus`` (proved
     rules) by equality saturation. ``progress(done, total)`` after each batch of the
-    examples."""
+    examples. With ``pool`` (a :func:`~.workers.worker_pool` of ``jobs`` workers) the
+    batches saturate in parallel."""
     candidates = list(candidates)
     corpus = tuple(corpus)
     limits = limits or DEFAULT_LIMITS
@@ -83,10 +85,10 @@ def check_derivable(candidates, corpus, limits: Limits | None = None, batch: int
     out = Derivation([False] * len(candidates), [False] * len(candidates))
     if not corpus:
         return out
+    run = _BatchRunner(candidates, corpus, limits, batch, out, pool, jobs)
     # First every example; then a shape variant of those derived there (few, and
     # finding a variant that builds is most of the cost of an instance).
-    on_example = _saturated_batches(candidates, [(i, None) for i in range(len(candidates))],
-                                    corpus, limits, batch, out, progress)
+    on_example = run([(i, None) for i in range(len(candidates))], progress)
     variants = []
     for i in (i for i, same in on_example.items() if same):
         bindings = _variant(candidates[i])
@@ -94,32 +96,49 @@ def check_derivable(candidates, corpus, limits: Limits | None = None, batch: int
             out.derived[i] = True  # no other shape builds: the example is the rule
         else:
             variants.append((i, bindings))
-    for i, same in _saturated_batches(candidates, variants, corpus, limits, batch, out, None).items():
+    for i, same in run(variants, None).items():
         out.derived[i] = same
         out.example_only[i] = not same
     out.seconds = round(time.perf_counter() - start, 3)
     return out
 
 
-def _saturated_batches(candidates, instances, corpus, limits, batch, out: Derivation, progress) -> dict:
-    """``{candidate index: both sides in one e-class}`` for ``(index, bindings)``
-    instances (bindings None: the example), ``batch`` candidates per e-graph."""
-    same = {}
-    for lo in range(0, len(instances), batch):
-        same.update(_batch(candidates, instances[lo:lo + batch], corpus, limits, out))
-        out.batches += 1
-        if progress:
-            progress(min(lo + batch, len(instances)), len(instances))
-    return same
+@dataclass
+class _BatchRunner:
+    candidates: list
+    corpus: tuple
+    limits: Limits
+    batch: int
+    out: Derivation
+    pool: object = None
+    jobs: int = 1
+
+    def __call__(self, instances, progress) -> dict:
+        """``{candidate index: both sides in one e-class}`` for ``(index, bindings)``
+        instances (bindings None: the example), ``batch`` candidates per e-graph."""
+        jobs = [([(i, self.candidates[i], b) for i, b in instances[lo:lo + self.batch]],
+                 self.corpus, self.limits) for lo in range(0, len(instances), self.batch)]
+        same, done = {}, 0
+        for (result, stop), job in zip(map_in_order(self.pool, _batch, jobs, self.jobs), jobs):
+            same.update(result)
+            self.out.stop_reasons[stop] = self.out.stop_reasons.get(stop, 0) + 1
+            self.out.batches += 1
+            done += len(job[0])
+            if progress:
+                progress(done, len(instances))
+        return same
 
 
-def _batch(candidates, instances, corpus, limits, out: Derivation) -> dict:
+def _batch(job) -> tuple[dict, str]:
+    """Saturate one batch of ``(index, rule, bindings)`` instances with the corpus:
+    ``({index: both sides in one e-class}, why saturation stopped)``."""
+    instances, corpus, limits = job
     g = Graph()
     sides = []  # (candidate index, output names of its sides)
-    for i, bindings in instances:
+    for i, rule, bindings in instances:
         prefix = f"c{i}_"
         try:
-            lhs, rhs = add_rule_sides(g, candidates[i], bindings, prefix=prefix)
+            lhs, rhs = add_rule_sides(g, rule, bindings, prefix=prefix)
         except RuleError as err:
             raise RuleError(f"derivability check: {err}") from None
         names = []
@@ -129,12 +148,10 @@ def _batch(candidates, instances, corpus, limits, out: Derivation) -> dict:
             g.mark_output(r, names[-1])
         sides.append((i, names))
     sat = saturate(g, corpus, limits, count_classes=False)
-    stop = sat.stop_reason.split(" (")[0]
-    out.stop_reasons[stop] = out.stop_reasons.get(stop, 0) + 1
     var_of = dict(zip((name for name, _ in g.outputs), sat.program.output_vars))
-    return {i: all(_eclass(sat.egraph, var_of[a]) == _eclass(sat.egraph, var_of[b])
-                   for a, b in zip(names[::2], names[1::2]))
-            for i, names in sides}
+    return ({i: all(_eclass(sat.egraph, var_of[a]) == _eclass(sat.egraph, var_of[b])
+                    for a, b in zip(names[::2], names[1::2]))
+             for i, names in sides}, sat.stop_reason.split(" (")[0])
 
 
 __all__ = ["Derivation", "check_derivable", "DEFAULT_LIMITS", "BATCH"]

@@ -28,8 +28,6 @@ example or on other shapes); a model over uninterpreted functions is no countere
 
 from __future__ import annotations
 
-import multiprocessing
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +39,7 @@ from taso_egg.ops import OPS
 
 from .instantiate import check_rule_numerically, check_rule_on_other_shapes
 from .lang import App, Guard, Lit, ParamOp, Proj, Rule, Var, load_rule_file
+from .workers import check_jobs, default_jobs, map_in_order, worker_pool
 
 AXIOM_FILE = Path(__file__).with_name("axioms.rules")
 
@@ -458,40 +457,28 @@ def _prove_in_worker(job: tuple) -> ProofResult:
     return prove_and_check(rule, timeout_s, None, float_checked)  # axioms encoded once per worker
 
 
-def default_jobs() -> int:
-    return os.cpu_count() or 1
-
-
 def verify_rules(rules, timeout_s: float = 10.0, progress=None, jobs: int = 1,
-                 float_checked: bool = False) -> list[ProofResult]:
+                 float_checked: bool = False, pool=None) -> list[ProofResult]:
     """:func:`prove_and_check` every rule (axioms loaded once per process), in rule
     order; ``progress(i, n, result)`` is called after each (``i`` counts from 0).
-    ``jobs`` > 1 proves in that many worker processes, with the same results: each
+    ``jobs`` > 1 proves in that many worker processes (or in ``pool``, a
+    :func:`~.workers.worker_pool` of ``jobs`` workers), with the same results: each
     proof is independent of the others."""
     rules = list(rules)
-    if not (isinstance(jobs, int) and jobs >= 1):
-        raise RuleError(f"jobs must be a positive integer, got {jobs!r}")
-    jobs = min(jobs, len(rules))
-    if jobs <= 1:
+    check_jobs(jobs)
+    if pool is None and jobs > 1 and len(rules) > 1:
+        with worker_pool(min(jobs, len(rules))) as own:
+            return verify_rules(rules, timeout_s, progress, jobs, float_checked, own)
+    if pool is None:
         axioms = load_axioms()
         results_iter = (prove_and_check(r, timeout_s, axioms, float_checked) for r in rules)
-        pool = None
     else:
-        # spawn, not fork: the parent may hold Z3 and egglog threads, which a fork copies badly
-        pool = multiprocessing.get_context("spawn").Pool(jobs)
-        chunk = max(1, min(16, len(rules) // (jobs * 8)))
-        results_iter = pool.imap(_prove_in_worker, [(r, timeout_s, float_checked) for r in rules],
-                                 chunksize=chunk)
+        results_iter = map_in_order(pool, _prove_in_worker, [(r, timeout_s, float_checked) for r in rules], jobs)
     results = []
-    try:
-        for i, res in enumerate(results_iter):
-            results.append(res)
-            if progress is not None:
-                progress(i, len(rules), res)
-    finally:
-        if pool is not None:
-            pool.terminate()  # at the end, or on an error or Ctrl-C: no orphan workers
-            pool.join()
+    for i, res in enumerate(results_iter):
+        results.append(res)
+        if progress is not None:
+            progress(i, len(rules), res)
     return results
 
 

@@ -288,3 +288,16 @@ def test_generation_drops_derivable_rules_level_by_level():
     # associativity as well: nothing is new
     both, stats = generate_rules(2, _adds_menu(), base=_hand("ewadd-commutative", "ewadd-associative"))
     assert both == [] and stats["pruned"]["derivable"] == 8
+
+
+def test_generation_in_worker_processes_matches_one_process():
+    from taso_egg.rules.cli import generate_rules
+
+    serial, s1 = generate_rules(2, _adds_menu(), base=_hand("ewadd-commutative"), jobs=1)
+    parallel, s2 = generate_rules(2, _adds_menu(), base=_hand("ewadd-commutative"), jobs=2)
+
+    def outcome(rules):  # all but the proof times
+        return [(r.name, r.lhs, r.rhs, r.guards, r.proof.status, r.proof.axioms) for r in rules]
+
+    assert outcome(parallel) == outcome(serial) and serial
+    assert [lv["derivable"] for lv in s2["levels"]] == [lv["derivable"] for lv in s1["levels"]]
