@@ -158,6 +158,7 @@ def _generate_level(candidates, known, found_by, timeout_s, workers, progress_ba
     each spread over ``workers`` (a worker pool or None, and its size). Returns
     ``(rules, stats, seconds proving)``; numeric failures go to ``failed``."""
     from .derive import check_derivable
+    from .prune import pinned_to_example
     from .verify import verify_rules
 
     pool, jobs = workers
@@ -177,7 +178,7 @@ def _generate_level(candidates, known, found_by, timeout_s, workers, progress_ba
             failed.append(f"{r.lhs[0]} => {r.rhs[0]}: {error}")
             continue
         if g.guards != r.guards:
-            if example_only:  # pinned to its example, where smaller rules derive it
+            if example_only and pinned_to_example(g):  # where smaller rules derive it
                 derivable += 1
                 continue
             pinned += 1

@@ -297,5 +297,36 @@ def check_rule_on_other_shapes(rule: Rule, trials: int = 3, seed: int = 0,
     return checked
 
 
+def unchecked_dimensions(rule: Rule, checked: list[dict], seed: int = 0,
+                         dims=(1, 2, 3, 4)) -> list[tuple[str, int, int]]:
+    """The ``(variable, axis, size)`` positions of the example's tensor shapes whose
+    size no variant in ``checked`` changed, and that keep their size in every variant
+    that builds once only that size is changed (to each other value of ``dims``): the
+    rule holds there on the example's size alone. This is how a size tied to a
+    constant's literal shape (a channel count equal to ``const_iconv [4 4 3 3]``'s)
+    shows. A variant that builds and disagrees is a VerificationError."""
+    base = example_values(rule)
+    tensors = rule.tensor_vars()
+    # the example sizes some variant moved (a size moves with all its positions: one mapping)
+    moved = {e for variant in checked for v in tensors if v in variant
+             for d, e in zip(variant[v], base[v]) if d != e}
+    stuck = sorted({d for v in tensors for d in base[v]} - moved)
+    fixed = []
+    for size in stuck:
+        for i, other in enumerate(x for x in dims if x != size):
+            variant = {v: tuple(other if d == size else d for d in base[v]) for v in tensors}
+            if not guards_hold(rule, variant):
+                continue
+            try:
+                check_rule_numerically(rule, seed=seed + i, bindings=variant)
+            except RuleError:
+                continue  # does not build with that size: try the next
+            break  # holds with another size too
+        else:
+            fixed += [(v, axis, size) for v in tensors for axis, d in enumerate(base[v]) if d == size]
+    return fixed
+
+
 __all__ = ["instantiate", "add_rule_sides", "guards_hold", "check_rule_numerically", "example_values", "evaluate_param",
-           "compare", "PatternBuilder", "other_examples", "check_rule_on_other_shapes"]
+           "compare", "PatternBuilder", "other_examples", "check_rule_on_other_shapes",
+           "unchecked_dimensions"]

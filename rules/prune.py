@@ -437,23 +437,36 @@ def sized_rules(e: Enumeration, pruned: Pruned, prefix: str) -> list:
 
 
 def generalize_or_pin(rule: Rule) -> Rule:
-    """Check the rule on shapes other than its example; if it fails there, pin every
-    input to its example shape (the parameters found on small shapes generalize only
-    where checked). A rule that fails on its own example is a RuleError."""
-    from .instantiate import check_rule_numerically, check_rule_on_other_shapes
+    """Check the rule on shapes other than its example. If it fails there, pin every
+    input to its example shape; if it holds, pin the sizes no other shape could vary
+    (:func:`~.instantiate.unchecked_dimensions`): the parameters found on small shapes
+    generalize only where checked. A rule that fails on its own example is a
+    RuleError."""
+    from .instantiate import check_rule_numerically, check_rule_on_other_shapes, unchecked_dimensions
 
     try:
         check_rule_numerically(rule)
     except TasoEggError as err:
         raise RuleError(f"generated rule {rule.name} fails on its own example: {err}") from None
     try:
-        check_rule_on_other_shapes(rule)
-        return rule
+        fixed = unchecked_dimensions(rule, check_rule_on_other_shapes(rule))
     except TasoEggError:
-        pins = tuple(Guard("=", (ParamOp("shape", (Var(v),)), ParamOp("vec", tuple(Lit(d) for d in s))))
-                     for v, s in rule.example.items() if s and not _pinned(rule, v))
-        return Rule(rule.name, rule.lhs, rule.rhs, rule.guards + pins, rule.example, rule.doc,
-                    rule.source, rule.multi)
+        fixed = [(v, axis, d) for v, s in rule.example.items() if v in rule.tensor_vars()
+                 for axis, d in enumerate(s)]
+    pins = []
+    for v in rule.tensor_vars():
+        shape = rule.example[v]
+        axes = {axis for w, axis, _ in fixed if w == v}
+        if not axes or _pinned(rule, v):
+            continue
+        if len(axes) == len(shape):
+            pins.append(Guard("=", (ParamOp("shape", (Var(v),)), ParamOp("vec", tuple(Lit(d) for d in shape)))))
+        else:
+            pins += [Guard("=", (ParamOp("dim", (Var(v), Lit(axis))), Lit(shape[axis]))) for axis in sorted(axes)]
+    if not pins:
+        return rule
+    return Rule(rule.name, rule.lhs, rule.rhs, rule.guards + tuple(pins), rule.example, rule.doc,
+                rule.source, rule.multi)
 
 
 def _pinned(rule: Rule, v: str) -> bool:
@@ -462,5 +475,10 @@ def _pinned(rule: Rule, v: str) -> bool:
                and g.args[1].fn == "vec" for g in rule.guards)
 
 
+def pinned_to_example(rule: Rule) -> bool:
+    """Whether the guards fix every input to its example shape."""
+    return all(not rule.example[v] or _pinned(rule, v) for v in rule.tensor_vars())
+
+
 __all__ = ["Candidate", "Pruned", "REASONS", "prune", "rules_from", "sized_rules", "to_rule",
-           "orientations", "canonical", "generalize_or_pin"]
+           "orientations", "canonical", "generalize_or_pin", "pinned_to_example"]

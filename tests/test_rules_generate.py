@@ -301,3 +301,27 @@ def test_generation_in_worker_processes_matches_one_process():
 
     assert outcome(parallel) == outcome(serial) and serial
     assert [lv["derivable"] for lv in s2["levels"]] == [lv["derivable"] for lv in s1["levels"]]
+
+
+def test_sizes_no_other_shape_can_vary_are_pinned():
+    from taso_egg.rules.prune import generalize_or_pin, pinned_to_example
+    from taso_egg.rules.verify import prove_rule
+
+    identity, commutes = parse_rules("""
+    (rule identity-conv
+      :lhs (conv2d [1 1] SAME NONE ?X0 (const_iconv [4 4 3 3] float32))
+      :rhs ?X0
+      :if ((= (rank ?X0) 4))
+      :example ((?X0 [2 4 5 5])))
+    (rule commutes
+      :lhs (ewadd ?x0 ?x1)
+      :rhs (ewadd ?x1 ?x0)
+      :if ((= (rank ?x0) 2) (= (shape ?x0) (shape ?x1)))
+      :example ((?x0 [2 4]) (?x1 [2 4])))""")
+    # 8 channels would make the kernel a grouped conv with 4 outputs: only 4 was checked
+    pinned = generalize_or_pin(identity)
+    assert pinned.to_text().count("(= (dim ?X0 1) 4)") == 1 and len(pinned.guards) == 2
+    assert not pinned_to_example(pinned)
+    assert prove_rule(pinned, 10.0).status == "proved"
+    assert prove_rule(identity, 10.0, float_checked=True).status == "unknown"
+    assert generalize_or_pin(commutes) == commutes
