@@ -5,10 +5,12 @@ Encoding. Tensors are an uninterpreted sort; every operator (per input count, an
 output for ``split``) is an uninterpreted function of its parameters and then its
 tensor inputs. Parameters keep their kind: integers (axes) are Z3 ints, symbols
 (``RELU``, ``SAME``, dtypes) Z3 strings, int vectors (strides, kernels, split sizes,
-perms, shapes) Z3 sequences of ints. ``shape : Tensor -> Seq[Int]`` gives each tensor
-its shape, so ``(dim T I)`` is ``shape(T)[I]`` and ``(rank T)`` its length; every
-operator function comes with a quantified axiom stating what typing fixes about the
-shape of its result (enough for the guards of the axioms).
+perms, literal shapes) Z3 sequences of ints. A tensor's shape is two functions,
+``rank : Tensor -> Int`` and ``dim : Tensor x Int -> Int`` (dimensions past the rank
+read 0), so shape reasoning stays in uninterpreted functions and linear arithmetic,
+which Z3 decides far faster than sequence equations (ranks up to 6 are modelled);
+every operator function comes with a quantified axiom stating what typing fixes
+about the shape of its result (enough for the guards of the axioms).
 
 Each axiom becomes one or two quantified equations (one per side that contains all
 its variables, that side being the E-matching trigger; literal and computed parameters
@@ -68,10 +70,52 @@ class _Unsupported(Exception):
 
 Tensor = z3.DeclareSort("Tensor")
 IntSeq = z3.SeqSort(z3.IntSort())
-shape = z3.Function("shape", Tensor, IntSeq)
+rank = z3.Function("rank", Tensor, z3.IntSort())
+dim = z3.Function("dim", Tensor, z3.IntSort(), z3.IntSort())
 
-# Transpose perms are unrolled up to this rank in its shape axiom.
+# Shapes are compared, and transpose perms unrolled, up to this rank.
 _MAX_RANK = 6
+
+
+class _Shape:
+    """The shape of tensor term ``t`` (its rank and dimensions)."""
+
+    def __init__(self, t):
+        self.t = t
+
+    def rank(self):
+        return rank(self.t)
+
+    def __getitem__(self, i):
+        return dim(self.t, i)
+
+
+def _length(s):
+    return s.rank() if isinstance(s, _Shape) else z3.Length(s)
+
+
+def _same_shape(a, b):
+    """``a`` and ``b`` (each a _Shape or a sequence of ints) are the same shape."""
+    if not isinstance(a, _Shape):
+        a, b = b, a
+    n = _length(b)
+    dims = [z3.If(i < n, a[i] == b[i], a[i] == 0) if not isinstance(b, _Shape) else a[i] == b[i]
+            for i in range(_MAX_RANK)]
+    return z3.And(a.rank() == n, *dims)
+
+
+def _past_rank_zero(s: _Shape):
+    """Dimensions past the rank read 0 (so that equal shapes have equal dim terms)."""
+    return z3.And(s.rank() >= 0, *[z3.Implies(i >= s.rank(), s[i] == 0) for i in range(_MAX_RANK)])
+
+
+def _shape_is(out: _Shape, dims) -> z3.BoolRef:
+    """``out`` has exactly the dimensions ``dims`` (a list of Z3 ints)."""
+    return z3.And(_rank_is(out, len(dims)), *[out[i] == d for i, d in enumerate(dims)])
+
+
+def _rank_is(out: _Shape, n: int) -> z3.BoolRef:
+    return z3.And(out.rank() == n, *[out[i] == 0 for i in range(n, _MAX_RANK)])
 _CMP = {"=": lambda a, b: a == b, "!=": lambda a, b: a != b, "<": lambda a, b: a < b,
         "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b}
 _ARITH = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
@@ -195,17 +239,17 @@ class _Encoder:
         if isinstance(e, ParamOp):
             fn, args = e.fn, e.args
             if fn == "shape":
-                return shape(env[args[0].name])
+                return _Shape(env[args[0].name])
             if fn == "rank":
-                return z3.Length(shape(env[args[0].name]))
+                return rank(env[args[0].name])
             if fn == "dim":
-                s = shape(env[args[0].name])
+                s = _Shape(env[args[0].name])
                 i = self.param(args[1], env)
                 if isinstance(args[1], Lit) and args[1].value < 0:
-                    i = z3.Length(s) + i
+                    i = s.rank() + i
                 return s[i]
             if fn == "len":
-                return z3.Length(self.param(args[0], env, IntSeq))
+                return _length(self.param(args[0], env, IntSeq))
             if fn == "at":
                 return self.param(args[0], env, IntSeq)[self.param(args[1], env)]
             if fn == "vec":
@@ -218,6 +262,10 @@ class _Encoder:
         if g.kind in ("weight", "before"):
             return None
         a, b = (self.param(x, env) for x in g.args)
+        if isinstance(a, _Shape) or isinstance(b, _Shape):
+            if g.kind not in ("=", "!=") or not all(isinstance(x, _Shape) or x.sort() == IntSeq for x in (a, b)):
+                raise _Unsupported(f"guard {g}: a shape compares only (in)equal to a shape or vector")
+            return _same_shape(a, b) if g.kind == "=" else z3.Not(_same_shape(a, b))
         if a.sort() != b.sort():
             raise _Unsupported(f"guard {g} compares a {a.sort()} with a {b.sort()}")
         return _CMP[g.kind](a, b)
@@ -229,56 +277,56 @@ def _shape_axiom(key: tuple, f: z3.FuncDeclRef):
     params = [z3.FreshConst(f.domain(i), "p") for i in range(f.arity() - n)]
     ins = [z3.FreshConst(Tensor, "t") for _ in range(n)]
     result = f(*params, *ins)
-    facts = _shape_facts(op, params, [shape(t) for t in ins], shape(result), output)
+    facts = _shape_facts(op, params, [_Shape(t) for t in ins], _Shape(result), output)
     return None if facts is None else z3.ForAll(params + ins, facts, patterns=[result])
 
 
-def _replace_at(s, i, value):
-    """Sequence ``s`` with element ``i`` replaced by ``value``."""
-    return z3.Concat(z3.SubSeq(s, 0, i), z3.Unit(value), z3.SubSeq(s, i + 1, z3.Length(s) - i - 1))
+def _replaced(out: _Shape, x: _Shape, axis, value):
+    """``out`` is ``x`` with dimension ``axis`` replaced by ``value``."""
+    return z3.And(out.rank() == x.rank(),
+                  *[out[i] == z3.If(axis == i, value, x[i]) for i in range(_MAX_RANK)])
 
 
 def _shape_facts(op, params, ins, out, output):
     """What typing says about the shape ``out`` of ``op`` applied to ``params`` and
-    inputs of shapes ``ins``; None when nothing useful is modelled."""
+    inputs of shapes ``ins`` (all _Shape); None when nothing useful is modelled."""
     if op in ("relu", "sigmoid", "tanh", "smul", "batchnorm", "bn_factor", "bn_shift"):
-        return out == ins[0]
+        return _same_shape(out, ins[0])
     if op in ("ewadd", "ewmul"):  # broadcasting is not modelled
-        return z3.Implies(ins[0] == ins[1], out == ins[0])
+        return z3.Implies(_same_shape(ins[0], ins[1]), _same_shape(out, ins[0]))
     if op == "concat" and len(ins) == 2:
         ax, (a, b) = params[0], ins
-        return z3.Implies(z3.And(0 <= ax, ax < z3.Length(a)), out == _replace_at(a, ax, a[ax] + b[ax]))
+        return z3.Implies(z3.And(0 <= ax, ax < a.rank()), _replaced(out, a, ax, a[ax] + b[ax]))
     if op == "split":
         ax, sizes = params
-        return z3.Implies(z3.And(0 <= ax, ax < z3.Length(ins[0])),
-                          out == _replace_at(ins[0], ax, sizes[output]))
+        return z3.Implies(z3.And(0 <= ax, ax < ins[0].rank()), _replaced(out, ins[0], ax, sizes[output]))
     if op == "transpose":
         perm, x = params[0], ins[0]
-        return z3.And(z3.Length(out) == z3.Length(perm),
+        return z3.And(out.rank() == z3.Length(perm), _past_rank_zero(out),
                       *[z3.Implies(j < z3.Length(perm), out[j] == x[perm[j]]) for j in range(_MAX_RANK)])
     if op == "matmul":
         a, b = ins
-        ra, rb = z3.Length(a), z3.Length(b)
+        ra, rb = a.rank(), b.rank()
         r = z3.If(ra >= rb, ra, rb)
-        return z3.And(z3.Length(out) == r, out[r - 1] == b[rb - 1], out[r - 2] == a[ra - 2])
+        return z3.And(out.rank() == r, _past_rank_zero(out), out[r - 1] == b[rb - 1], out[r - 2] == a[ra - 2])
     if op == "conv2d":
         strides, padding = params[0], params[1]
         x, w = ins[0], ins[1]
         same_size = z3.Implies(z3.And(padding == z3.StringVal("SAME"), strides == _seq((1, 1))),
                                z3.And(out[2] == x[2], out[3] == x[3]))
-        return z3.And(z3.Length(out) == 4, out[0] == x[0], out[1] == w[0], same_size)
+        return z3.And(_rank_is(out, 4), out[0] == x[0], out[1] == w[0], same_size)
     if op in ("maxpool2d", "avgpool2d"):
-        return z3.And(z3.Length(out) == 4, out[0] == ins[0][0], out[1] == ins[0][1])
+        return z3.And(_rank_is(out, 4), out[0] == ins[0][0], out[1] == ins[0][1])
     if op == "global_avgpool":
-        return out == _seq((ins[0][0], ins[0][1], 1, 1))
+        return _shape_is(out, [ins[0][0], ins[0][1], z3.IntVal(1), z3.IntVal(1)])
     if op == "enlarge":
         w, r = ins
-        return out == _seq((w[0], w[1], r[2], r[3]))
+        return _shape_is(out, [w[0], w[1], r[2], r[3]])
     if op == "merge_gconv":
         w = ins[0]
-        return out == _seq((w[0], w[1] * params[1], w[2], w[3]))
+        return _shape_is(out, [w[0], w[1] * params[1], w[2], w[3]])
     if op == "reshape" or OPS[op].is_leaf:
-        return out == params[0]
+        return _same_shape(out, params[0])
     return None
 
 
@@ -386,6 +434,7 @@ def prove_rule(rule: Rule, timeout_s: float = 10.0, axioms=None,
         solver.assert_and_track(formula, axset.trackers[name])
     try:
         env = {v: z3.Const(v, s) for v, s in _var_sorts(rule).items()}
+        solver.add(*[_past_rank_zero(_Shape(env[v])) for v in rule.tensor_vars()])
         for g in rule.guards:
             formula = enc.guard(g, env)
             if formula is not None:

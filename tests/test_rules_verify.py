@@ -239,3 +239,18 @@ def test_other_examples_remap_dims_consistently():
         assert all(1 <= d <= 4 for shape in v.values() for d in shape)
         assert "ax" not in v                     # axes are not dimensions
     assert variants == [v for _, v in zip(range(20), other_examples(rule, seed=3))]
+
+
+def test_shapes_compare_by_rank_and_every_dimension():
+    one_by_shape = """(rule ones
+      :lhs (ewmul ?x (const_one [2 3] float32))
+      :rhs ?x
+      :if ((= (shape ?x) SHAPE))
+      :example ((?x EXAMPLE)))"""
+    (same,) = parse_rules(one_by_shape.replace("SHAPE", "(vec 2 3)").replace("EXAMPLE", "[2 3]"))
+    assert prove_rule(same, TIMEOUT, AXIOMS).status == "proved"
+    # one more leading dimension: the ones broadcast, but the axiom's guard does not hold
+    (longer,) = parse_rules(one_by_shape.replace("SHAPE", "(vec 1 2 3)").replace("EXAMPLE", "[1 2 3]"))
+    assert prove_rule(longer, TIMEOUT, AXIOMS).status == "unknown"
+    (other,) = parse_rules(one_by_shape.replace("SHAPE", "(vec 2 4)").replace("EXAMPLE", "[2 4]"))
+    assert prove_rule(other, TIMEOUT, AXIOMS).status != "proved"
