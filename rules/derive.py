@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from itertools import islice
 
-from taso_egg.egraph.saturate import Limits, saturate
+from taso_egg.egraph.saturate import Limits, rules_egraph, saturate
 from taso_egg.errors import RuleError, TasoEggError
 from taso_egg.graph import Graph
 
@@ -147,11 +147,29 @@ def _batch(job) -> tuple[dict, str]:
             g.mark_output(l, names[-2])
             g.mark_output(r, names[-1])
         sides.append((i, names))
-    sat = saturate(g, corpus, limits, count_classes=False)
-    var_of = dict(zip((name for name, _ in g.outputs), sat.program.output_vars))
-    return ({i: all(_eclass(sat.egraph, var_of[a]) == _eclass(sat.egraph, var_of[b])
-                    for a, b in zip(names[::2], names[1::2]))
-             for i, names in sides}, sat.stop_reason.split(" (")[0])
+    egraph = _corpus_egraph(corpus)
+    egraph.parse_and_run_program("(push)")
+    try:
+        sat = saturate(g, corpus, limits, count_classes=False, egraph=egraph)
+        var_of = dict(zip((name for name, _ in g.outputs), sat.program.output_vars))
+        return ({i: all(_eclass(egraph, var_of[a]) == _eclass(egraph, var_of[b])
+                        for a, b in zip(names[::2], names[1::2]))
+                 for i, names in sides}, sat.stop_reason.split(" (")[0])
+    finally:
+        egraph.parse_and_run_program("(pop)")
+
+
+_COMPILED: dict = {}  # this process's e-graph of the last corpus: {corpus: egraph}
+
+
+def _corpus_egraph(corpus: tuple):
+    """The corpus compiled into an empty e-graph, once per process and corpus (a
+    level's batches share their corpus)."""
+    key = tuple(r.to_text() for r in corpus)  # rules are not hashable; their text is
+    if key not in _COMPILED:
+        _COMPILED.clear()
+        _COMPILED[key] = rules_egraph(corpus)
+    return _COMPILED[key]
 
 
 __all__ = ["Derivation", "check_derivable", "DEFAULT_LIMITS", "BATCH"]

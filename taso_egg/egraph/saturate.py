@@ -107,22 +107,35 @@ def _run(egraph, schedule: str):
     return next(o.report for o in out if isinstance(o, RunScheduleOutput))
 
 
-def saturate(graph: Graph, rules=None, limits: Limits | None = None, progress=None,
-             count_classes: bool = True) -> Saturation:
-    """Build the e-graph of ``graph`` and apply ``rules`` (parsed Rule objects;
-    default: the proved corpus) until saturation or a limit. ``progress`` is called
-    with each IterationStats."""
+def rules_egraph(rules):
+    """An egglog e-graph holding the tensor language and ``rules``, and no terms yet.
+    Compiling a large corpus costs more than saturating a small graph with it, so
+    callers that saturate many graphs with one corpus reuse this one, between egglog's
+    ``(push)`` and ``(pop)``."""
     import egglog.bindings as eb
 
     from ..rules.egglog import compile_rules
+
+    egraph = eb.EGraph(num_threads=1)
+    egraph.parse_and_run_program(declarations() + compile_rules(rules))
+    return egraph
+
+
+def saturate(graph: Graph, rules=None, limits: Limits | None = None, progress=None,
+             count_classes: bool = True, egraph=None) -> Saturation:
+    """Build the e-graph of ``graph`` and apply ``rules`` (parsed Rule objects;
+    default: the proved corpus) until saturation or a limit. ``progress`` is called
+    with each IterationStats. ``egraph``: a :func:`rules_egraph` of ``rules`` to add
+    the graph to (the caller pushes and pops around it)."""
     from ..rules.lang import load_corpus
 
     limits = limits or Limits()
     rules = tuple(load_corpus() if rules is None else rules)
     start = time.perf_counter()
     program = graph_to_program(graph)
-    egraph = eb.EGraph(num_threads=1)
-    egraph.parse_and_run_program(declarations() + compile_rules(rules) + program.text)
+    if egraph is None:
+        egraph = rules_egraph(rules)
+    egraph.parse_and_run_program(program.text)
     _run(egraph, "(saturate (run analysis))")
     sat = Saturation(graph, egraph, program, "saturated", rules=rules)
     sat.initial = IterationStats(0, _sizes(egraph), _eclasses(egraph, program) if count_classes else 0,
