@@ -299,11 +299,11 @@ def check_rule_on_other_shapes(rule: Rule, trials: int = 3, seed: int = 0,
 
 def unchecked_dimensions(rule: Rule, checked: list[dict], seed: int = 0,
                          dims=(1, 2, 3, 4)) -> list[tuple[str, int, int]]:
-    """The ``(variable, axis, size)`` positions of the example's tensor shapes whose
-    size no variant in ``checked`` changed, and that keep their size in every variant
-    that builds once only that size is changed (to each other value of ``dims``): the
-    rule holds there on the example's size alone. This is how a size tied to a
-    constant's literal shape (a channel count equal to ``const_iconv [4 4 3 3]``'s)
+    """The ``(variable, axis, size)`` positions of the example's tensor shapes that
+    the checks never varied: no variant in ``checked`` changed that size, and no
+    variant that changes only that size (to another value of ``dims``) builds, so the
+    rule is known to hold there at the example's size alone. This is how a size tied
+    to a constant's literal shape (a channel count equal to ``const_iconv [4 4 3 3]``'s)
     shows. A variant that builds and disagrees is a VerificationError."""
     base = example_values(rule)
     tensors = rule.tensor_vars()
