@@ -283,7 +283,8 @@ def fingerprint(value) -> tuple | None:
 def _child_tuples(pool, containing, terms, shapes, want):
     """Child id tuples with the given types (shape, weight-only) whose operators number exactly ``want``
     together: disjoint children whose sizes add up, or children sharing operators
-    (found through the node index, so the quadratic scan is avoided)."""
+    (found through ``containing``, the terms of each type that hold a node, so the
+    quadratic scan is avoided)."""
     if len(shapes) == 1:
         yield from ((t,) for t in pool.get(want, {}).get(shapes[0], ()))
         return
@@ -309,8 +310,8 @@ def _child_tuples(pool, containing, terms, shapes, want):
             nx = terms[x].nodes
             seen = set()
             for n in nx:
-                for y in containing.get(n, ()):
-                    if y in seen or (terms[y].shape, terms[y].weight_only) != sb:
+                for y in containing.get((n, sb), ()):
+                    if y in seen:
                         continue
                     seen.add(y)
                     if len(nx | terms[y].nodes) == want:
@@ -452,12 +453,12 @@ def enumerate_terms(menu: Menu, size: int = 3, seed: int = 0, progress=None,
         # children: terms below size s, by (size, shape); and who contains each node
         pool = {k: {sh: list(ids) for sh, ids in by_shape.items()}
                 for k, by_shape in usable.items() if k < s}
-        containing: dict[int, list] = {}
+        containing: dict[tuple, list] = {}  # (node, type) -> terms of that type holding it
         for k, by_shape in pool.items():
-            for ids in by_shape.values():
+            for ty, ids in by_shape.items():
                 for tid in ids:
                     for n in terms[tid].nodes:
-                        containing.setdefault(n, []).append(tid)
+                        containing.setdefault((n, ty), []).append(tid)
         types = sorted({ty for by_type in pool.values() for ty in by_type})
         for c in menu.ops:
             arity = 2 if c.op == "concat" else OPS[c.op].inputs[0]
