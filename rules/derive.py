@@ -87,16 +87,16 @@ def check_derivable(candidates, corpus, limits: Limits | None = None, batch: int
         return out
     run = _BatchRunner(candidates, corpus, limits, batch, out, pool, jobs)
     # First every example; then a shape variant of those derived there (few, and
-    # finding a variant that builds is most of the cost of an instance).
-    on_example = run([(i, None) for i in range(len(candidates))], progress)
+    # finding a variant that builds is most of the cost of an instance: the batch
+    # that derived the example finds it).
+    on_example, found = run([(i, None) for i in range(len(candidates))], progress)
     variants = []
     for i in (i for i, same in on_example.items() if same):
-        bindings = _variant(candidates[i])
-        if bindings is None:
+        if found[i] is None:
             out.derived[i] = True  # no other shape builds: the example is the rule
         else:
-            variants.append((i, bindings))
-    for i, same in run(variants, None).items():
+            variants.append((i, found[i]))
+    for i, same in run(variants, None)[0].items():
         out.derived[i] = same
         out.example_only[i] = not same
     out.seconds = round(time.perf_counter() - start, 3)
@@ -113,25 +113,28 @@ class _BatchRunner:
     pool: object = None
     jobs: int = 1
 
-    def __call__(self, instances, progress) -> dict:
+    def __call__(self, instances, progress) -> tuple[dict, dict]:
         """``{candidate index: both sides in one e-class}`` for ``(index, bindings)``
-        instances (bindings None: the example), ``batch`` candidates per e-graph."""
+        instances (bindings None: the example), ``batch`` candidates per e-graph; and
+        the shape variants found for the examples derived."""
         jobs = [([(i, self.candidates[i], b) for i, b in instances[lo:lo + self.batch]],
                  self.corpus, self.limits) for lo in range(0, len(instances), self.batch)]
-        same, done = {}, 0
-        for (result, stop), job in zip(map_in_order(self.pool, _batch, jobs, self.jobs), jobs):
+        same, variants, done = {}, {}, 0
+        for (result, found, stop), job in zip(map_in_order(self.pool, _batch, jobs, self.jobs), jobs):
             same.update(result)
+            variants.update(found)
             self.out.stop_reasons[stop] = self.out.stop_reasons.get(stop, 0) + 1
             self.out.batches += 1
             done += len(job[0])
             if progress:
                 progress(done, len(instances))
-        return same
+        return same, variants
 
 
-def _batch(job) -> tuple[dict, str]:
+def _batch(job) -> tuple[dict, dict, str]:
     """Saturate one batch of ``(index, rule, bindings)`` instances with the corpus:
-    ``({index: both sides in one e-class}, why saturation stopped)``."""
+    ``({index: both sides in one e-class}, {index: a shape variant or None, for the
+    examples derived}, why saturation stopped)``."""
     instances, corpus, limits = job
     g = Graph()
     sides = []  # (candidate index, output names of its sides)
@@ -152,11 +155,14 @@ def _batch(job) -> tuple[dict, str]:
     try:
         sat = saturate(g, corpus, limits, count_classes=False, egraph=egraph)
         var_of = dict(zip((name for name, _ in g.outputs), sat.program.output_vars))
-        return ({i: all(_eclass(egraph, var_of[a]) == _eclass(egraph, var_of[b])
-                        for a, b in zip(names[::2], names[1::2]))
-                 for i, names in sides}, sat.stop_reason.split(" (")[0])
+        same = {i: all(_eclass(egraph, var_of[a]) == _eclass(egraph, var_of[b])
+                       for a, b in zip(names[::2], names[1::2]))
+                for i, names in sides}
+        stop = sat.stop_reason.split(" (")[0]
     finally:
         egraph.parse_and_run_program("(pop)")
+    examples = {i: rule for i, rule, bindings in instances if bindings is None}
+    return same, {i: _variant(examples[i]) for i in examples if same[i]}, stop
 
 
 _COMPILED: dict = {}  # this process's e-graph of the last corpus: {corpus: egraph}
