@@ -22,9 +22,10 @@ off, so Z3 answers unsat (proved), or gives up once E-matching has nothing left 
 instantiate, or at the per-rule timeout. An unsat core names the axioms a proof used.
 
 Soundness rests on the axioms, each of which the tests check numerically through the
-kernels, and on one assumption: every term the prover reasons about is well-typed
+kernels, and on two assumptions: every term the prover reasons about is well-typed
 (as every term of a real graph is), so axiom guards state only what typing does not
-imply. A rule not proved is "refuted" only when a float counterexample exists (on the
+imply; and tensors have rank 6 at most. Reading dimensions past the rank as 0 is a
+convention every asserted fact keeps, so it proves nothing real shapes do not. A rule not proved is "refuted" only when a float counterexample exists (on the
 example or on other shapes); a model over uninterpreted functions is no counterexample.
 """
 
@@ -116,6 +117,8 @@ def _shape_is(out: _Shape, dims) -> z3.BoolRef:
 
 def _rank_is(out: _Shape, n: int) -> z3.BoolRef:
     return z3.And(out.rank() == n, *[out[i] == 0 for i in range(n, _MAX_RANK)])
+
+
 _CMP = {"=": lambda a, b: a == b, "!=": lambda a, b: a != b, "<": lambda a, b: a < b,
         "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b}
 _ARITH = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
