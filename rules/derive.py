@@ -16,9 +16,14 @@ on the example alone, which are derivable once their own check pins them to it.
 
 from __future__ import annotations
 
+import pickle
+import tempfile
 import time
+import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import islice
+from pathlib import Path
 
 from taso_egg.egraph.saturate import Limits, rules_egraph, saturate
 from taso_egg.errors import RuleError, TasoEggError
@@ -85,7 +90,13 @@ def check_derivable(candidates, corpus, limits: Limits | None = None, batch: int
     out = Derivation([False] * len(candidates), [False] * len(candidates))
     if not corpus:
         return out
-    run = _BatchRunner(candidates, corpus, limits, batch, out, pool, jobs)
+    with _shared(corpus, pool is not None) as ref:
+        _derive(candidates, _BatchRunner(candidates, ref, limits, batch, out, pool, jobs), out, progress)
+    out.seconds = round(time.perf_counter() - start, 3)
+    return out
+
+
+def _derive(candidates, run, out: Derivation, progress) -> None:
     # First every example; then a shape variant of those derived there (few, and
     # finding a variant that builds is most of the cost of an instance: the batch
     # that derived the example finds it).
@@ -99,14 +110,34 @@ def check_derivable(candidates, corpus, limits: Limits | None = None, batch: int
     for i, same in run(variants, None)[0].items():
         out.derived[i] = same
         out.example_only[i] = not same
-    out.seconds = round(time.perf_counter() - start, 3)
-    return out
+
+
+@dataclass(frozen=True)
+class _CorpusRef:
+    """What a batch needs to find its corpus: the rules themselves (in this process),
+    or the file they were written to once for the workers (pickling a corpus of a few
+    thousand rules into every batch cost more than saturating the batch)."""
+    token: str
+    rules: tuple | None = None
+    path: str | None = None
+
+
+@contextmanager
+def _shared(corpus: tuple, for_workers: bool):
+    token = uuid.uuid4().hex
+    if not for_workers:
+        yield _CorpusRef(token, rules=corpus)
+        return
+    with tempfile.TemporaryDirectory(prefix="taso-egg-derive-") as tmp:
+        path = Path(tmp) / "corpus.pickle"
+        path.write_bytes(pickle.dumps(corpus, protocol=pickle.HIGHEST_PROTOCOL))
+        yield _CorpusRef(token, path=str(path))
 
 
 @dataclass
 class _BatchRunner:
     candidates: list
-    corpus: tuple
+    corpus: _CorpusRef
     limits: Limits
     batch: int
     out: Derivation
@@ -150,7 +181,7 @@ def _batch(job) -> tuple[dict, dict, str]:
             g.mark_output(l, names[-2])
             g.mark_output(r, names[-1])
         sides.append((i, names))
-    egraph = _corpus_egraph(corpus)
+    corpus, egraph = _corpus_egraph(corpus)
     egraph.parse_and_run_program("(push)")
     try:
         sat = saturate(g, corpus, limits, count_classes=False, egraph=egraph)
@@ -165,17 +196,17 @@ def _batch(job) -> tuple[dict, dict, str]:
     return same, {i: _variant(examples[i]) for i in examples if same[i]}, stop
 
 
-_COMPILED: dict = {}  # this process's e-graph of the last corpus: {corpus: egraph}
+_COMPILED: dict = {}  # this process's last corpus: {token: (rules, e-graph)}
 
 
-def _corpus_egraph(corpus: tuple):
-    """The corpus compiled into an empty e-graph, once per process and corpus (a
-    level's batches share their corpus)."""
-    key = tuple(r.to_text() for r in corpus)  # rules are not hashable; their text is
-    if key not in _COMPILED:
+def _corpus_egraph(ref: _CorpusRef):
+    """The corpus and its rules compiled into an empty e-graph, once per process and
+    corpus (a level's batches share their corpus)."""
+    if ref.token not in _COMPILED:
         _COMPILED.clear()
-        _COMPILED[key] = rules_egraph(corpus)
-    return _COMPILED[key]
+        rules = ref.rules if ref.rules is not None else pickle.loads(Path(ref.path).read_bytes())
+        _COMPILED[ref.token] = (rules, rules_egraph(rules))
+    return _COMPILED[ref.token]
 
 
 __all__ = ["Derivation", "check_derivable", "DEFAULT_LIMITS", "BATCH"]
