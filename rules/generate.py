@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -354,7 +355,8 @@ class Enumeration:
         return self.checks[key]
 
     def _check_rng(self, leaf: LeafSpec):
-        return np.random.default_rng([self.seed + 1, abs(hash(leaf.name)) % (2 ** 31)])
+        # crc32, not hash(): string hashes change from process to process
+        return np.random.default_rng([self.seed + 1, zlib.crc32(leaf.name.encode())])
 
 
 def enumerate_terms(menu: Menu, size: int = 3, seed: int = 0, progress=None,
