@@ -325,3 +325,17 @@ def test_sizes_no_other_shape_can_vary_are_pinned():
     assert prove_rule(pinned, 10.0).status == "proved"
     assert prove_rule(identity, 10.0, float_checked=True).status == "unknown"
     assert generalize_or_pin(commutes) == commutes
+
+
+def test_check_draw_is_the_same_in_every_process():
+    # the real-valued draw once depended on hash(), which Python salts per process
+    import os
+    import subprocess
+    import sys
+
+    code = ("from taso_egg.rules.generate import enumerate_terms, matrix_menu; "
+            "e = enumerate_terms(matrix_menu(), 1); print(e.check_value(0).ravel()[:4].tolist())")
+    runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout
+            for seed in ("1", "2")}
+    assert len(runs) == 1 and runs != {""}
