@@ -148,10 +148,10 @@ class _BatchRunner:
         """``{candidate index: both sides in one e-class}`` for ``(index, bindings)``
         instances (bindings None: the example), ``batch`` candidates per e-graph; and
         the shape variants found for the examples derived."""
-        jobs = [([(i, self.candidates[i], b) for i, b in instances[lo:lo + self.batch]],
-                 self.corpus, self.limits) for lo in range(0, len(instances), self.batch)]
+        batches = [([(i, self.candidates[i], b) for i, b in instances[lo:lo + self.batch]],
+                    self.corpus, self.limits) for lo in range(0, len(instances), self.batch)]
         same, variants, done = {}, {}, 0
-        for (result, found, stop), job in zip(map_in_order(self.pool, _batch, jobs, self.jobs), jobs):
+        for (result, found, stop), job in zip(map_in_order(self.pool, _batch, batches, self.jobs), batches):
             same.update(result)
             variants.update(found)
             self.out.stop_reasons[stop] = self.out.stop_reasons.get(stop, 0) + 1
@@ -166,7 +166,7 @@ def _batch(job) -> tuple[dict, dict, str]:
     """Saturate one batch of ``(index, rule, bindings)`` instances with the corpus:
     ``({index: both sides in one e-class}, {index: a shape variant or None, for the
     examples derived}, why saturation stopped)``."""
-    instances, corpus, limits = job
+    instances, ref, limits = job
     g = Graph()
     sides = []  # (candidate index, output names of its sides)
     for i, rule, bindings in instances:
@@ -181,7 +181,7 @@ def _batch(job) -> tuple[dict, dict, str]:
             g.mark_output(l, names[-2])
             g.mark_output(r, names[-1])
         sides.append((i, names))
-    corpus, egraph = _corpus_egraph(corpus)
+    corpus, egraph = _corpus_egraph(ref)
     egraph.parse_and_run_program("(push)")
     try:
         sat = saturate(g, corpus, limits, count_classes=False, egraph=egraph)

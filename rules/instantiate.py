@@ -285,16 +285,23 @@ def check_rule_on_other_shapes(rule: Rule, trials: int = 3, seed: int = 0,
 
     checked = []
     for i, variant in enumerate(islice(other_examples(rule, seed), attempts)):
-        if not guards_hold(rule, variant):
-            continue  # most variants of a guarded rule fail here, before any graph is built
-        try:
-            check_rule_numerically(rule, seed=seed + i, bindings=variant)
-        except RuleError:
-            continue  # the variant violates a guard or a side does not type-check
-        checked.append(variant)
-        if len(checked) == trials:
-            break
+        if _holds_on(rule, variant, seed + i):
+            checked.append(variant)
+            if len(checked) == trials:
+                break
     return checked
+
+
+def _holds_on(rule: Rule, variant: dict, seed: int) -> bool:
+    """True when both sides build on ``variant`` and agree; False when it violates a
+    guard or a side does not type-check; VerificationError when they disagree."""
+    if not guards_hold(rule, variant):
+        return False  # most variants of a guarded rule fail here, before any graph is built
+    try:
+        check_rule_numerically(rule, seed=seed, bindings=variant)
+    except RuleError:
+        return False
+    return True
 
 
 def unchecked_dimensions(rule: Rule, checked: list[dict], seed: int = 0,
@@ -315,13 +322,8 @@ def unchecked_dimensions(rule: Rule, checked: list[dict], seed: int = 0,
     for size in stuck:
         for i, other in enumerate(x for x in dims if x != size):
             variant = {v: tuple(other if d == size else d for d in base[v]) for v in tensors}
-            if not guards_hold(rule, variant):
-                continue
-            try:
-                check_rule_numerically(rule, seed=seed + i, bindings=variant)
-            except RuleError:
-                continue  # does not build with that size: try the next
-            break  # holds with another size too
+            if _holds_on(rule, variant, seed + i):
+                break  # holds with another size too
         else:
             fixed += [(v, axis, size) for v in tensors for axis, d in enumerate(base[v]) if d == size]
     return fixed

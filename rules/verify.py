@@ -25,8 +25,9 @@ Soundness rests on the axioms, each of which the tests check numerically through
 kernels, and on two assumptions: every term the prover reasons about is well-typed
 (as every term of a real graph is), so axiom guards state only what typing does not
 imply; and tensors have rank 6 at most. Reading dimensions past the rank as 0 is a
-convention every asserted fact keeps, so it proves nothing real shapes do not. A rule not proved is "refuted" only when a float counterexample exists (on the
-example or on other shapes); a model over uninterpreted functions is no counterexample.
+convention every asserted fact keeps, so it proves nothing real shapes do not. A rule
+not proved is "refuted" only when a float counterexample exists (on the example or on
+other shapes); a model over uninterpreted functions is no counterexample.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from taso_egg.ops import OPS
 
 from .instantiate import check_rule_numerically, check_rule_on_other_shapes
 from .lang import App, Guard, Lit, ParamOp, Proj, Rule, Var, load_rule_file
-from .workers import check_jobs, default_jobs, map_in_order, worker_pool
+from .workers import check_jobs, map_in_order, worker_pool
 
 AXIOM_FILE = Path(__file__).with_name("axioms.rules")
 
@@ -544,4 +545,4 @@ def float_check(rule: Rule, trials: int = 3, seed: int = 0) -> tuple[bool, str]:
 
 
 __all__ = ["ProofResult", "STATUSES", "load_axioms", "prove_rule", "prove_and_check",
-           "verify_rules", "default_jobs", "float_check", "AXIOM_FILE"]
+           "verify_rules", "float_check", "AXIOM_FILE"]

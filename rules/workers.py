@@ -37,9 +37,10 @@ def worker_pool(jobs: int):
         pool.join()
 
 
-def map_in_order(pool, fn, items: list, jobs: int = 2):
-    """``fn`` over ``items``, results in input order (an iterator): in ``pool`` when
-    there is one, in small chunks so that the workers finish together."""
+def map_in_order(pool, fn, items: list, jobs: int):
+    """``fn`` over ``items``, results in input order (an iterator): in ``pool`` (of
+    ``jobs`` workers) when there is one, in small chunks so that the workers finish
+    together."""
     if pool is None:
         return map(fn, items)
     chunk = max(1, min(16, len(items) // (jobs * 8)))
