@@ -29,7 +29,7 @@ from taso_egg.egraph.saturate import Limits, rules_egraph, saturate
 from taso_egg.errors import RuleError, TasoEggError
 from taso_egg.graph import Graph
 
-from .instantiate import add_rule_sides, guards_hold, other_examples
+from .instantiate import add_rule_sides, builds_on, other_examples
 from .lang import Rule
 from .workers import map_in_order
 
@@ -58,13 +58,8 @@ def _variant(rule: Rule, attempts: int = 100):
     """Bindings of a shape variant on which both sides build, or None (drawn as the
     other-shape float check draws them, with as many attempts)."""
     for bindings in islice(other_examples(rule, seed=1), attempts):
-        if not guards_hold(rule, bindings):
-            continue
-        try:
-            add_rule_sides(Graph(), rule, bindings)
-        except TasoEggError:
-            continue
-        return bindings
+        if builds_on(rule, bindings):
+            return bindings
     return None
 
 

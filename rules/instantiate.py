@@ -11,8 +11,9 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
-from taso_egg.errors import RuleError, TasoEggError
+from taso_egg.errors import RuleError, ShapeError, TasoEggError
 from taso_egg.graph import Graph, Tensor
+from taso_egg.ops import OPS
 
 from .lang import CONSTANT_OPS, App, Guard, Lit, ParamOp, Proj, Rule, Var
 
@@ -152,7 +153,10 @@ def guards_hold(rule: Rule, bindings: Mapping[str, Any] | None = None) -> bool:
     """Whether the rule's comparison guards hold on its example with ``bindings`` laid
     over it, judged from the shapes alone (no graph is built); a guard that cannot be
     evaluated there (an axis out of range) does not hold."""
-    values = example_values(rule, bindings)
+    return _guards_hold_on(rule, example_values(rule, bindings))
+
+
+def _guards_hold_on(rule: Rule, values: dict) -> bool:
     tensors = set(rule.tensor_vars())
 
     def shape_of(name):
@@ -166,6 +170,38 @@ def guards_hold(rule: Rule, bindings: Mapping[str, Any] | None = None) -> bool:
                    for g in rule.guards if g.kind in _COMPARE)
     except RuleError:
         return False
+
+
+class _TypesOnly:
+    """Stands in for a Graph when only the types matter: ``add_node`` runs the
+    operator's shape rule and returns the output types; nothing is kept. Probing a shape
+    variant this way costs a third of building it, and most variants fail to type-check."""
+
+    @staticmethod
+    def add_node(op: str, inputs, **params) -> list:
+        spec = OPS[op]
+        lo, hi = spec.inputs
+        if len(inputs) < lo or (hi is not None and len(inputs) > hi):
+            raise ShapeError(f"{op}: takes {lo}..{hi} inputs, got {len(inputs)}")
+        return spec.infer(spec.normalize_params(params), list(inputs))
+
+
+def builds_on(rule: Rule, bindings: Mapping[str, Any] | None = None) -> bool:
+    """Whether the rule's example with ``bindings`` laid over it satisfies the guards
+    and type-checks on both sides: exactly when :func:`add_rule_sides` would build it,
+    but without building a graph."""
+    values = example_values(rule, bindings)
+    if not _guards_hold_on(rule, values):
+        return False
+    try:
+        types = {v: OPS["input"].infer({"shape": values[v], "dtype": "float32"}, [])[0]
+                 for v in rule.tensor_vars()}
+        b = PatternBuilder(rule, values, _TypesOnly, types)
+        for p in rule.lhs + rule.rhs:
+            b.tensor(p)
+    except TasoEggError:
+        return False
+    return True
 
 
 def instantiate(rule: Rule, bindings: Mapping[str, Any] | None = None, seed: int = 0):
@@ -264,15 +300,35 @@ def other_examples(rule: Rule, seed: int = 0, dims=(1, 2, 3, 4)) -> Iterator[dic
     keys = list(rule.tensor_vars()) + [v for v in rule.param_vars()
                                        if v in dim_params and isinstance(base[v], tuple)]
     values = sorted({d for k in keys for d in base[k]})
-    rng = np.random.default_rng(seed)
-    seen = {tuple(base[k] for k in keys)}
-    possible = len(dims) ** len(values)
-    while len(seen) < possible:
-        mapping = dict(zip(values, (int(v) for v in rng.choice(dims, size=len(values)))))
+    example = tuple(base[k] for k in keys)
+    for image in _distinct_images(np.random.default_rng(seed), len(values), tuple(dims)):
+        mapping = dict(zip(values, image))
         variant = tuple(tuple(mapping[d] for d in base[k]) for k in keys)
-        if variant not in seen:
-            seen.add(variant)
+        if variant != example:
             yield dict(zip(keys, variant))
+
+
+def _distinct_images(rng, count: int, dims: tuple) -> Iterator[tuple]:
+    """Every tuple of ``count`` values of ``dims``, once each, in random order. Small
+    spaces are permuted whole: drawing with replacement would redraw nearly every time
+    once most of the space is seen, and rules with few distinct sizes ask for much of it."""
+    m = len(dims)
+    possible = m ** count
+    if possible <= 4096:
+        for index in rng.permutation(possible).tolist():
+            digits = []
+            for _ in range(count):
+                index, d = divmod(index, m)
+                digits.append(dims[d])
+            yield tuple(digits)
+        return
+    seen: set = set()
+    while True:  # a space this large is never exhausted by the callers' few hundred draws
+        for row in rng.integers(0, m, size=(64, count)).tolist():
+            image = tuple(dims[d] for d in row)
+            if image not in seen:
+                seen.add(image)
+                yield image
 
 
 def check_rule_on_other_shapes(rule: Rule, trials: int = 3, seed: int = 0,
@@ -295,8 +351,8 @@ def check_rule_on_other_shapes(rule: Rule, trials: int = 3, seed: int = 0,
 def _holds_on(rule: Rule, variant: dict, seed: int) -> bool:
     """True when both sides build on ``variant`` and agree; False when it violates a
     guard or a side does not type-check; VerificationError when they disagree."""
-    if not guards_hold(rule, variant):
-        return False  # most variants of a guarded rule fail here, before any graph is built
+    if not builds_on(rule, variant):
+        return False  # most variants fail here, before any graph is built
     try:
         check_rule_numerically(rule, seed=seed, bindings=variant)
     except RuleError:
@@ -329,6 +385,6 @@ def unchecked_dimensions(rule: Rule, checked: list[dict], seed: int = 0,
     return fixed
 
 
-__all__ = ["instantiate", "add_rule_sides", "guards_hold", "check_rule_numerically", "example_values", "evaluate_param",
+__all__ = ["instantiate", "add_rule_sides", "builds_on", "guards_hold", "check_rule_numerically", "example_values", "evaluate_param",
            "compare", "PatternBuilder", "other_examples", "check_rule_on_other_shapes",
            "unchecked_dimensions"]

@@ -124,6 +124,18 @@ class App:
         """``{parameter name: ParamExpr}``."""
         return dict(zip(param_names(self.op), self.params))
 
+    # The hash is kept: patterns key the builders' memos, and hashing a tree walks it.
+    # It stays out of pickles, since string hashes differ from process to process.
+    def __hash__(self) -> int:
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.op, self.params, self.inputs))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
     def __str__(self) -> str:
         return "(" + " ".join([self.op] + [str(a) for a in self.params + self.inputs]) + ")"
 
@@ -228,8 +240,8 @@ class Rule:
                 kinds.setdefault(name, kind)
         return kinds
 
-    @property
-    def where(self) -> str:
+    @functools.cached_property
+    def where(self) -> str:  # cached: every parameter evaluation carries it for its errors
         return f"{self.source[0]}:{self.source[1]}: rule {self.name!r}"
 
     def to_text(self) -> str:

@@ -95,8 +95,18 @@ def _template(e: Enumeration, tid: int) -> str:
     return text
 
 
+def _pieces(e: Enumeration, tid: int) -> list:
+    """The term's template split at its leaves (memoized): text at even positions,
+    leaf names at odd ones."""
+    cache = e.__dict__.setdefault("_template_pieces", {})
+    pieces = cache.get(tid)
+    if pieces is None:
+        pieces = cache[tid] = _LEAF.split(_template(e, tid))
+    return pieces
+
+
 def _leaf_order(e: Enumeration, tids) -> list:
-    return list(dict.fromkeys(n for t in tids for n in _LEAF.findall(_template(e, t))))
+    return list(dict.fromkeys(n for t in tids for n in _pieces(e, t)[1::2]))
 
 
 def _variables(e: Enumeration, tids) -> dict:
@@ -116,9 +126,12 @@ def _variables(e: Enumeration, tids) -> dict:
 def canonical(e: Enumeration, lhs: tuple, rhs: tuple) -> str:
     """The candidate's text with inputs renamed by first use, lhs first."""
     names = _variables(e, lhs + rhs)
-    text = " | ".join(_template(e, t) for t in lhs) + " => " + \
-        " | ".join(_template(e, t) for t in rhs)
-    return _LEAF.sub(lambda m: names.get(m.group(1), m.group(1)), text)
+
+    def text(tid):
+        pieces = _pieces(e, tid)
+        return "".join(names.get(p, p) if i % 2 else p for i, p in enumerate(pieces))
+
+    return " | ".join(map(text, lhs)) + " => " + " | ".join(map(text, rhs))
 
 
 def _unordered_key(e: Enumeration, a: tuple, b: tuple) -> str:
@@ -166,7 +179,13 @@ class _Substituted:
 
 
 def _close(a, b) -> bool:
-    return a.shape == b.shape and np.allclose(a, b, rtol=1e-6, atol=1e-9)
+    if a.shape != b.shape:
+        return False
+    # np.allclose's own test, without its overhead, for the common all-finite case;
+    # np.allclose decides the rest (equal infinities count as close there)
+    if (np.abs(a - b) <= 1e-9 + 1e-6 * np.abs(b)).all():
+        return True
+    return np.allclose(a, b, rtol=1e-6, atol=1e-9)
 
 
 def _same_on_check(e: Enumeration, a: int, b: int) -> bool:
