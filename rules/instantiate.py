@@ -293,19 +293,45 @@ def other_examples(rule: Rule, seed: int = 0, dims=(1, 2, 3, 4)) -> Iterator[dic
     each distinct dimension value (of the tensor shapes and of the parameters that
     hold dimensions: split sizes, reshape and constant shapes, pool kernels) is mapped
     consistently to a random value of ``dims``; other parameters keep their example
-    values. Variants are not checked against guards or typing. Stops when ``dims``
-    allows no further variant."""
+    values. Sizes that guards pin to literals (``(= (shape ?x) (vec 2 4))``,
+    ``(= (dim ?x 1) 4)``) keep their value, since moving them breaks the guard; other
+    guards and typing are not checked. Stops when no further variant is left."""
     base = example_values(rule)
     dim_params = _dimension_param_vars(rule)
     keys = list(rule.tensor_vars()) + [v for v in rule.param_vars()
                                        if v in dim_params and isinstance(base[v], tuple)]
-    values = sorted({d for k in keys for d in base[k]})
+    pinned = _pinned_sizes(rule, base)
+    values = sorted({d for k in keys for d in base[k]} - pinned)
     example = tuple(base[k] for k in keys)
     for image in _distinct_images(np.random.default_rng(seed), len(values), tuple(dims)):
         mapping = dict(zip(values, image))
+        mapping.update((d, d) for d in pinned)
         variant = tuple(tuple(mapping[d] for d in base[k]) for k in keys)
         if variant != example:
             yield dict(zip(keys, variant))
+
+
+def _pinned_sizes(rule: Rule, base: dict) -> set:
+    """The example's sizes that equality guards tie to literals."""
+    pinned = set()
+    for g in rule.guards:
+        if g.kind != "=":
+            continue
+        for query, literal in (g.args, g.args[::-1]):
+            if not (isinstance(query, ParamOp) and query.fn in ("shape", "dim")):
+                continue
+            shape = base.get(query.args[0].name)
+            if not isinstance(shape, tuple):
+                continue
+            if query.fn == "shape" and isinstance(literal, ParamOp) and literal.fn == "vec" \
+                    and all(isinstance(a, Lit) for a in literal.args) \
+                    and tuple(a.value for a in literal.args) == shape:
+                pinned.update(shape)
+            elif query.fn == "dim" and isinstance(query.args[1], Lit) and isinstance(literal, Lit) \
+                    and isinstance(query.args[1].value, int) and -len(shape) <= query.args[1].value < len(shape) \
+                    and literal.value == shape[query.args[1].value]:
+                pinned.add(literal.value)
+    return pinned
 
 
 def _distinct_images(rng, count: int, dims: tuple) -> Iterator[tuple]:

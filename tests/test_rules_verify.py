@@ -241,6 +241,19 @@ def test_other_examples_remap_dims_consistently():
     assert variants == [v for _, v in zip(range(20), other_examples(rule, seed=3))]
 
 
+def test_other_examples_keep_the_sizes_guards_pin():
+    (one_dim, whole) = parse_rules("""
+(rule one-dim :lhs (relu (relu ?x)) :rhs (relu ?x)
+  :if ((= (dim ?x 1) 4)) :example ((?x [2 4 3])))
+(rule whole :lhs (relu (relu ?x)) :rhs (relu ?x)
+  :if ((= (shape ?x) (vec 2 4))) :example ((?x [2 4])))
+""", "pins.rules")
+    variants = list(other_examples(one_dim))
+    assert len(variants) == 4 ** 2 - 1  # sizes 2 and 3 move freely, 4 stays
+    assert all(v["x"][1] == 4 for v in variants)
+    assert list(other_examples(whole)) == []  # every variant would break the guard
+
+
 def test_shapes_compare_by_rank_and_every_dimension():
     one_by_shape = """(rule ones
       :lhs (ewmul ?x (const_one [2 3] float32))
