@@ -265,6 +265,20 @@ class Rule:
         return "\n".join(parts) + ")"
 
 
+def operators(patterns) -> set[str]:
+    """The operators the tensor patterns apply."""
+    ops: set[str] = set()
+    todo = list(patterns)
+    while todo:
+        p = todo.pop()
+        if isinstance(p, Proj):
+            todo.append(p.pattern)
+        elif isinstance(p, App):
+            ops.add(p.op)
+            todo.extend(p.inputs)
+    return ops
+
+
 def walk_vars(node) -> Iterator[tuple[str, str]]:
     """``(name, "tensor" | "param")`` for every variable occurrence in a pattern or
     parameter expression (``node`` taken to be in a tensor position when a Var)."""

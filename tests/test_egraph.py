@@ -12,7 +12,7 @@ import pytest
 
 from taso_egg import zoo
 from taso_egg.api import extract_graph
-from taso_egg.egraph.saturate import Limits, saturate
+from taso_egg.egraph.saturate import Limits, rules_that_can_match, saturate
 from taso_egg.errors import LimitError
 from taso_egg.graph import new_graph
 from taso_egg.ops import OPS
@@ -469,6 +469,28 @@ def test_zoo_round_trip_without_rules(model):
     assert out.op_counts() == g.op_counts()
     assert out.structural_hash() == g.structural_hash()
     check_graphs_equivalent(g, out)
+
+
+def test_rules_that_can_never_match_are_not_compiled():
+    hand = load_corpus(["taso_hand"])
+    g = new_graph()
+    g.mark_output(g.conv2d(_x(g, (1, 4, 6, 6)), _w(g, (4, 4, 3, 3))), "y")
+    kept = {r.name for r in rules_that_can_match(hand, g)}
+    assert "merge-conv-enlarge" in kept     # its operators are in the graph
+    assert "split-concat-first" in kept     # the merge brings in split and concat
+    assert "transpose-matmul" not in kept   # nothing brings in a transpose or a matmul
+    assert kept < {r.name for r in hand}
+
+
+def test_leaving_out_rules_that_cannot_match_changes_nothing(nas_small):
+    from taso_egg.egraph.saturate import rules_egraph
+
+    rules = load_corpus()
+    assert len(rules_that_can_match(rules, nas_small)) < len(rules) / 2
+    some = saturate(nas_small, rules=rules)  # compiles only the rules that can match
+    every = saturate(nas_small, rules=rules, egraph=rules_egraph(rules))
+    assert some.enodes == every.enodes and some.stop_reason == every.stop_reason
+    assert [s.matches for s in some.iterations] == [s.matches for s in every.iterations]
 
 
 # --- limits -----------------------------------------------------------------------------

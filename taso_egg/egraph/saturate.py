@@ -121,6 +121,31 @@ def rules_egraph(rules):
     return egraph
 
 
+# Operators the e-graph of any graph may hold beyond the graph's own: the conversion
+# writes conv biases as a broadcast add plus activation, and broadcasts as reshapes.
+_CONVERSION_OPS = frozenset({"reshape", "ewadd", "relu", "sigmoid", "tanh"})
+
+
+def rules_that_can_match(rules, graph: Graph) -> list:
+    """The rules whose left-hand sides use only operators that can ever be in the
+    e-graph of ``graph``: its own, those of the conversion, and those the right-hand
+    sides of such rules add (to a fixed point). The others can never match, and
+    compiling them costs more than saturating most models (the generated corpus is
+    mostly rules over the generator's constants, which no model holds)."""
+    from ..rules.lang import operators
+
+    sides = [(r, operators(r.lhs), operators(r.rhs)) for r in rules]
+    present = {n.op for n in graph.nodes.values()} | _CONVERSION_OPS
+    grew = True
+    while grew:
+        grew = False
+        for _, lhs, rhs in sides:
+            if lhs <= present and not rhs <= present:
+                present |= rhs
+                grew = True
+    return [r for r, lhs, _ in sides if lhs <= present]
+
+
 def saturate(graph: Graph, rules=None, limits: Limits | None = None, progress=None,
              count_classes: bool = True, egraph=None) -> Saturation:
     """Build the e-graph of ``graph`` and apply ``rules`` (parsed Rule objects;
@@ -134,7 +159,7 @@ def saturate(graph: Graph, rules=None, limits: Limits | None = None, progress=No
     start = time.perf_counter()
     program = graph_to_program(graph)
     if egraph is None:
-        egraph = rules_egraph(rules)
+        egraph = rules_egraph(rules_that_can_match(rules, graph))
     egraph.parse_and_run_program(program.text)
     _run(egraph, "(saturate (run analysis))")
     sat = Saturation(graph, egraph, program, "saturated", rules=rules)
