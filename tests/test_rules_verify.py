@@ -254,6 +254,16 @@ def test_other_examples_keep_the_sizes_guards_pin():
     assert list(other_examples(whole)) == []  # every variant would break the guard
 
 
+def test_each_rule_draws_its_own_variants():
+    one, two = parse_rules("""
+(rule one :lhs (relu (relu ?x)) :rhs (relu ?x) :example ((?x [2 3 5])))
+(rule two :lhs (relu (relu (relu ?x))) :rhs (relu ?x) :example ((?x [2 3 5])))
+""", "draws.rules")
+    a, b = list(other_examples(one)), list(other_examples(two))
+    assert sorted(map(str, a)) == sorted(map(str, b))  # the same variants...
+    assert a[:5] != b[:5]                               # ...in another order
+
+
 def test_shapes_compare_by_rank_and_every_dimension():
     one_by_shape = """(rule ones
       :lhs (ewmul ?x (const_one [2 3] float32))
