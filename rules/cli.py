@@ -366,14 +366,14 @@ def stats_table(files) -> str:
                                 f"{lv['proved']} proved")
             rows.append(f"    rules emitted          {stats['rules_emitted']:>9}  "
                         f"({stats['multi_rules']} two-output; {stats['shapes_pinned']} with shapes pinned)")
-            derivation = (f", derivation {stats['derivation_seconds']:.1f}"
-                          if "derivation_seconds" in stats else "")
+            later_phases = (f", derivation {stats['derivation_seconds']:.1f}"
+                            if "derivation_seconds" in stats else "")
             checks = [lv["check_seconds"] for lv in stats.get("levels", []) if "check_seconds" in lv]
             if checks:
-                derivation += f", checks on other shapes {sum(checks):.1f}"
+                later_phases += f", checks on other shapes {sum(checks):.1f}"
             rows.append(f"    seconds                {stats['generation_seconds']:>9.1f}  "
                         f"(enumeration {stats['enumeration_seconds']:.1f}, pruning "
-                        f"{stats['pruning_seconds']:.1f}{derivation})")
+                        f"{stats['pruning_seconds']:.1f}{later_phases})")
         rows.append("  verification:")
         for status in ("proved", "refuted", "unknown", "unsupported", "unchecked", "no record"):
             if statuses.get(status):

@@ -12,11 +12,11 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
-from taso_egg.errors import RuleError, ShapeError, TasoEggError
+from taso_egg.errors import RuleError, TasoEggError
 from taso_egg.graph import Graph, Tensor
 from taso_egg.ops import OPS
 
-from .lang import CONSTANT_OPS, App, Guard, Lit, ParamOp, Proj, Rule, Var
+from .lang import CONSTANT_OPS, App, Guard, Lit, ParamOp, Proj, Rule, Var, walk_vars
 
 _COMPARE = {
     "=": lambda a, b: a == b, "!=": lambda a, b: a != b,
@@ -181,9 +181,7 @@ class _TypesOnly:
     @staticmethod
     def add_node(op: str, inputs, **params) -> list:
         spec = OPS[op]
-        lo, hi = spec.inputs
-        if len(inputs) < lo or (hi is not None and len(inputs) > hi):
-            raise ShapeError(f"{op}: takes {lo}..{hi} inputs, got {len(inputs)}")
+        spec.check_input_count(len(inputs), f"{op}: ")
         return spec.infer(spec.normalize_params(params), list(inputs))
 
 
@@ -316,25 +314,23 @@ def other_examples(rule: Rule, seed: int = 0, dims=(1, 2, 3, 4)) -> Iterator[dic
 
 
 def _pinned_sizes(rule: Rule, base: dict) -> set:
-    """The example's sizes that equality guards tie to literals."""
+    """The example's sizes that equality guards tie to constants: a ``shape`` or
+    ``dim`` query on one side, an expression without variables on the other, equal on
+    the example (``(= (shape ?x) (vec 2 4))``, ``(= (dim ?x 1) 4)``)."""
     pinned = set()
     for g in rule.guards:
         if g.kind != "=":
             continue
-        for query, literal in (g.args, g.args[::-1]):
-            if not (isinstance(query, ParamOp) and query.fn in ("shape", "dim")):
+        for query, constant in (g.args, g.args[::-1]):
+            if not (isinstance(query, ParamOp) and query.fn in ("shape", "dim")) \
+                    or next(walk_vars(constant), None) is not None:
                 continue
-            shape = base.get(query.args[0].name)
-            if not isinstance(shape, tuple):
-                continue
-            if query.fn == "shape" and isinstance(literal, ParamOp) and literal.fn == "vec" \
-                    and all(isinstance(a, Lit) for a in literal.args) \
-                    and tuple(a.value for a in literal.args) == shape:
-                pinned.update(shape)
-            elif query.fn == "dim" and isinstance(query.args[1], Lit) and isinstance(literal, Lit) \
-                    and isinstance(query.args[1].value, int) and -len(shape) <= query.args[1].value < len(shape) \
-                    and literal.value == shape[query.args[1].value]:
-                pinned.add(literal.value)
+            try:
+                value = evaluate_param(query, base, base.__getitem__, rule.where)
+                if value == evaluate_param(constant, base, base.__getitem__, rule.where):
+                    pinned.update(value if query.fn == "shape" else (value,))
+            except RuleError:
+                continue  # an axis out of range: the guard pins nothing
     return pinned
 
 

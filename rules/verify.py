@@ -101,8 +101,10 @@ def _same_shape(a, b):
     if not isinstance(a, _Shape):
         a, b = b, a
     n = _length(b)
-    dims = [z3.If(i < n, a[i] == b[i], a[i] == 0) if not isinstance(b, _Shape) else a[i] == b[i]
-            for i in range(_MAX_RANK)]
+    if isinstance(b, _Shape):
+        dims = [a[i] == b[i] for i in range(_MAX_RANK)]
+    else:  # a sequence has no elements past its length; the shape reads 0 there
+        dims = [z3.If(i < n, a[i] == b[i], a[i] == 0) for i in range(_MAX_RANK)]
     return z3.And(a.rank() == n, *dims)
 
 

@@ -83,10 +83,7 @@ class Graph:
         if spec is None:
             raise GraphError(f"unknown operator {op!r}; known: {sorted(OPS)}")
         where = f"{label or op} ({op}): "
-        lo, hi = spec.inputs
-        if len(inputs) < lo or (hi is not None and len(inputs) > hi):
-            raise ShapeError(f"{where}takes {lo}..{hi if hi is not None else 'n'} inputs, "
-                             f"got {len(inputs)}")
+        spec.check_input_count(len(inputs), where)
         for t in inputs:
             if not isinstance(t, Tensor) or t.node not in self.nodes:
                 raise GraphError(f"{where}input {t!r} is not a tensor of this graph")

@@ -66,6 +66,11 @@ class OpSpec:
     scaling: str = ""
     doc: str = ""
 
+    def check_input_count(self, n: int, where: str = "") -> None:
+        lo, hi = self.inputs
+        if n < lo or (hi is not None and n > hi):
+            raise ShapeError(f"{where}takes {lo}..{hi if hi is not None else 'n'} inputs, got {n}")
+
     def normalize_params(self, params: Mapping[str, Any], where: str = "") -> dict:
         unknown = set(params) - set(self.defaults)
         if unknown:
