@@ -2,8 +2,10 @@
 
     python -m taso_egg.extract.bench [--time-limit 60] [--instances bert vgg] [--extractors ilp]
 
-Data: --data DIR, else $TASO_EGG_BENCH_DATA, else ../shared/benchmarks/extraction-gym-tensat
-next to the repository.
+Data: --data DIR, else $TASO_EGG_BENCH_DATA, else the three e-graphs shipped for the
+tests (tests/data/extraction-gym-tensat: vgg_acyclic, resnet50_acyclic, resnet50). For
+all six Tensat e-graphs (BERT too), pass --data with a copy of extraction-gym's
+data/tensat folder.
 """
 
 from __future__ import annotations
@@ -23,16 +25,21 @@ from .table import fmt_gap, format_table
 # Best published DAG costs (CPLEX, 900 s; shared/REFERENCE.md). None for the _acyclic files.
 BEST_KNOWN = {"bert": 0.705, "resnet50": 4.386, "vgg": 4.851}
 _REPO = Path(__file__).resolve().parents[1]
+# In the repository (an editable install); a wheel does not carry the tests' data.
+SHIPPED_DATA = _REPO / "tests" / "data" / "extraction-gym-tensat"
 
 
 def default_data_dir() -> Path:
+    """$TASO_EGG_BENCH_DATA if set, else the shipped test e-graphs."""
     env = os.environ.get("TASO_EGG_BENCH_DATA")
-    return Path(env) if env else _REPO.parent / "shared" / "benchmarks" / "extraction-gym-tensat"
+    return Path(env) if env else SHIPPED_DATA
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m taso_egg.extract.bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=None, help="folder of egraph-serialize JSON files")
+    parser.add_argument("--data", type=Path, default=None,
+                        help="folder of egraph-serialize JSON files (default: $TASO_EGG_BENCH_DATA, "
+                             "else the repository's tests/data/extraction-gym-tensat)")
     parser.add_argument("--time-limit", type=float, default=60.0, metavar="S", help="per ILP run (default 60)")
     parser.add_argument("--instances", nargs="+", metavar="NAME", help="file names without .json (default: all)")
     parser.add_argument("--extractors", nargs="+", choices=list(EXTRACTORS), default=list(EXTRACTORS))

@@ -6,12 +6,13 @@ import json
 import random
 import shutil
 import time
+from pathlib import Path
 
 import pytest
 
 from taso_egg.errors import ExtractionError, LimitError
 from taso_egg.extract import EXTRACTORS, check_choice, extract, load_egraph
-from taso_egg.extract.bench import default_data_dir
+from taso_egg.extract.bench import SHIPPED_DATA, default_data_dir
 from taso_egg.extract.bench import main as bench_main
 from taso_egg.extract.check import used_classes
 from taso_egg.extract.cli import add_arguments as add_extract_arguments, run as run_extract_command
@@ -21,8 +22,8 @@ from taso_egg.extract.lns import NeighbourhoodSearch
 from taso_egg.extract.result import OPTIMAL
 from taso_egg.extract.shrink import shrink
 
-DATA = default_data_dir()
-needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"benchmark folder {DATA} not present")
+# Three of extraction-gym's Tensat e-graphs, shipped with the tests (see its README).
+DATA = Path(__file__).parent / "data" / "extraction-gym-tensat"
 
 
 def egraph_dict(classes: dict[str, list[tuple[float, list[str]]]], roots=("r",)) -> dict:
@@ -272,7 +273,6 @@ def test_limits_and_names_are_checked():
 
 # --- benchmark files ------------------------------------------------------------------
 
-@needs_data
 @pytest.mark.parametrize("instance", ["vgg_acyclic", "resnet50_acyclic"])
 def test_benchmark_files(instance):
     g = load_egraph(DATA / f"{instance}.json")
@@ -285,7 +285,6 @@ def test_benchmark_files(instance):
         assert ilp.dag_cost < greedy.dag_cost - 1e-3  # sharing pays off here
 
 
-@needs_data
 def test_neighbourhood_search_reaches_best_known_on_resnet50():
     # Without the full MIP: the sub-models alone reach the best published cost (4.386).
     g = load_egraph(DATA / "resnet50.json")
@@ -295,7 +294,6 @@ def test_neighbourhood_search_reaches_best_known_on_resnet50():
     assert best.cost <= 4.386 < greedy.dag_cost
 
 
-@needs_data
 def test_cli_writes_a_valid_choice(tmp_path, capsys):
     src = tmp_path / "vgg_acyclic.json"
     shutil.copy(DATA / "vgg_acyclic.json", src)
@@ -311,12 +309,22 @@ def test_cli_writes_a_valid_choice(tmp_path, capsys):
     assert check_choice(g, choice) == pytest.approx(written["dag_cost"])
 
 
-@needs_data
 def test_bench_prints_a_table(tmp_path, capsys):
     shutil.copy(DATA / "vgg_acyclic.json", tmp_path / "vgg_acyclic.json")
     assert bench_main(["--data", str(tmp_path), "--time-limit", "5"]) == 0
     out = capsys.readouterr().out
     assert out.count("vgg_acyclic") == len(EXTRACTORS)
+
+
+def test_bench_data_defaults_to_the_shipped_files(monkeypatch, capsys):
+    monkeypatch.delenv("TASO_EGG_BENCH_DATA", raising=False)
+    assert default_data_dir() == SHIPPED_DATA and SHIPPED_DATA.samefile(DATA)
+    assert {p.name for p in DATA.glob("*.json")} == {"vgg_acyclic.json", "resnet50_acyclic.json",
+                                                     "resnet50.json"}
+    assert bench_main(["--instances", "vgg_acyclic", "--extractors", "greedy-dag"]) == 0
+    assert "vgg_acyclic" in capsys.readouterr().out
+    monkeypatch.setenv("TASO_EGG_BENCH_DATA", "/elsewhere")
+    assert default_data_dir() == Path("/elsewhere")
 
 
 def test_missing_data_dir_gives_an_error(tmp_path, capsys):
