@@ -839,7 +839,10 @@ def load_rule_file(path) -> list[Rule]:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
-        raise RuleError(f"{path}: cannot read rule file: {e}") from None
+        raise RuleError(f"{path}: cannot read rule file: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise RuleError(f"{path}: not a rule file (not UTF-8 text: byte {e.start} is "
+                        f"0x{e.object[e.start]:02x})") from None
     return parse_rules(text, str(path))
 
 

@@ -20,7 +20,7 @@ from .cost import (
 )
 from .egraph.convert import TensorEGraph, build_graph
 from .egraph.saturate import Limits, Saturation, saturate
-from .errors import ExtractionError, ShapeError, TasoEggError
+from .errors import ExtractionError, LimitError, ShapeError, TasoEggError
 from .graph import Graph
 from .ops import OPS, TensorType
 from .rules.lang import load_corpus
@@ -161,32 +161,51 @@ def extract_graph(saturation: Saturation, extractor: str = "greedy-dag",
                       [node for _, node in picks])
 
 
+# An upper bound on ``measure``: each run times both graphs once more; past a few
+# hundred interleaved runs the median no longer moves, only the wait grows.
+MAX_MEASURE = 200
+
+
 def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: str = "greedy-dag",
              cost_model: CostModel | None = None, progress=None, verify: bool = True,
              seed: int = 0, profile: str = DEFAULT_PROFILE, min_gain: float = MIN_GAIN,
-             measure: int = 0) -> OptimizeResult:
+             measure: int = 0, extract_time_limit: float | None = None, phase=None,
+             measure_progress=None) -> OptimizeResult:
     """Saturate, extract, check numerically, and keep the better of input and result.
 
     Costs come from ``cost_model`` when given, else from ``profile`` (a shipped profile's
     name, a profile path, or "analytic"; see ``taso_egg.cost.load_cost_model``).
     The result replaces the input only when its predicted cost is lower by more than
     ``min_gain`` (a fraction): smaller predicted gains are within the cost model's
-    error and measured as often slower as faster. With ``measure`` > 0 both graphs are
-    also exported and timed in onnxruntime (``measure`` interleaved runs each); a
-    result measured slower than the input is not returned."""
+    error and measured as often slower as faster. With ``measure`` > 0 (at most
+    MAX_MEASURE) both graphs are also exported and timed in onnxruntime (``measure``
+    interleaved runs each); a result measured slower than the input is not returned.
+
+    ``extract_time_limit`` bounds the extractor in seconds (the ILP's default, 60 s,
+    when None). ``progress(iteration_stats)`` is called after each saturation
+    iteration, ``phase(message)`` when a later phase starts, and
+    ``measure_progress(done, total)`` after each measured run."""
     if not 0 <= min_gain < 1:
         raise TasoEggError(f"min_gain must be a fraction in [0, 1), got {min_gain!r}")
-    if measure < 0:
-        raise TasoEggError(f"measure must be a number of runs >= 0, got {measure!r}")
+    if not (isinstance(measure, int) and 0 <= measure <= MAX_MEASURE):
+        raise LimitError(f"measure must be a number of runs from 0 to {MAX_MEASURE}, got {measure!r}")
+    if extract_time_limit is not None and not extract_time_limit > 0:
+        raise LimitError(f"extract_time_limit must be a positive number of seconds, "
+                         f"got {extract_time_limit!r}")
+    phase = phase or (lambda message: None)
     model = cost_model or load_cost_model(profile)
     graph.validate()
     t0 = time.perf_counter()
     rules = tuple(load_corpus() if rules is None else rules)
     # Counting e-classes serializes the e-graph: per iteration only for a progress display.
     sat = saturate(graph, rules=rules, limits=limits, progress=progress, count_classes=progress is not None)
-    ext = extract_graph(sat, extractor, model)
+    phase(f"extracting ({extractor}"
+          + (f", time limit {extract_time_limit:g} s)" if extract_time_limit else ")"))
+    ext = extract_graph(sat, extractor, model, extract_time_limit)
     before, after = runtime_cost(graph, rules, model), graph_cost(ext.graph, model)
     t_check = time.perf_counter()
+    if verify:
+        phase("checking the extracted graph against the input (our executor, float64)")
     check_error = check_graphs_equivalent(graph, ext.graph, seed=seed) if verify else None
     check_seconds = time.perf_counter() - t_check
     best, kept = ext.graph, ""  # kept: why the input is returned instead
@@ -196,11 +215,8 @@ def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: 
             if before > 0 else "the input costs nothing"
     measured = None
     if measure and best is not graph:
-        from .compare import measure as measure_runs
-
-        measured = measure_runs(graph, {"optimized": best}, measure, runtimes=("ort",))["ort"]
-        if measured["optimized"] > measured["original"]:
-            best, kept = graph, "the result measured slower than the input in onnxruntime"
+        phase(f"timing input and result in onnxruntime ({measure} interleaved runs each)")
+        best, measured, kept = keep_unless_faster(graph, best, measure, measure_progress)
     stats = {
         "saturation_seconds": sat.seconds,
         "extraction_seconds": ext.seconds,
@@ -225,6 +241,21 @@ def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: 
         stats["cost_lookups"] = model.lookups()
     return OptimizeResult(best, graph, before, after if best is ext.graph else before,
                           getattr(model, "name", "cost model"), stats, sat)
+
+
+def keep_unless_faster(graph: Graph, candidate: Graph, repeats: int,
+                       progress=None) -> tuple[Graph, dict[str, float], str]:
+    """Time ``graph`` and ``candidate`` in onnxruntime (``repeats`` interleaved runs,
+    median); ``(graph, times, why)`` when the candidate measured slower, else
+    ``(candidate, times, "")``. Times are milliseconds under "original" and
+    "optimized". Every command that writes an optimized graph applies this guard."""
+    from .compare import measure as measure_runs
+
+    times = measure_runs(graph, {"optimized": candidate}, repeats, runtimes=("ort",),
+                         progress=progress)["ort"]
+    if times["optimized"] > times["original"]:
+        return graph, times, "the result measured slower than the input in onnxruntime"
+    return candidate, times, ""
 
 
 def runtime_form(graph: Graph, rules, model: CostModel) -> Graph:

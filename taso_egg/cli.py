@@ -6,10 +6,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import math
+import signal
 import sys
 
 from .cost import MIN_GAIN
-from .errors import TasoEggError
+from .errors import ExportError, LimitError, TasoEggError
 
 
 def parse_input_shapes(items) -> dict[str, tuple[int, ...]]:
@@ -28,18 +30,24 @@ def parse_input_shapes(items) -> dict[str, tuple[int, ...]]:
 def _add_model_args(p) -> None:
     p.add_argument("model", help="ONNX file")
     p.add_argument("--input-shape", action="append", metavar="NAME=D1,D2,...",
-                   help="fix a symbolic input dimension (repeatable)")
+                   help="fix a symbolic input dimension (repeatable); naming no input, or "
+                        "changing a dimension the model fixes, is an error")
 
 
 def _cmd_inspect(args) -> int:
-    from .onnx_io.importer import load_onnx
+    from .onnx_io.counts import describe
+    from .onnx_io.importer import load_onnx, read_model, upgraded
 
-    g = load_onnx(args.model, parse_input_shapes(args.input_shape))
-    print(f"{args.model}: {len(g.nodes)} nodes, opset {g.opset}")
+    original = read_model(args.model)
+    g = load_onnx(upgraded(original), parse_input_shapes(args.input_shape))
+    print(f"{args.model}: {describe(original)}; opset {g.opset}")
     print("  inputs : " + ", ".join(f"{n.params['name']} {n.outputs[0]}" for n in g.inputs()))
     print("  outputs: " + ", ".join(f"{name} {t.type}" for name, t in g.outputs))
     print(f"  weights: {len(g.weights())}")
-    for op, count in sorted(g.op_counts().items(), key=lambda kv: (-kv[1], kv[0])):
+    counts = g.op_counts(runtime_only=True)
+    print(f"  as the operator table holds them: {sum(counts.values())} operators that run "
+          f"(shape arithmetic folded, weight-only work counted out)")
+    for op, count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
         extra = ""
         if op == "opaque":
             kinds = {}
@@ -55,104 +63,171 @@ def _cmd_convert(args) -> int:
     """Load, export, and check that onnxruntime computes the same on both files."""
 
     from .executor import random_inputs
+    from .files import check_writable
+    from .onnx_io.counts import describe
     from .onnx_io.exporter import export_onnx, save_atomically
-    from .onnx_io.importer import load_onnx, _read
+    from .onnx_io.importer import load_onnx, read_model_file, upgraded
     from .verify import compare_outputs, onnx_outputs
 
-    original = _read(args.model)
-    g = load_onnx(original, parse_input_shapes(args.input_shape))
+    shapes = parse_input_shapes(args.input_shape)
+    check_writable(args.output, ExportError)
+    original, external = read_model_file(args.model)
+    reference = upgraded(original)
+    g = load_onnx(reference, shapes)
     model = export_onnx(g)
     feeds = random_inputs(g)
-    err = compare_outputs(onnx_outputs(original, feeds), onnx_outputs(model, feeds),
+    err = compare_outputs(onnx_outputs(reference, feeds), onnx_outputs(model, feeds),
                           what="exported model")
-    save_atomically(model, args.output)
-    print(f"wrote {args.output}: {len(model.graph.node)} ONNX nodes "
-          f"(from {len(original.graph.node)}); outputs agree within {err:.2g} relative")
+    summary = describe(model)
+    save_atomically(model, args.output, external_data=external)
+    print(f"wrote {args.output}: {summary} (input: {describe(original)}); "
+          f"outputs agree within {err:.2g} relative")
     return 0
 
 
 def _cmd_optimize(args) -> int:
-    import numpy as np
-
-    from .api import optimize
+    # Everything a user can get wrong is checked before anything heavy loads.
+    from .api import MAX_MEASURE
     from .egraph.saturate import Limits
-    from .executor import random_inputs
-    from .onnx_io.exporter import export_onnx, save_atomically
-    from .onnx_io.importer import _read, load_onnx
-    from .rules.lang import load_corpus, load_rule_file
-    from .verify import compare_outputs, onnx_outputs
+    from .files import check_writable
+    from .onnx_io.importer import load_onnx, read_model_file, upgraded
 
     limits = Limits(nodes=args.node_limit, iterations=args.iter_limit, seconds=args.time_limit,
                     multi_iterations=args.multi_iterations)
-    rules = load_corpus()
-    for path in args.rules or ():
-        rules += load_rule_file(path)
-    original = _read(args.model)
-    g = load_onnx(original, parse_input_shapes(args.input_shape))
-    print(f"{args.model}: {len(g.nodes)} nodes; {len(rules)} rules; saturating "
-          f"(limits: {limits.nodes} e-nodes, {limits.iterations} iterations, {limits.seconds:g} s, "
-          f"multi-pattern iterations {limits.multi_iterations})", file=sys.stderr)
+    if not 0 <= args.measure <= MAX_MEASURE:
+        raise LimitError(f"--measure {args.measure}: give a number of runs from 0 to {MAX_MEASURE}")
+    if not args.extract_time_limit > 0:
+        raise LimitError(f"--extract-time-limit {args.extract_time_limit:g}: give a positive "
+                         f"number of seconds")
+    shapes = parse_input_shapes(args.input_shape)
+    check_writable(args.output, ExportError)
+    original, external = read_model_file(args.model)
+    reference = upgraded(original)  # what onnxruntime runs as the original
+    g = load_onnx(reference, shapes)
+
+    from .api import optimize
+    from .onnx_io.counts import describe, format_table, operator_counts
+    from .onnx_io.exporter import export_onnx, save_atomically
+    from .rules.lang import load_corpus, load_rule_file
+
+    extra = [rule for path in args.rules or () for rule in load_rule_file(path)]
+    rules = load_corpus() + extra
+    say = _stderr_line
+    say(f"{args.model}: {describe(original)}; {len(rules)} rules; saturating (limits: "
+        f"{limits.nodes} e-nodes, {limits.iterations} iterations, {limits.seconds:g} s, "
+        f"multi-pattern iterations {limits.multi_iterations})")
 
     def progress(it):
         top = sorted(it.matches.items(), key=lambda kv: -kv[1])[:3]
-        print(f"  iteration {it.iteration:>2}: {it.enodes:>7} e-nodes {it.eclasses:>7} e-classes "
-              f"{it.seconds:6.2f} s  " + ", ".join(f"{k} x{v}" for k, v in top), file=sys.stderr)
+        say(f"  iteration {it.iteration:>2}: {it.enodes:>7} e-nodes {it.eclasses:>7} e-classes "
+            f"{it.seconds:6.2f} s  " + ", ".join(f"{k} x{v}" for k, v in top))
 
-    result = optimize(g, rules=rules, limits=limits, extractor=args.extractor, progress=progress,
-                      profile=args.profile, min_gain=args.min_gain, measure=args.measure)
-    model = export_onnx(result.graph)
-    feeds = random_inputs(g)
-    expected = onnx_outputs(original, feeds)
-    if all(np.all(np.isfinite(v)) for v in expected.values() if v.dtype.kind == "f"):
-        err = compare_outputs(expected, onnx_outputs(model, feeds), what="optimized model in onnxruntime")
-    else:  # the graph check above ran with tracked exponents; float32 cannot say more
-        err = None
-        print("note: the model's float32 outputs overflow on random inputs, so the onnxruntime "
-              "cross-check is skipped; the graph check passed", file=sys.stderr)
-    _print_summary(result, err)
+    with _Rounds("timing") as rounds:
+        result = optimize(g, rules=rules, limits=limits, extractor=args.extractor, progress=progress,
+                          profile=args.profile, min_gain=args.min_gain, measure=args.measure,
+                          extract_time_limit=args.extract_time_limit, phase=say,
+                          measure_progress=rounds.update)
     if result.graph is g:  # nothing worth changing: hand back the model as it came
-        model = original
-    save_atomically(model, args.output)
-    print(f"wrote {args.output}")
+        model, ort_error = original, None
+    else:
+        say("checking the written model in onnxruntime against the input")
+        model = export_onnx(result.graph)
+        ort_error = _check_in_onnxruntime(reference, model, g)
+    _print_summary(result, ort_error)
+    print(format_table(operator_counts(original), operator_counts(model)))
+    save_atomically(model, args.output, external_data=external)
+    print(f"wrote {args.output}: {describe(model)}"
+          + (" (the input, unchanged)" if model is original else ""))
     return 0
 
 
-def _print_summary(result, err: float | None) -> None:
+def _check_in_onnxruntime(reference, model, g) -> float | None:
+    """The relative error of ``model`` against ``reference`` in onnxruntime (float32);
+    None when the reference's outputs are not finite on random inputs (the graph check
+    ran with tracked exponents; float32 cannot say more)."""
+    import numpy as np
+
+    from .executor import random_inputs
+    from .verify import compare_outputs, onnx_outputs
+
+    feeds = random_inputs(g)
+    expected = onnx_outputs(reference, feeds)
+    if all(np.all(np.isfinite(v)) for v in expected.values() if v.dtype.kind == "f"):
+        return compare_outputs(expected, onnx_outputs(model, feeds),
+                               what="optimized model in onnxruntime")
+    _stderr_line("note: the model's float32 outputs overflow on random inputs, so the "
+                 "onnxruntime cross-check is skipped; the graph check passed")
+    return None
+
+
+def _print_summary(result, ort_error: float | None) -> None:
     st = result.stats
-    before, after = st["ops_before"], st["ops_after"]
-    print(f"{'operator':<16}{'before':>8}{'after':>8}")
-    for op in sorted(set(before) | set(after)):
-        print(f"{op:<16}{before.get(op, 0):>8}{after.get(op, 0):>8}")
-    print(f"{'cost':<16}{result.cost_before * 1e3:>8.3f}{result.cost_after * 1e3:>8.3f}  ms "
-          f"({result.cost_model}); predicted speedup {result.speedup:.3f}x")
+    ms = st["measured_ms"]
+    kept = st["kept_input"]
+    before, extracted = result.cost_before, st["extracted_cost"]  # as a runtime runs each
+    predicted = before / extracted if extracted > 0 else math.inf
+    if ms:
+        print(f"speedup: measured {ms['original'] / ms['optimized']:.3f}x in onnxruntime "
+              f"(ORT_ENABLE_ALL, 1 thread, median CPU time: input {ms['original']:.3f} ms, "
+              f"result {ms['optimized']:.3f} ms); predicted {predicted:.3f}x ({result.cost_model})")
+    else:
+        print(f"speedup: not measured; predicted {predicted:.3f}x ({result.cost_model})")
+    if kept:
+        print(f"result: the input is written unchanged: {kept}; the extracted graph was "
+              f"predicted at {extracted * 1e3:.4g} ms against the input's {before * 1e3:.4g} ms")
+    else:
+        print(f"result: the extracted graph replaces the input (predicted "
+              f"{extracted * 1e3:.4g} ms against {before * 1e3:.4g} ms)")
     print(f"e-graph: {st['enodes']} e-nodes, {st['eclasses']} e-classes after {st['iterations']} "
           f"iterations; stopped: {st['stop_reason']}")
     print(f"time: saturation {st['saturation_seconds']:.2f} s, extraction ({st['extractor']}, "
-          f"{st['extractor_status']}) {st['extraction_seconds']:.2f} s, total {st['total_seconds']:.2f} s")
-    print(f"check ({st['check_seconds']:.1f} s): outputs equal the original's within "
-          f"{st['check_error']:.2g} relative "
-          f"(our executor, float64, tracked exponents)")
-    if err is not None:
-        print(f"       and in onnxruntime (float32) within {err:.2g} relative")
-    if st["measured_ms"]:
-        ms = st["measured_ms"]
-        print(f"onnxruntime (ORT_ENABLE_ALL, 1 thread, median CPU time): original {ms['original']:.3f} ms, "
-              f"optimized {ms['optimized']:.3f} ms ({ms['original'] / ms['optimized']:.3f}x)")
-    if st["kept_input"]:
-        print(f"note: writing the original model unchanged: {st['kept_input']} "
-              f"(extracted graph's cost {st['extracted_cost'] * 1e3:.3f} ms)")
+          f"{st['extractor_status']}) {st['extraction_seconds']:.2f} s, check "
+          f"{st['check_seconds']:.2f} s, total {st['total_seconds']:.2f} s")
+    if st["check_error"] is not None:
+        print(f"check: the extracted graph's outputs equal the input's within "
+              f"{st['check_error']:.2g} relative (our executor, float64, tracked exponents)"
+              + (f"; the written model's in onnxruntime (float32) within {ort_error:.2g}"
+                 if ort_error is not None else ""))
+
+
+def _stderr_line(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+class _Rounds:
+    """A progress bar on stderr for measured runs, opened at the first update."""
+
+    def __init__(self, what: str):
+        self.what, self.bar = what, None
+
+    def update(self, done: int, total: int) -> None:
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=f"  {self.what}", unit="run", file=sys.stderr,
+                            leave=False)
+        self.bar.update(done - self.bar.n)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.close()
 
 
 def _cmd_zoo(args) -> int:
     from . import zoo
+    from .files import check_writable
+    from .onnx_io.counts import describe
     from .onnx_io.exporter import export_onnx
 
     builders = zoo.MODELS
     if args.name not in builders:
         raise TasoEggError(f"unknown zoo model {args.name!r}; choose from {', '.join(sorted(builders))}")
-    g = builders[args.name]()
-    export_onnx(g, args.output)
-    print(f"wrote {args.output}: {g.summary()}")
+    check_writable(args.output, ExportError)
+    model = export_onnx(builders[args.name](), args.output)
+    print(f"wrote {args.output}: {describe(model)}")
     return 0
 
 
@@ -188,12 +263,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--node-limit", type=int, default=20_000, help="stop past this many e-nodes")
     p.add_argument("--iter-limit", type=int, default=15, help="stop after this many iterations")
     p.add_argument("--time-limit", type=float, default=30.0, help="stop saturating after this many seconds")
+    p.add_argument("--extract-time-limit", type=float, default=60.0, metavar="S",
+                   help="stop the extractor after S seconds (default 60; the ILP then keeps its "
+                        "best graph so far)")
     p.add_argument("--multi-iterations", type=int, default=2,
                    help="iterations in which multi-pattern rules run (k_multi)")
     p.add_argument("--rules", action="append", metavar="FILE", help="extra .rules file (repeatable)")
     p.add_argument("--measure", type=int, default=5, metavar="N",
-                   help="time original and result N times in onnxruntime; keep the original if the "
-                        "result is slower (0: skip)")
+                   help="time original and result N times in onnxruntime (at most 200); keep the "
+                        "original if the result is slower (0: skip)")
     p.add_argument("--min-gain", type=float, default=MIN_GAIN, metavar="F",
                    help=f"keep the original unless the predicted cost drops by more than this "
                         f"fraction (default {MIN_GAIN}: the cost model's measured error on speedups)")
@@ -215,10 +293,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised where Python is so that ``finally`` blocks (temporary files)
+    run, as they do for Ctrl-C."""
+
+
+def _terminate(signum, frame):
+    raise Terminated()
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(message)s")
+    previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         return int(args.func(args) or 0)
     except TasoEggError as e:
@@ -229,6 +317,11 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("taso-egg: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print("taso-egg: terminated", file=sys.stderr)
+        return 143
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -209,11 +209,16 @@ def build_graph(eg: TensorEGraph, picks: list[tuple[str, str]], source: Graph,
     g = Graph(opset=source.opset)
     g.ir_version = source.ir_version
     weights = {n.params["name"]: n for n in source.weights()}
+    # Every input of the source, in its order, used or not: the model's interface
+    # (what callers feed) does not change with what the extraction picked.
+    inputs = {n.params["name"]: g.new_input(n.params["shape"], name=n.params["name"],
+                                            dtype=n.params["dtype"]) for n in source.inputs()}
     built: dict[str, object] = {}  # class -> Tensor, list[Tensor] (tuples) or list (TList)
     for cid, nid in picks:
         n = by_id[nid]
         kids = [built[c] for c in n.children]
-        built[cid] = _build_node(g, n, kids, weights, source, opaque)
+        built[cid] = inputs[n.params["name"]] if n.op == "input" else \
+            _build_node(g, n, kids, weights, source, opaque)
     for (name, _), cid in zip(source.outputs, eg.roots):
         g.mark_output(built[cid], name)
     return fuse_bias_and_activation(g)
@@ -226,8 +231,6 @@ def _build_node(g: Graph, n: ENode, kids, weights, source, opaque):
         return [kids[0]] + kids[1]
     if n.op == "proj":
         return kids[0][n.params["index"]]
-    if n.op == "input":
-        return g.new_input(n.params["shape"], name=n.params["name"], dtype=n.params["dtype"])
     if n.op == "weight":
         src = weights[n.params["name"]]
         t = g.new_weight(n.params["shape"], name=n.params["name"], dtype=n.params["dtype"])

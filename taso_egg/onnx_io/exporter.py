@@ -9,6 +9,7 @@ a temporary file so a failure never leaves a half-written model at the path.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 
@@ -34,11 +35,22 @@ def export_onnx(graph: Graph, path: str | os.PathLike | None = None, name: str =
     return model
 
 
-def save_atomically(model, path) -> None:
-    """Write to a temporary file beside ``path`` and rename: all or nothing."""
+def save_atomically(model, path, external_data: bool = False) -> None:
+    """Write to a temporary file beside ``path`` and rename: all or nothing.
+
+    ``external_data`` keeps the weights in ``<name>.data`` beside the model, as the
+    input had them (protobuf cannot write a model over 2 GB inline); the model's
+    tensors then point to that file instead of holding their data."""
     import onnx
 
-    write_atomically(path, lambda tmp: onnx.save(model, tmp), ExportError)
+    if not external_data:
+        write_atomically(path, lambda tmp: onnx.save(model, tmp), ExportError)
+        return
+    data = f"{Path(path).name}.data"
+    write_atomically(path, lambda tmp: onnx.save(model, tmp, save_as_external_data=True,
+                                                 all_tensors_to_one_file=True, location=data,
+                                                 size_threshold=1024),
+                     ExportError, companions=(data,))
 
 
 class _Exporter:

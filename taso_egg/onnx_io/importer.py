@@ -38,17 +38,25 @@ def load_onnx(model, input_shapes: Mapping[str, Sequence[int]] | None = None) ->
 
     ``input_shapes`` fixes symbolic dimensions (e.g. a dynamic batch) by input name.
     """
-    proto = _read(model)
+    proto = upgraded(read_model(model))
     return _Importer(proto, dict(input_shapes or {})).run()
 
 
-def _read(model):
+def read_model(model):
+    """The ModelProto of a path, bytes or ModelProto, with any external data loaded;
+    one OnnxImportError naming what is wrong otherwise."""
+    return read_model_file(model)[0]
+
+
+def read_model_file(model):
+    """``(proto, external)``: as ``read_model``, and whether the file kept its weights
+    in external data (so that what is written back can keep them apart too)."""
     import onnx
     from google.protobuf.message import DecodeError
 
     if isinstance(model, onnx.ModelProto):
-        return model
-    where = "bytes"
+        return model, False
+    where, external = "bytes", False
     try:
         if isinstance(model, (bytes, bytearray)):
             proto = onnx.load_from_string(bytes(model))
@@ -56,14 +64,63 @@ def _read(model):
             where = os.fspath(model)
             if not os.path.isfile(where):
                 raise OnnxImportError(f"{where}: no such file")
-            proto = onnx.load(where)
+            proto = onnx.load(where, load_external_data=False)
+            external = has_external_data(proto)
+            if external:
+                _load_external_data(proto, where)
     except TasoEggError:
         raise
     except (DecodeError, ValueError, RuntimeError, OSError) as e:
         raise OnnxImportError(f"{where}: not a readable ONNX model ({type(e).__name__}: {e})") from None
     if not proto.graph.node and not proto.graph.output:
         raise OnnxImportError(f"{where}: not an ONNX model (no graph)")
-    return proto
+    _check_opset(proto, where)
+    return proto, external
+
+
+def has_external_data(proto) -> bool:
+    """Whether any initializer keeps its data in another file (not loaded yet)."""
+    from onnx import TensorProto
+
+    return any(t.data_location == TensorProto.EXTERNAL for t in proto.graph.initializer)
+
+
+def _load_external_data(proto, path: str) -> None:
+    from onnx import checker
+    from onnx.external_data_helper import load_external_data_for_model
+
+    try:
+        load_external_data_for_model(proto, os.path.dirname(os.path.abspath(path)))
+    except (checker.ValidationError, OSError) as e:
+        raise OnnxImportError(f"{path}: its external weight data cannot be read "
+                              f"({str(e).strip().splitlines()[0]})") from None
+
+
+def _check_opset(proto, where) -> None:
+    import onnx
+
+    opset, newest = _default_opset(proto), onnx.defs.onnx_opset_version()
+    if opset > newest:
+        raise OnnxImportError(f"{where}: model uses opset {opset}; the installed onnx "
+                              f"{onnx.__version__} knows opsets up to {newest}")
+    if opset < 1:
+        raise OnnxImportError(f"{where}: model declares opset {opset}, which does not exist")
+
+
+def upgraded(proto):
+    """``proto`` converted to opset MIN_OPSET when it is older (onnxruntime runs no
+    opset before 7, and the importers read the sizes and axes that opset 13 moved to
+    inputs); ``proto`` itself otherwise."""
+    from onnx import version_converter
+
+    opset = _default_opset(proto)
+    if opset >= MIN_OPSET:
+        return proto
+    try:
+        return version_converter.convert_version(proto, MIN_OPSET)
+    except Exception as e:
+        raise OnnxImportError(f"model uses opset {opset}; converting it to opset "
+                              f"{MIN_OPSET} failed: {str(e).strip().splitlines()[0]}") from None
 
 
 def _default_opset(proto) -> int:
@@ -83,7 +140,6 @@ class _Importer:
     opaque_seen: set = field(default_factory=set)
 
     def run(self) -> Graph:
-        self._upgrade_opset()
         graph = self.proto.graph
         self.opset = _default_opset(self.proto)
         self.domain_opsets = {o.domain: o.version for o in self.proto.opset_import}
@@ -94,6 +150,12 @@ class _Importer:
         for vi in graph.input:
             if vi.name not in initializers:
                 self._add_input(vi)
+        unknown = sorted(set(self.input_shapes) - set(self.types))
+        if unknown:
+            raise OnnxImportError(f"a shape is given (--input-shape, input_shapes) for "
+                                  f"{', '.join(map(repr, unknown))}, which is not an input of "
+                                  f"the model (its inputs: "
+                                  f"{', '.join(repr(n) for n in self.types) or 'none'})")
         self._infer_types()
         for node in _topological(graph.node):
             self._import_node(node)
@@ -104,17 +166,6 @@ class _Importer:
         return self.g
 
     # --- set-up --------------------------------------------------------------------
-
-    def _upgrade_opset(self):
-        from onnx import version_converter
-
-        opset = _default_opset(self.proto)
-        if opset < MIN_OPSET:
-            try:
-                self.proto = version_converter.convert_version(self.proto, MIN_OPSET)
-            except Exception as e:
-                raise OnnxImportError(f"model uses opset {opset}; converting it to opset "
-                                      f"{MIN_OPSET} failed: {e}") from None
 
     def _read_initializers(self):
         from onnx import numpy_helper
@@ -140,8 +191,17 @@ class _Importer:
         if override is not None:
             shape = tuple(int(d) for d in override)
             if len(shape) != len(tt.shape.dim):
-                raise OnnxImportError(f"input {vi.name!r}: input_shapes gives rank {len(shape)}, "
-                                      f"the model says rank {len(tt.shape.dim)}")
+                raise OnnxImportError(f"input {vi.name!r}: the shape given for it has rank "
+                                      f"{len(shape)}, the model says rank {len(tt.shape.dim)}")
+            for axis, (d, size) in enumerate(zip(tt.shape.dim, shape)):
+                if d.HasField("dim_value") and d.dim_value > 0 and d.dim_value != size:
+                    raise OnnxImportError(
+                        f"input {vi.name!r}: the shape given for it (--input-shape, input_shapes) "
+                        f"has {size} at axis {axis}, where the model fixes {d.dim_value}; only "
+                        f"symbolic dimensions can be set")
+                if size < 1:
+                    raise OnnxImportError(f"input {vi.name!r}: the shape given for it has {size} "
+                                          f"at axis {axis}; sizes must be >= 1")
         else:
             shape = []
             for axis, d in enumerate(tt.shape.dim):

@@ -21,7 +21,8 @@ def _opaque_infer(p, ins):
 
 
 def _opaque_kernel(xp, p, *arrays):
-    host = [a if isinstance(a, np.ndarray) else xp.asnumpy(a) for a in arrays]
+    # np.asarray: float64 arithmetic on a 0-d array hands back a NumPy scalar
+    host = [np.asarray(a) if xp is np else xp.asnumpy(a) for a in arrays]
     outs = run_node(p["op_type"], p["domain"], p["opset"], p["attrs"],
                     tuple((a.shape, str(a.dtype)) for a in host), len(p["out_types"]), host,
                     p["empty_inputs"])
@@ -58,13 +59,53 @@ def with_gaps(names, empty_positions):
 
 
 def run_node(op_type, domain, opset, attrs, in_types, n_outputs, arrays, empty_inputs=()):
-    """Run one ONNX node (attributes as serialized protos) on NumPy arrays."""
-    session = _session(op_type, domain, opset, attrs, in_types, n_outputs, tuple(empty_inputs))
+    """Run one ONNX node (attributes as serialized protos) on NumPy arrays.
+
+    The numerical check runs graphs in float64, but onnxruntime has no float64 kernel
+    for many operators (Resize, LSTM, Erf inside opset-20 Gelu, ...): where building
+    or running the node in float64 fails, it runs in float32 and its float outputs are
+    widened back, so the check sees float32 round-off of this one node instead of a
+    failure."""
+    key = (op_type, domain, opset, attrs, tuple(in_types), n_outputs, tuple(empty_inputs))
+    wide = any(dt == "float64" for _, dt in in_types)
+    if wide and key in _NO_FLOAT64:
+        return _run_narrowed(key, arrays)
+    try:
+        return _run(key, arrays)
+    except ExecutionError:
+        if not wide:
+            raise
+        outs = _run_narrowed(key, arrays)  # raises the float32 error if that fails too
+        _NO_FLOAT64.add(key)
+        return outs
+
+
+# Node configurations whose float64 version onnxruntime cannot build or run.
+_NO_FLOAT64: set[tuple] = set()
+
+
+def _run(key, arrays):
+    op_type = key[0]
+    session = _session(*key)
     feeds = {f"in{i}": a for i, a in enumerate(arrays)}
     try:
         return session.run(None, feeds)
     except Exception as e:  # onnxruntime raises its own exception types
-        raise ExecutionError(f"opaque {op_type}: onnxruntime failed: {e}") from None
+        raise ExecutionError(f"opaque {op_type}: onnxruntime failed: {_first_line(e)}") from None
+
+
+def _run_narrowed(key, arrays):
+    op_type, domain, opset, attrs, in_types, n_outputs, empty_inputs = key
+    narrow = tuple((shape, "float32" if dt == "float64" else dt) for shape, dt in in_types)
+    outs = _run((op_type, domain, opset, attrs, narrow, n_outputs, empty_inputs),
+                [a.astype(np.float32) if a.dtype == np.float64 else a for a in arrays])
+    return [o.astype(np.float64) if o.dtype == np.float32 else o for o in outs]
+
+
+def _first_line(e: Exception) -> str:
+    """onnxruntime's messages carry C++ source locations and whole schemas after the
+    first line; a user needs the first."""
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
 
 @lru_cache(maxsize=512)
@@ -96,4 +137,4 @@ def _session(op_type, domain, opset, attrs, in_types, n_outputs, empty_inputs):
                                     providers=["CPUExecutionProvider"])
     except Exception as e:
         raise ExecutionError(f"opaque {op_type} (domain {domain or 'ai.onnx'}, opset {opset}): "
-                             f"onnxruntime cannot build it: {e}") from None
+                             f"onnxruntime cannot build it: {_first_line(e)}") from None

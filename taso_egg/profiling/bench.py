@@ -37,19 +37,21 @@ BENCH_MODELS = ["bert", "nasrnn", "resnext50", "resnet50", "nasnet-a", "inceptio
                 "vgg19"]
 
 
-def median_times(runs: dict, repeats: int) -> dict[str, tuple[float, float]]:
+def median_times(runs: dict, repeats: int, progress=None) -> dict[str, tuple[float, float]]:
     """Interleaved samples of each callable (so load drifts hit all alike): median CPU
-    and wall seconds per call."""
+    and wall seconds per call. ``progress(done, repeats)`` follows each round."""
     cpu = {k: [] for k in runs}
     wall = {k: [] for k in runs}
     for fn in runs.values():  # warm-up
         fn()
-    for _ in range(repeats):
+    for done in range(1, repeats + 1):
         for name, fn in runs.items():
             c0, w0 = time.process_time(), time.perf_counter()
             fn()
             cpu[name].append(time.process_time() - c0)
             wall[name].append(time.perf_counter() - w0)
+        if progress is not None:
+            progress(done, repeats)
     return {k: (float(np.median(cpu[k])), float(np.median(wall[k]))) for k in runs}
 
 

@@ -24,18 +24,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: the same as `taso-egg optimize`)")
     parser.add_argument("--input-shape", action="append", metavar="NAME=D1,D2,...",
                         help="fix a symbolic input dimension of an ONNX file (repeatable)")
+    parser.add_argument("--measure", type=int, default=5, metavar="N",
+                        help="time input and result N times in onnxruntime (at most 200) and write "
+                             "the input if the result is slower, as `optimize` does (0: skip)")
 
 
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from taso_egg.api import MAX_MEASURE, keep_unless_faster
     from taso_egg.cli import parse_input_shapes
     from taso_egg.cost import DEFAULT_PROFILE
-    from taso_egg.onnx_io.exporter import export_onnx
+    from taso_egg.errors import ExportError, LimitError
+    from taso_egg.files import check_writable
+    from taso_egg.onnx_io.counts import describe, format_table, operator_counts
+    from taso_egg.onnx_io.exporter import export_onnx, save_atomically
     from taso_egg.zoo import load_model
 
     from .search import backtracking_search
 
+    if not 0 <= args.measure <= MAX_MEASURE:
+        raise LimitError(f"--measure {args.measure}: give a number of runs from 0 to {MAX_MEASURE}")
+    check_writable(args.output, ExportError)
     graph = load_model(args.model, parse_input_shapes(args.input_shape))
     with tqdm(total=args.budget, file=sys.stderr, unit="graph", desc="search") as bar:
         def progress(step):
@@ -46,13 +56,19 @@ def run(args: argparse.Namespace) -> int:
         result = backtracking_search(graph, budget=args.budget, alpha=args.alpha,
                                      time_limit=args.time_limit, progress=progress,
                                      profile=args.profile or DEFAULT_PROFILE)
-    export_onnx(result.graph, args.output)
-    before, after = graph.op_counts(), result.graph.op_counts()
-    print(f"{'operator':<16}{'before':>8}{'after':>8}")
-    for op in sorted(set(before) | set(after)):
-        print(f"{op:<16}{before.get(op, 0):>8}{after.get(op, 0):>8}")
+    best, measured, kept = result.graph, None, ""
+    if args.measure and best is not graph:
+        print(f"timing input and result in onnxruntime ({args.measure} interleaved runs each)",
+              file=sys.stderr)
+        best, measured, kept = keep_unless_faster(graph, best, args.measure)
+    model = export_onnx(best)
+    print(format_table(operator_counts(export_onnx(graph)), operator_counts(model)))
     print(f"{'cost':<16}{result.cost_before * 1e3:>8.4g}{result.cost_after * 1e3:>8.4g}  ms "
           f"({result.cost_model}); predicted speedup {result.speedup:.3f}x")
+    if measured:
+        print(f"measured in onnxruntime (ORT_ENABLE_ALL, 1 thread, median CPU time): input "
+              f"{measured['original']:.3f} ms, result {measured['optimized']:.3f} ms "
+              f"({measured['original'] / measured['optimized']:.3f}x)")
     rejected = ", ".join(f"{k} {v}" for k, v in result.rejected.items())
     print(f"search: {result.graphs_explored} graphs explored, {result.graphs_generated} generated, "
           f"{result.graphs_queued} queued (rejected: {rejected}); stopped: {result.stop_reason}; "
@@ -61,5 +77,8 @@ def run(args: argparse.Namespace) -> int:
         print("check: no rewrite lowered the cost; the input graph is written unchanged")
     else:
         print(f"check: outputs equal the original's within {result.check_error:.2g} relative")
-    print(f"wrote {args.output}")
+    if kept:
+        print(f"note: writing the input graph instead: {kept}")
+    save_atomically(model, args.output)
+    print(f"wrote {args.output}: {describe(model)}")
     return 0
