@@ -2,11 +2,15 @@
 
 generate  enumerate graphs, fingerprint, prune, then size level by size level: drop the
           candidates smaller proved rules derive, prove the rest; write them with their
-          proof records and a stats file beside them (``NAME.stats.json``);
-verify    prove each rule with the Z3 verifier, float-check the proved ones, and write
-          the proof records back into the rule files (atomically);
+          proof records and a stats file beside them (``NAME.stats.json``), by default
+          to ``./generated.rules`` in the working directory;
+verify    prove each rule of the named files with the Z3 verifier, float-check the
+          proved ones, and write the proof records back into those files (atomically);
 stats     the table: graphs enumerated, candidates, pruned by reason, proved, rejected
-          by reason, seconds.
+          by reason, seconds (of the shipped corpus unless files are named).
+
+The shipped corpus (this folder's ``*.rules``) changes only when its files are named
+as the output: ``-o`` for generate, the file arguments for verify.
 """
 
 from __future__ import annotations
@@ -26,9 +30,14 @@ from .lang import Proof, Rule, load_rule_file, parse_rules, with_proof_records
 from .workers import map_in_order, worker_pool
 
 RULES_DIR = Path(__file__).parent
-DEFAULT_OUTPUT = RULES_DIR / "generated.rules"
-# Rule files of the corpus that `verify` and `stats` read by default (not the axioms).
+# Rule files of the shipped corpus (not the axioms): what `stats` reads by default.
 DEFAULT_FILES = ("taso_hand.rules", "generated.rules")
+SHIPPED_GENERATED = RULES_DIR / "generated.rules"
+# Where `generate` writes without -o: the working directory, never the shipped corpus.
+GENERATE_OUTPUT = Path("generated.rules")
+# Old name of SHIPPED_GENERATED, from when generate wrote there by default; only
+# tests/test_rules_generate.py still imports it. Remove once that test uses the new name.
+DEFAULT_OUTPUT = SHIPPED_GENERATED
 
 
 def add_arguments(parser) -> None:
@@ -38,15 +47,24 @@ def add_arguments(parser) -> None:
     p.add_argument("--menu", default=None, help="operator menu: taso (default for size <= 3), "
                    "reduced (default for size 4), matrix")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("-o", "--output", default=str(DEFAULT_OUTPUT), help="rule file to write")
+    p.add_argument("-o", "--output", default=None,
+                   help=f"rule file to write, with NAME.stats.json beside it (default: "
+                        f"./{GENERATE_OUTPUT} in the working directory; the shipped corpus "
+                        f"changes only when named here: -o {SHIPPED_GENERATED})")
     p.add_argument("--timeout", type=float, default=5.0, help="prover seconds per rule (default 5)")
     _jobs_argument(p)
     p = sub.add_parser("verify", help="prove rules and write their proof records")
-    p.add_argument("files", nargs="*", help=f"rule files (default: {', '.join(DEFAULT_FILES)})")
+    p.add_argument("files", nargs="*", help="rule files to prove; their proof records (and "
+                   "NAME.stats.json, where there is one) are written back into them. Required: "
+                   f"to re-prove the shipped corpus, name its files ({_shipped_names()})")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds per rule (default 10)")
     _jobs_argument(p)
     p = sub.add_parser("stats", help="print the generation and verification table")
     p.add_argument("files", nargs="*", help=f"rule files (default: {', '.join(DEFAULT_FILES)})")
+
+
+def _shipped_names() -> str:
+    return " ".join(str(RULES_DIR / n) for n in DEFAULT_FILES)
 
 
 def _jobs_argument(parser) -> None:
@@ -243,6 +261,12 @@ def rules_text(rules, header: str) -> str:
 
 
 def _generate(args) -> int:
+    if args.output is None:
+        args.output = str(GENERATE_OUTPUT)
+        for path in (GENERATE_OUTPUT, stats_path(GENERATE_OUTPUT)):
+            if _is_shipped(path):  # run from inside the package's own folder
+                raise RuleError(f"./{path} is the shipped corpus's file {path.resolve()}; name it "
+                                f"with -o to replace it, or run elsewhere")
     rules, stats = generate_rules(args.size, args.menu, args.seed, progress_bars=True,
                                   timeout_s=args.timeout, jobs=args.jobs)
     command = f"taso-egg rules generate --size {args.size}" + \
@@ -287,6 +311,9 @@ def verify_file(path, timeout_s: float = 10.0, progress=None, jobs: int = 1) -> 
 
 
 def _verify(args) -> int:
+    if not args.files:
+        raise RuleError("rules verify writes the proof records into the files it proves: name "
+                        f"the rule files (the shipped corpus is {_shipped_names()})")
     files = _files(args.files)
     total_rules = {f: len(load_rule_file(f)) for f in files}
     bar = _bar(sum(total_rules.values()), "proving")
@@ -311,6 +338,11 @@ def _verify(args) -> int:
         print(f"{str(f):<40}{n:>7}{c.get('proved', 0):>8}{c.get('refuted', 0):>9}"
               f"{c.get('unknown', 0):>9}{c.get('unsupported', 0):>9}{s:>9.1f}")
     return 0
+
+
+def _is_shipped(path) -> bool:
+    """Whether ``path`` is (or would be) a file of the shipped rules folder."""
+    return Path(path).resolve().parent == RULES_DIR.resolve()
 
 
 def _files(names) -> list:

@@ -1,6 +1,9 @@
 """``taso-egg profile MODEL... --device cpu|gpu --backend numpy|ort|cupy [-o PROFILE]``:
 time every operator configuration the models (and, by default, their saturated
-e-graphs and extracted graphs) need, and merge the results into a profile."""
+e-graphs and extracted graphs) need, and merge the results into a profile.
+
+Without ``-o`` the profile is ``./<device>-<backend>.json`` in the working directory;
+the shipped profiles (``profiles/``) change only when named with ``-o``."""
 
 from __future__ import annotations
 
@@ -19,8 +22,12 @@ def add_arguments(p) -> None:
     p.add_argument("models", nargs="+", metavar="MODEL", help="ONNX file or zoo model name")
     p.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
     p.add_argument("--backend", choices=BACKENDS, help="default: ort on cpu, cupy on gpu")
-    p.add_argument("-o", "--output", help="profile to create or merge into "
-                   "(default: the shipped profiles/<device>-<backend>.json)")
+    from .store import profiles_dir
+
+    p.add_argument("-o", "--output", help="profile to create or merge into (default: "
+                   "./<device>-<backend>.json in the working directory, e.g. ./cpu-ort.json; "
+                   "a shipped profile changes only when named here, e.g. "
+                   f"-o {profiles_dir() / 'cpu-ort.json'})")
     p.add_argument("--warmups", type=int, default=2)
     p.add_argument("--repeats", type=int, default=10, help="samples per configuration (median kept)")
     p.add_argument("--graph-only", action="store_true",
@@ -63,10 +70,13 @@ def run(args) -> int:
     unknown = sorted(set(args.ops or ()) - set(OPS))
     if unknown:
         raise ProfileError(f"--ops: unknown operator(s) {unknown}; known: {sorted(OPS)}")
+    path = Path(args.output or f"{args.device}-{backend_name}.json")
+    if not args.output and path.resolve().parent == profiles_dir().resolve():
+        raise ProfileError(f"./{path} is the shipped profile {path.resolve()}; name it with -o "
+                           f"to merge into it, or run elsewhere")
     shapes = parse_input_shapes(args.input_shape)
     graphs = {name: load_model(name, shapes) for name in args.models}  # fail early on a bad name
     backend = make_backend(backend_name)
-    path = Path(args.output) if args.output else profiles_dir() / f"{args.device}-{backend_name}.json"
     timing = {"warmups": args.warmups, "repeats": args.repeats, "progress": not args.quiet}
     start = time.perf_counter()
     with pinned_threads():
