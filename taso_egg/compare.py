@@ -24,6 +24,8 @@ import numpy as np
 from .cost import CostModel, graph_cost
 from .egraph.saturate import Limits, saturate
 from .graph import Graph
+from .onnx_io.counts import operator_counts
+from .onnx_io.exporter import export_onnx
 
 METHODS = ("backtracking", "eqsat-greedy", "eqsat-ilp")
 
@@ -42,7 +44,7 @@ class MethodRun:
 @dataclass
 class ModelComparison:
     model: str
-    nodes: int
+    nodes: int                # operators of the exported input model (onnx_io.counts)
     original_cost: float
     runs: dict[str, MethodRun]
     measured_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # runtime -> graph -> ms
@@ -101,7 +103,7 @@ def compare_model(name: str, graph: Graph, cost_model: CostModel, rules=None, bu
             r.cost, r.graph = original_cost, graph
         r.check_error = check_graphs_equivalent(graph, r.graph, what=f"{name} {r.method} result") \
             if r.graph is not graph else 0.0
-    result = ModelComparison(name, len(graph.nodes), original_cost, runs)
+    result = ModelComparison(name, sum(operator_counts(export_onnx(graph)).values()), original_cost, runs)
     if measure_repeats > 0:
         say(f"{name}: measuring")
         result.measured_ms = measure(graph, {m: r.graph for m, r in runs.items()}, measure_repeats, runtimes)
@@ -115,7 +117,6 @@ def measure(original: Graph, results: dict[str, Graph], repeats: int,
     run the graphs as deployed: exported, weight-only work folded into constants.
     ``progress(done, total)`` is called after each interleaved round."""
     from .executor import random_inputs, run
-    from .onnx_io.exporter import export_onnx
     from .profiling.backends import pinned_threads
     from .profiling.bench import median_times
     from .profiling.profiler import exported_graph

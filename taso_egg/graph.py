@@ -364,8 +364,10 @@ class Graph:
         return hits
 
     def summary(self) -> str:
-        ops = ", ".join(f"{op} x{c}" for op, c in sorted(self.op_counts().items()))
-        return f"Graph: {len(self.nodes)} nodes ({ops})"
+        counts = self.op_counts()
+        ops = ", ".join(f"{op} x{c}" for op, c in sorted(counts.items()))
+        return (f"Graph: {len(self.inputs())} inputs, {len(self.weights())} weights, "
+                f"{sum(counts.values())} operators ({ops})")
 
     def __repr__(self) -> str:
         return self.summary()
