@@ -9,6 +9,8 @@ import argparse
 import json
 from pathlib import Path
 
+from ..errors import ExtractionError
+from ..files import check_writable, write_atomically
 from .egraph import load_egraph
 from .registry import EXTRACTORS, extract
 from .table import fmt_gap, format_table
@@ -27,6 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.output is not None:
+        check_writable(args.output, ExtractionError)
     egraph = load_egraph(args.egraph)
     result = extract(
         egraph, args.extractor, roots=args.roots, time_limit=args.time_limit, verbose=args.verbose
@@ -44,5 +48,6 @@ def run(args: argparse.Namespace) -> int:
             "lower_bound": result.lower_bound,
             "choices": egraph.named_choice(result.choice),
         }
-        args.output.write_text(json.dumps(payload, indent=1) + "\n")
+        text = json.dumps(payload, indent=1) + "\n"
+        write_atomically(args.output, lambda tmp: Path(tmp).write_text(text), ExtractionError)
     return 0

@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from .cost import CostModel, graph_cost
+from .errors import TasoEggError
+from .files import check_writable, write_atomically
 from .egraph.saturate import Limits, saturate
 from .graph import Graph
 from .onnx_io.counts import operator_counts
@@ -177,21 +179,41 @@ def _x(r: ModelComparison, runtime: str, method: str) -> str:
 
 def save(results: list[ModelComparison], out_dir: Path, meta: dict) -> list[Path]:
     """compare.csv, compare.json and compare.png (cost against time) in ``out_dir``."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    check_output_folder(out_dir)
     rows = [r.row() for r in results]
-    csv_path, json_path, png_path = (out_dir / f"compare.{ext}" for ext in ("csv", "json", "png"))
+    csv_path, json_path, png_path = output_paths(out_dir)
     fields = list(dict.fromkeys(k for row in rows for k in row))
-    with open(csv_path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
+
+    def write_csv(tmp):
+        with open(tmp, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=fields)
+            writer.writeheader()
+            writer.writerows(rows)
+
     payload = {"meta": meta, "models": [
         {"model": r.model, "nodes": r.nodes, "original_cost": r.original_cost,
          "runs": {m: {k: v for k, v in asdict(run).items() if k != "graph"} for m, run in r.runs.items()},
          "measured_ms": r.measured_ms} for r in results]}
-    json_path.write_text(json.dumps(payload, indent=2))
-    plot_cost_vs_time(results).savefig(png_path, dpi=110, bbox_inches="tight")
+    figure = plot_cost_vs_time(results)
+    write_atomically(csv_path, write_csv, TasoEggError)
+    write_atomically(json_path, lambda tmp: Path(tmp).write_text(json.dumps(payload, indent=2)), TasoEggError)
+    write_atomically(png_path, lambda tmp: figure.savefig(tmp, dpi=110, bbox_inches="tight", format="png"),
+                     TasoEggError)
     return [csv_path, json_path, png_path]
+
+
+def output_paths(out_dir: Path) -> tuple[Path, Path, Path]:
+    return tuple(out_dir / f"compare.{ext}" for ext in ("csv", "json", "png"))
+
+
+def check_output_folder(out_dir: Path) -> None:
+    """Make ``out_dir`` and check its files can be written, before an hour of work."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TasoEggError(f"cannot make the output folder {out_dir}: {e.strerror or e}") from None
+    for path in output_paths(out_dir):
+        check_writable(path, TasoEggError)
 
 
 def plot_cost_vs_time(results: list[ModelComparison]):
@@ -266,13 +288,14 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from . import zoo
     from .cost import DEFAULT_PROFILE, load_cost_model
-    from .errors import TasoEggError
 
     unknown = [m for m in args.models if m not in zoo.MODELS]
     if unknown:
         raise TasoEggError(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(zoo.MODELS)}")
     limits = Limits(nodes=args.node_limit, iterations=args.iter_limit,
                     multi_iterations=args.multi_iterations)
+    if args.out is not None:
+        check_output_folder(args.out)
     model = load_cost_model(args.profile or DEFAULT_PROFILE)
     run_comparison(args.models, model, args.out, args.budget, args.alpha, args.search_seconds, limits,
                    args.ilp_seconds, args.repeats)

@@ -193,3 +193,23 @@ def test_extract_time_limit_reaches_the_extractor(monkeypatch, tmp_path, capsys)
     assert main(["optimize", str(src), "-o", str(tmp_path / "o.onnx"), "--measure", "0",
                  "--extract-time-limit", "7.5"]) == 0
     assert seen[0] == ("ilp", 7.5)  # then the runtime form's fusion pass (greedy)
+
+
+@pytest.mark.parametrize("command", ["extract", "compare", "search", "zoo", "convert"])
+def test_every_writer_checks_its_output_before_the_work(command, tmp_path, capsys):
+    import json
+
+    egraph = tmp_path / "e.json"
+    egraph.write_text(json.dumps({"nodes": {"a.0": {"op": "x", "cost": 1.0, "eclass": "a", "children": []}},
+                                  "root_eclasses": ["a"]}))
+    onnx.save(_matmul_model(), tmp_path / "model.onnx")
+    target = _unwritable_folder(tmp_path) / "out"
+    argv = {"extract": ["extract", str(egraph), "-o", str(target)],
+            "compare": ["compare", "nasrnn-small", "-o", str(target / "results")],
+            "search": ["search", "nasrnn-small", "-o", str(target)],
+            "zoo": ["zoo", "nasrnn-small", "-o", str(target)],
+            "convert": ["convert", str(tmp_path / "model.onnx"), "-o", str(target)]}[command]
+    assert main(argv) == 1
+    out, err = capsys.readouterr()
+    assert len(err.splitlines()) == 1 and err.startswith("taso-egg: error: cannot "), err
+    assert out == ""  # nothing ran: no table, no progress
