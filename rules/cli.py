@@ -35,9 +35,6 @@ DEFAULT_FILES = ("taso_hand.rules", "generated.rules")
 SHIPPED_GENERATED = RULES_DIR / "generated.rules"
 # Where `generate` writes without -o: the working directory, never the shipped corpus.
 GENERATE_OUTPUT = Path("generated.rules")
-# Old name of SHIPPED_GENERATED, from when generate wrote there by default; only
-# tests/test_rules_generate.py still imports it. Remove once that test uses the new name.
-DEFAULT_OUTPUT = SHIPPED_GENERATED
 
 
 def add_arguments(parser) -> None:

@@ -168,7 +168,7 @@ def test_shipped_corpus_rules_carry_proof_records():
         if f.name == "axioms.rules":
             continue
         missing = [r.name for r in load_rule_file(f) if r.proof is None]
-        assert not missing, f"{f.name}: no proof record for {missing[:5]} (run taso-egg rules verify)"
+        assert not missing, f"{f.name}: no proof record for {missing[:5]} (run taso-egg rules verify {f.name} from rules/)"
     assert load_corpus(), "no proved rule in the corpus"
 
 
@@ -187,9 +187,9 @@ def test_generated_corpus_loads_by_default_proved_and_compiles():
 def test_default_generated_corpus_is_the_size3_one_without_derivable_rules():
     generated = load_corpus(["generated"])
     assert all(r.proof.found_by == "generator-3" for r in generated)
-    from taso_egg.rules.cli import DEFAULT_OUTPUT, stats_path
+    from taso_egg.rules.cli import SHIPPED_GENERATED, stats_path
 
-    stats = json.loads(stats_path(DEFAULT_OUTPUT).read_text())
+    stats = json.loads(stats_path(SHIPPED_GENERATED).read_text())
     assert stats["size"] == 3 and stats["pruned"]["derivable"] > 0
     assert stats["verification"]["proved"] == len(generated)
 
