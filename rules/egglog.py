@@ -101,7 +101,8 @@ class _Compiler:
         else:
             self.fail(f"unknown guard {g.kind!r}")
 
-    def compile(self) -> str:
+    def parts(self) -> tuple[list[str], list[str], list[str]]:
+        """The query facts, the replaced roots and the replacing terms."""
         roots = []
         for i, pat in enumerate(self.rule.lhs):
             root = f"__lhs{i}"
@@ -109,9 +110,14 @@ class _Compiler:
             roots.append(root)
         for g in self.rule.guards:
             self.guard(g)
-        actions = [f"(pending {root} {self.tensor(rhs)})" for root, rhs in zip(roots, self.rule.rhs)]
+        news = [self.tensor(rhs) for rhs in self.rule.rhs]  # may add shape facts
+        return self.facts, roots, news
+
+    def compile(self) -> str:
+        facts, roots, news = self.parts()
+        actions = [f"(pending {root} {new})" for root, new in zip(roots, news)]
         ruleset = "multi" if self.rule.multi else "rewrites"
-        return (f"(rule ({' '.join(self.facts)})\n      ({' '.join(actions)})\n"
+        return (f"(rule ({' '.join(facts)})\n      ({' '.join(actions)})\n"
                 f"      :ruleset {ruleset} :name \"{self.rule.name}\")")
 
 
@@ -125,3 +131,14 @@ def compile_rule(rule: Rule) -> str:
 
 def compile_rules(rules) -> str:
     return "\n".join(compile_rule(r) for r in rules) + "\n"
+
+
+def compile_probe(rule: Rule, ruleset: str, name: str, present=()) -> str:
+    """``rule``'s whole query (the right-hand sides' shape facts included) with no
+    actions, as rule ``name`` of ``ruleset``: running it reports how many matches the
+    rule has and changes nothing. With ``present`` (subterms of the right-hand
+    sides) it counts only the matches where the e-graph has those terms already."""
+    c = _Compiler(rule)
+    facts, _, _ = c.parts()
+    facts = facts + [f"(= __present{i} {c.tensor(p)})" for i, p in enumerate(present)]
+    return f"(rule ({' '.join(facts)})\n      ()\n      :ruleset {ruleset} :name \"{name}\")"

@@ -1,11 +1,22 @@
 """Bounded equality saturation: one egglog iteration at a time, limits checked after
-every iteration, statistics kept for the notebooks."""
+every iteration, statistics kept for the notebooks.
+
+The node limit is checked between iterations, and one iteration can multiply the
+e-graph (60 matmuls of one input: 9,210 e-nodes after iteration 1, 2.8 million after
+iteration 2), so the e-graph also has a ceiling (:attr:`Limits.ceiling`, twice the
+limit) that no step of an iteration (its rewrites, then its multi-pattern rules) may
+pass, checked before the step from counts of what it can add (see :func:`_step`). A
+step that fits runs as it always did; one that does not applies only the rules whose
+matches fit, and saturation stops after it with the node limit as its reason.
+Analyses and unions never add e-nodes.
+"""
 
 from __future__ import annotations
 
 import json
 import time
 from dataclasses import dataclass, field
+from itertools import count
 
 from ..errors import LimitError
 from ..graph import Graph
@@ -14,6 +25,11 @@ from .language import declarations
 
 # Functions that are analyses, not e-nodes of the tensor language.
 _ANALYSES = {"shape", "dtype", "wlo", "whi", "pending"}
+
+# The ceiling's headroom above the node limit is the limit itself, and never less than
+# this: a step that adds fewer e-nodes (a few MB) still runs whole, so a small limit
+# still stops saturation at the iteration that crosses it, as before the ceiling.
+MIN_HEADROOM = 10_000
 
 
 @dataclass(frozen=True)
@@ -27,6 +43,14 @@ class Limits:
     # NasRNN's concatenated pairs) and, measured on the zoo, beats backtracking search
     # on every model at a few thousand extra e-nodes; 3 blows NasRNN past 50,000.
     multi_iterations: int = 2
+
+    @property
+    def ceiling(self) -> int:
+        """The most e-nodes saturation lets the e-graph hold at any time, even in the
+        middle of an iteration: the node limit plus max(limit, MIN_HEADROOM), twice
+        the limit from 10,000 up. (An input graph above it gets no rewrite that could
+        add an e-node.)"""
+        return self.nodes + max(self.nodes, MIN_HEADROOM)
 
     def __post_init__(self):
         for name in ("nodes", "iterations", "multi_iterations"):
@@ -46,6 +70,9 @@ class IterationStats:
     seconds: float
     matches: dict[str, int]
     multi: bool
+    # rules whose new matches (their count here) the iteration did not apply, as they
+    # could have taken the e-graph past the ceiling; saturation stops after it
+    held_back: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -107,17 +134,124 @@ def _run(egraph, schedule: str):
     return next(o.report for o in out if isinstance(o, RunScheduleOutput))
 
 
+def built_terms(rule) -> list:
+    """The distinct operator applications (projections included) of ``rule``'s
+    right-hand sides, innermost first. Applying one match of the rule adds at most one
+    e-node for each (a new row of its constructor's table), and none for those the
+    e-graph already has; equal subterms are one e-node."""
+    from ..rules.lang import App, Proj
+
+    seen: list = []
+
+    def walk(p):
+        if isinstance(p, (App, Proj)) and p not in seen:
+            for q in [p.pattern] if isinstance(p, Proj) else p.inputs:
+                walk(q)
+            seen.append(p)
+
+    for p in rule.rhs:
+        walk(p)
+    return seen
+
+
+_PROBE = "probe-"       # the probe of rule R is rule probe-R of ruleset probe-rewrites or probe-multi
+_recounts = count()     # recount rulesets are named apart, for e-graphs that outlive a saturation
+
+
+def _probes(rules) -> str:
+    from ..rules.egglog import compile_probe
+
+    return (f"(ruleset {_PROBE}rewrites)\n(ruleset {_PROBE}multi)\n" + "\n".join(
+        compile_probe(r, _PROBE + ("multi" if r.multi else "rewrites"), _PROBE + r.name) for r in rules) + "\n")
+
+
+def _cutoff(counts: dict[str, int], worst: dict[str, int], room: int) -> int:
+    """The largest match count T such that the rules with at most T matches, applied
+    in full, add at most ``room`` e-nodes at worst (``worst[rule]``); 0 when even the
+    rules with the fewest matches could add more."""
+    by_count: dict[int, int] = {}
+    for rule, n in counts.items():
+        by_count[n] = by_count.get(n, 0) + worst[rule]
+    total, cutoff = 0, 0
+    for n in sorted(by_count):
+        total += by_count[n]
+        if total > room:
+            return cutoff
+        cutoff = n
+    return cutoff
+
+
+@dataclass
+class _Step:
+    matches: dict[str, int]             # applied, per rule
+    updated: bool
+    held_back: dict[str, int] = field(default_factory=dict)  # counted, not applied
+    worst: int = 0                      # the most e-nodes all the counted matches could add
+
+
+def _step(egraph, ruleset: str, rules: dict, per_match: dict[str, int], room: int) -> _Step:
+    """Run ``ruleset`` once if that cannot add more than ``room`` e-nodes, else only
+    the rules with the fewest matches that fit (then ``held_back`` names the others).
+
+    1. The probes count each rule's new matches (the rule's own query, run just
+       before it, sees the same new facts); each match adds at most one e-node per
+       term it builds (:func:`built_terms`).
+    2. Where that could pass ``room``, a recount by probes compiled now (a rule that
+       has never run sees every match, old ones too) counts, per rule, its matches and,
+       for each term it builds, the matches where the e-graph has it already. An old
+       match has them all (it was applied), so the rest bound what the new ones add.
+    3. Where that could still pass ``room``, a fresh back-off scheduler (its queries
+       are new too, and count as the recount's) applies every match of the rules
+       with at most a cut-off's matches and none of the others'. The cut-off is the
+       largest whose rules fit."""
+    from ..rules.egglog import compile_probe
+
+    probe = _run(egraph, f"(run {_PROBE}{ruleset})")
+    counts = {name[len(_PROBE):]: n for name, n in probe.num_matches_per_rule.items() if n}
+    if sum(n * per_match[r] for r, n in counts.items()) <= max(room, 0):
+        report = _run(egraph, f"(run {ruleset})")
+        return _Step({k: v for k, v in report.num_matches_per_rule.items() if v}, report.updated)
+
+    tag = f"recount{next(_recounts)}"
+    growing = [r for r in counts if per_match[r]]
+    egraph.parse_and_run_program(f"(ruleset {tag})\n" + "\n".join(
+        compile_probe(rules[r], tag, f"{tag}-{i}-{r}", present=[t] if t else [])
+        for r in growing for i, t in enumerate([None] + built_terms(rules[r]))) + "\n")
+    found = _run(egraph, f"(run {tag})").num_matches_per_rule
+    every = {r: found.get(f"{tag}-0-{r}", 0) for r in growing}
+    worst = {}
+    for r in growing:  # each new term is missing from the matches that lack it
+        present = [found.get(f"{tag}-{i}-{r}", 0) for i in range(1, per_match[r] + 1)]
+        if not all(0 <= n <= every[r] for n in present):  # a match has one term or none
+            raise RuntimeError(f"saturation recount of rule {r}: {present} of {every[r]} matches")
+        worst[r] = sum(every[r] - n for n in present)
+    total = sum(worst.values())
+    if total <= max(room, 0):
+        report = _run(egraph, f"(run {ruleset})")
+        return _Step({k: v for k, v in report.num_matches_per_rule.items() if v}, report.updated)
+
+    cutoff = _cutoff(every, worst, room)
+    held = {r: counts[r] for r in growing if every[r] > cutoff}
+    if len(held) == len(growing):
+        return _Step({}, False, held, total)
+    report = _run(egraph, f"(let-scheduler cut (back-off :match-limit {cutoff})) (run-with cut {ruleset})")
+    applied = {k: v for k, v in report.num_matches_per_rule.items() if v}
+    if any(every[r] > cutoff for r in applied if r in every):
+        raise RuntimeError(f"saturation applied a rule it held back: {sorted(set(applied) & set(held))}")
+    return _Step({r: counts[r] for r in applied if r in counts}, report.updated, held, total)
+
+
 def rules_egraph(rules):
-    """An egglog e-graph holding the tensor language and ``rules``, and no terms yet.
-    Compiling a large corpus costs more than saturating a small graph with it, so
-    callers that saturate many graphs with one corpus reuse this one, between egglog's
-    ``(push)`` and ``(pop)``."""
+    """An egglog e-graph holding the tensor language and ``rules`` (with their probes),
+    and no terms yet. Compiling a large corpus costs more than saturating a small graph
+    with it, so callers that saturate many graphs with one corpus reuse this one,
+    between egglog's ``(push)`` and ``(pop)``."""
     import egglog.bindings as eb
 
     from ..rules.egglog import compile_rules
 
     egraph = eb.EGraph(num_threads=1)
-    egraph.parse_and_run_program(declarations() + compile_rules(rules))
+    egraph.parse_and_run_program(declarations() + compile_rules(rules) + _probes(rules))
     return egraph
 
 
@@ -151,7 +285,10 @@ def saturate(graph: Graph, rules=None, limits: Limits | None = None, progress=No
     """Build the e-graph of ``graph`` and apply ``rules`` (parsed Rule objects;
     default: the proved corpus) until saturation or a limit. ``progress`` is called
     with each IterationStats. ``egraph``: a :func:`rules_egraph` of ``rules`` to add
-    the graph to (the caller pushes and pops around it)."""
+    the graph to (the caller pushes and pops around it).
+
+    The e-graph never grows past ``limits.ceiling`` e-nodes: an iteration whose
+    matches could take it there applies only the rules that fit, and is the last."""
     from ..rules.lang import load_corpus
 
     limits = limits or Limits()
@@ -166,22 +303,45 @@ def saturate(graph: Graph, rules=None, limits: Limits | None = None, progress=No
     sat.initial = IterationStats(0, _sizes(egraph), _eclasses(egraph, program) if count_classes else 0,
                                  time.perf_counter() - start, {}, False)
     has_multi = any(r.multi for r in rules)
+    by_name = {r.name: r for r in rules}
+    per_match = {r.name: len(built_terms(r)) for r in rules}
+    ceiling = limits.ceiling
+    enodes = sat.initial.enodes
     for it in range(1, limits.iterations + 1):
         t0 = time.perf_counter()
         use_multi = has_multi and it <= limits.multi_iterations
-        before = _sizes(egraph)
-        schedule = "(seq (run rewrites) (run multi))" if use_multi else "(run rewrites)"
-        report = _run(egraph, schedule)
+        before = enodes
+        matches: dict[str, int] = {}
+        updated, cut = False, None
+        for ruleset in ("rewrites", "multi") if use_multi else ("rewrites",):
+            step = _step(egraph, ruleset, by_name, per_match, ceiling - enodes)
+            matches.update(step.matches)
+            updated = updated or step.updated
+            enodes = _sizes(egraph)
+            if enodes > max(ceiling, before):  # what the counting promised; a bug if not
+                raise RuntimeError(f"saturation passed its ceiling of {ceiling} e-nodes "
+                                   f"({enodes} after {ruleset} in iteration {it})")
+            if step.held_back:
+                cut = step
+                break
         _run(egraph, "(saturate (run analysis))")
         enodes = _sizes(egraph)
         stats = IterationStats(it, enodes, _eclasses(egraph, program) if count_classes else 0,
-                               time.perf_counter() - t0,
-                               {k: v for k, v in report.num_matches_per_rule.items() if v}, use_multi)
+                               time.perf_counter() - t0, matches, use_multi,
+                               dict(cut.held_back) if cut else {})
         sat.iterations.append(stats)
         if progress:
             progress(stats)
         elapsed = time.perf_counter() - start
-        if not report.updated and enodes == before:
+        if cut:
+            held = sorted(cut.held_back.items(), key=lambda kv: (-kv[1], kv[0]))
+            names = ", ".join(f"{rule} x{n}" for rule, n in held[:3]) + \
+                (f" and {len(held) - 3} more" if len(held) > 3 else "")
+            sat.stop_reason = (f"node limit ({limits.nodes}): iteration {it} held back {names}; "
+                               f"its matches could have added {cut.worst} e-nodes, past the "
+                               f"ceiling of {ceiling}")
+            break
+        if not updated and enodes == before:
             sat.stop_reason = "saturated"
             break
         if enodes >= limits.nodes:

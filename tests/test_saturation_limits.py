@@ -1,0 +1,136 @@
+"""The node ceiling: saturation never lets the e-graph hold more than
+``Limits.ceiling`` e-nodes, even in the middle of an iteration (issue 14, item 5).
+
+Before it, the limit was checked between iterations only, and one iteration could
+multiply the e-graph: 30 matmuls sharing one input and a limit of 3,000 went from
+2,355 e-nodes after iteration 1 to 182,465 after iteration 2; 200 of them at the
+default limits reached 100,700 in iteration 1.
+"""
+
+import pytest
+
+import taso_egg.egraph.saturate as sat_mod
+from taso_egg import new_graph, zoo
+from taso_egg.egraph.saturate import MIN_HEADROOM, Limits, saturate
+
+
+def _shared_input_matmuls(n: int):
+    """n matmuls of one input, summed by a chain of adds: merge-matmul-shared-input
+    matches every pair, then every pair of merged pairs."""
+    g = new_graph()
+    x = g.new_input((8, 8), name="x")
+    outs = [g.matmul(x, g.new_weight((8, 8), name=f"w{i}")) for i in range(n)]
+    acc = outs[0]
+    for o in outs[1:]:
+        acc = g.add(acc, o)
+    g.mark_output(acc, "y")
+    return g
+
+
+def _long_sum(n: int):
+    """relu(x_i W_i) for n+1 inputs, summed by a chain of adds: associativity and
+    commutativity grow the e-graph several-fold per iteration."""
+    g = new_graph()
+    acc = g.relu(g.matmul(g.new_input((8, 8), name="x0"), g.new_weight((8, 8), name="w0")))
+    for i in range(1, n + 1):
+        acc = g.add(acc, g.relu(g.matmul(g.new_input((8, 8), name=f"x{i}"),
+                                         g.new_weight((8, 8), name=f"w{i}"))))
+    g.mark_output(acc, "y")
+    return g
+
+
+@pytest.fixture
+def sizes(monkeypatch):
+    """Every e-node count saturation takes (after each step of each iteration and
+    after each iteration's analyses), and the schedules it runs."""
+    seen, schedules = [], []
+    count, run = sat_mod._sizes, sat_mod._run
+
+    def counting(egraph):
+        n = count(egraph)
+        seen.append(n)
+        return n
+
+    def running(egraph, schedule):
+        schedules.append(schedule)
+        return run(egraph, schedule)
+
+    monkeypatch.setattr(sat_mod, "_sizes", counting)
+    monkeypatch.setattr(sat_mod, "_run", running)
+    return seen, schedules
+
+
+def test_ceiling_is_twice_the_limit_with_a_floor():
+    assert Limits().ceiling == 40_000
+    assert Limits(nodes=50_000).ceiling == 100_000
+    assert Limits(nodes=1_000).ceiling == 1_000 + MIN_HEADROOM
+    assert "ceiling" not in Limits.__dataclass_fields__  # derived, not a new limit
+
+
+@pytest.mark.parametrize("n, nodes", [(30, 3_000), (200, 20_000)])
+def test_shared_input_matmuls_stay_under_the_ceiling(sizes, n, nodes):
+    seen, _ = sizes
+    limits = Limits(nodes=nodes)
+    sat = saturate(_shared_input_matmuls(n), limits=limits, count_classes=False)
+    assert max(seen) <= limits.ceiling, (max(seen), limits.ceiling)
+    assert sat.enodes <= limits.ceiling
+    # it stops for the node limit, at the iteration it cut short, and says which rule
+    assert sat.stop_reason.startswith(f"node limit ({nodes}): iteration {len(sat.iterations)} held back "
+                                      "merge-matmul-shared-input x"), sat.stop_reason
+    assert str(limits.ceiling) in sat.stop_reason
+    last = sat.iterations[-1]
+    assert "merge-matmul-shared-input" in last.held_back
+    assert "merge-matmul-shared-input" not in last.matches
+    assert all(not s.held_back for s in sat.iterations[:-1])
+    assert [s.iteration for s in sat.iterations] == list(range(1, len(sat.iterations) + 1))
+
+
+def test_a_cut_applies_the_rules_that_fit(sizes):
+    seen, schedules = sizes
+    limits = Limits(nodes=5_000)
+    sat = saturate(_long_sum(8), limits=limits, count_classes=False)
+    assert max(seen) <= limits.ceiling
+    assert sat.stop_reason.startswith("node limit (5000): iteration"), sat.stop_reason
+    last = sat.iterations[-1]
+    assert "ewadd-associative" in last.held_back
+    assert last.matches.get("ewadd-commutative", 0) > 0  # fits, so applied
+    assert any("back-off" in s for s in schedules)
+
+
+def test_a_recount_lets_a_step_that_fits_run_whole(sizes):
+    """The first count bounds each match by every term it builds; where that is too
+    much, the recount drops the terms already there. A step that then fits runs as it
+    would without a ceiling."""
+    seen, schedules = sizes
+    g = _long_sum(8)
+    sat = saturate(g, limits=Limits(nodes=8_000), count_classes=False)
+    assert any("recount" in s for s in schedules)
+    assert sat.stop_reason == "node limit (8000)"
+    assert all(not s.held_back for s in sat.iterations)
+    free = saturate(g, limits=Limits(nodes=100_000, iterations=len(sat.iterations)), count_classes=False)
+    assert [s.enodes for s in sat.iterations] == [s.enodes for s in free.iterations]
+    assert [s.matches for s in sat.iterations] == [s.matches for s in free.iterations]
+
+
+@pytest.mark.parametrize("model", ["nasrnn-small", "bert-small"])
+def test_probes_count_what_the_rules_then_apply(sizes, model):
+    _, schedules = sizes
+    reports = []
+    run = sat_mod._run  # the fixture's recorder
+
+    def keeping(egraph, schedule):
+        report = run(egraph, schedule)
+        reports.append((schedule, {k: v for k, v in report.num_matches_per_rule.items() if v}))
+        return report
+
+    sat_mod._run = keeping
+    try:
+        sat = saturate(zoo.MODELS[model]())
+    finally:
+        sat_mod._run = run
+    assert sat.stop_reason == "saturated"
+    pairs = [(a[1], b[1]) for a, b in zip(reports, reports[1:])
+             if a[0].startswith("(run probe-") and b[0] == a[0].replace("probe-", "")]
+    assert len(pairs) >= len(sat.iterations)
+    for probed, applied in pairs:
+        assert {k.removeprefix("probe-"): v for k, v in probed.items()} == applied
