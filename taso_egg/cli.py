@@ -260,7 +260,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(p)
     p.add_argument("-o", "--output", required=True)
     p.add_argument("--extractor", default="ilp", choices=["ilp", "greedy-dag", "tree"])
-    p.add_argument("--node-limit", type=int, default=20_000, help="stop past this many e-nodes")
+    p.add_argument("--node-limit", type=int, default=20_000,
+                   help="stop after the iteration that passes this many e-nodes (default 20000). "
+                        "The e-graph never holds more than twice the limit (the limit + 10000 "
+                        "below 10000), even within an iteration: an iteration whose matches could "
+                        "pass that applies only the rules that fit, and is the last; peak memory "
+                        "follows")
     p.add_argument("--iter-limit", type=int, default=15, help="stop after this many iterations")
     p.add_argument("--time-limit", type=float, default=30.0, help="stop saturating after this many seconds")
     p.add_argument("--extract-time-limit", type=float, default=60.0, metavar="S",
