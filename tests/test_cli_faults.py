@@ -195,7 +195,7 @@ def test_extract_time_limit_reaches_the_extractor(monkeypatch, tmp_path, capsys)
     assert seen[0] == ("ilp", 7.5)  # then the runtime form's fusion pass (greedy)
 
 
-@pytest.mark.parametrize("command", ["extract", "compare", "search", "zoo", "convert"])
+@pytest.mark.parametrize("command", ["extract", "compare", "search", "zoo", "convert", "profile"])
 def test_every_writer_checks_its_output_before_the_work(command, tmp_path, capsys):
     import json
 
@@ -208,7 +208,8 @@ def test_every_writer_checks_its_output_before_the_work(command, tmp_path, capsy
             "compare": ["compare", "nasrnn-small", "-o", str(target / "results")],
             "search": ["search", "nasrnn-small", "-o", str(target)],
             "zoo": ["zoo", "nasrnn-small", "-o", str(target)],
-            "convert": ["convert", str(tmp_path / "model.onnx"), "-o", str(target)]}[command]
+            "convert": ["convert", str(tmp_path / "model.onnx"), "-o", str(target)],
+            "profile": ["profile", "nasrnn-small", "--backend", "numpy", "-o", str(target)]}[command]
     assert main(argv) == 1
     out, err = capsys.readouterr()
     assert len(err.splitlines()) == 1 and err.startswith("taso-egg: error: cannot "), err

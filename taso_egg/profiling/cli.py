@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from ..errors import ProfileError
+from ..files import check_writable
 from ..ops import OPS
 from .backends import BACKENDS, DEVICE_OF, make_backend, pinned_threads
 
@@ -74,6 +75,7 @@ def run(args) -> int:
     if not args.output and path.resolve().parent == profiles_dir().resolve():
         raise ProfileError(f"./{path} is the shipped profile {path.resolve()}; name it with -o "
                            f"to merge into it, or run elsewhere")
+    check_writable(path, ProfileError)  # before minutes of timing
     shapes = parse_input_shapes(args.input_shape)
     graphs = {name: load_model(name, shapes) for name in args.models}  # fail early on a bad name
     backend = make_backend(backend_name)
