@@ -34,11 +34,11 @@ def check_writable(path, error: type[TasoEggError]) -> None:
 def write_atomically(path, write: Callable[[str], None], error: type[TasoEggError],
                      companions: tuple[str, ...] = ()) -> None:
     """Have ``write(tmp_path)`` write a file in a temporary folder beside ``path``
-    (and, next to it, those of the files named in ``companions`` it needs, such as
-    external weight data), then rename them into place, companions first: each file is the old one or
-    the new one, never half written, and a failure, Ctrl-C or SIGTERM (the CLI turns it
-    into an exception) leaves no temporary behind. Failures raise ``error`` naming the
-    path."""
+    (and, next to it, whichever of ``companions`` it needs, such as external weight
+    data), then rename them into place, companions first: each file is the old one or
+    the new one, never half written, and a failure, Ctrl-C or SIGTERM (which the CLI
+    turns into an exception) leaves no temporary behind. Failures raise ``error``
+    naming the path."""
     path = Path(path)
     check_writable(path, error)
     folder = path.resolve().parent
