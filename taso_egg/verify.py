@@ -3,6 +3,7 @@ it is returned or written."""
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Mapping
 
@@ -10,6 +11,8 @@ import numpy as np
 
 from .errors import VerificationError
 from .ops import OPS
+
+log = logging.getLogger("taso_egg.verify")
 
 # float32 results of re-associated sums differ in the last bits; compare relative to
 # the output's scale so large and small outputs are judged alike.
@@ -55,7 +58,12 @@ def check_graphs_equivalent(original, candidate, seed: int = 0, rtol: float = RT
     graphs (TASO's BERT: attention without softmax is cubic per layer) overflow or
     vanish in any fixed-range float type on almost every input, and a comparison of
     infinities proves nothing. If even then the original's outputs are not finite and
-    non-zero, the check fails as inconclusive rather than pass vacuously."""
+    non-zero, the check fails as inconclusive rather than pass vacuously, with one
+    exception: outputs that are zero because weights are (torchvision initializes
+    ViT's classifier head to zeros) are checked again with random stand-ins for the
+    all-zero weights, in both graphs alike. Rewrites hold for any weight values, so
+    agreeing there is agreeing on the model's own weights too, and it tests the graph
+    above the zeros, which the zero outputs hide."""
     from .executor import random_inputs
 
     feeds = random_inputs(original, seed)
@@ -65,7 +73,54 @@ def check_graphs_equivalent(original, candidate, seed: int = 0, rtol: float = RT
                                 f"original's {sorted(feeds)}")
     _share_weights(original, candidate)
     with np.errstate(all="ignore"):  # overflow is detected below, not warned about
-        return _check(original, candidate, feeds, rtol, what)
+        try:
+            return _check(original, candidate, feeds, rtol, what)
+        except _Inconclusive as e:
+            zero = [n for n in original.weights() if _all_zero(original.weight_array(n))]
+            if not e.zero or not zero:
+                raise VerificationError(str(e)) from None
+            names = ", ".join(n.params["name"] for n in zero[:3]) + (" ..." if len(zero) > 3 else "")
+            log.warning("note: an output is all zeros on the model's weights, which would make "
+                        "the check vacuous; %d all-zero weight(s) (%s) get random stand-ins in "
+                        "both graphs and the check runs again", len(zero), names)
+            with _stand_ins(original, candidate, zero, seed):
+                return _check(original, candidate, feeds, rtol, what + " (zero weights replaced)")
+
+
+class _Inconclusive(VerificationError):
+    def __init__(self, message: str, zero: bool):
+        super().__init__(message)
+        self.zero = zero  # the output is all zeros (rather than not finite)
+
+
+def _all_zero(a: np.ndarray) -> bool:
+    return a.dtype.kind == "f" and a.size > 0 and not np.any(a)
+
+
+class _stand_ins:
+    """Random data for the given all-zero weights of ``original`` and for the
+    candidate's weights of the same names, put back on exit."""
+
+    def __init__(self, original, candidate, weights, seed: int):
+        rng = np.random.default_rng(seed + 1)
+        self.data = {n.params["name"]: rng.standard_normal(n.params["shape"]).astype(n.params["dtype"])
+                     for n in weights}
+        self.graphs = (original, candidate)
+
+    def __enter__(self):
+        self.saved = []
+        for g in self.graphs:
+            for n in g.weights():
+                if n.params["name"] in self.data:
+                    self.saved.append((g, n.id, g.weight_data.get(n.id)))
+                    g.weight_data[n.id] = self.data[n.params["name"]]
+
+    def __exit__(self, *exc):
+        for g, node_id, data in reversed(self.saved):  # the same graph may come twice
+            if data is None:
+                g.weight_data.pop(node_id, None)
+            else:
+                g.weight_data[node_id] = data
 
 
 def _check(original, candidate, feeds, rtol, what) -> float:
@@ -73,9 +128,9 @@ def _check(original, candidate, feeds, rtol, what) -> float:
     expected, actual = {}, {name: m for name, (m, _) in got.items()}
     for name, (m, e) in ref.items():
         if m.dtype.kind == "f" and m.size and not (np.all(np.isfinite(m)) and np.any(m)):
-            raise VerificationError(f"{what}: inconclusive: the original's output {name!r} is "
-                                    f"not finite and non-zero even with tracked exponents, so "
-                                    f"equality cannot be checked")
+            raise _Inconclusive(f"{what}: inconclusive: the original's output {name!r} is "
+                                f"not finite and non-zero even with tracked exponents, so "
+                                f"equality cannot be checked", zero=bool(np.all(m == 0)))
         expected[name] = m
         if name in got and m.dtype.kind == "f":  # both on the original's scale
             actual[name] = got[name][0] * _pow2(got[name][1] - e) if got[name][1] - e < 1024 \

@@ -72,13 +72,37 @@ def test_equivalent_deep_models_pass_and_perturbed_ones_fail():
         check_graphs_equivalent(g, changed)
 
 
-def test_all_zero_output_is_inconclusive():
-    def zeros():
-        g = new_graph()
-        x = g.new_input((2, 3), name="x")
-        s = g.new_weight((), data=np.zeros((), np.float32), name="s")
-        g.mark_output(g.scalar_mul(x, s), "y")
-        return g
+def _zero_head(hidden_relu: bool = False):
+    """x @ w1 (relu'd or not) @ head, where head is all zeros (as torchvision's ViT
+    initializes its classifier): every output is 0 whatever the graph above it does."""
+    g = new_graph()
+    x = g.new_input((2, 3), name="x")
+    h = g.matmul(x, g.new_weight((3, 4), name="w1"))
+    if hidden_relu:
+        h = g.relu(h)
+    g.mark_output(g.matmul(h, g.new_weight((4, 5), data=np.zeros((4, 5), np.float32), name="head")), "y")
+    return g
+
+
+def test_outputs_zeroed_by_weights_are_checked_with_stand_in_weights():
+    g, same = _zero_head(), _zero_head()
+    assert check_graphs_equivalent(g, same) < 1e-12
+    with pytest.raises(VerificationError, match="zero weights replaced.*differs"):
+        check_graphs_equivalent(g, _zero_head(hidden_relu=True))  # equal on zeros, wrong above
+    head = next(n for n in g.weights() if n.params["name"] == "head")
+    assert not np.any(g.weight_array(head))  # the stand-ins are put back
+
+
+def test_an_output_zero_for_any_weights_is_inconclusive():
+    from onnx import helper
+
+    from taso_egg.onnx_io.importer import load_onnx
+
+    from conftest import make_model, vi
+
+    def zeros():  # x - x: zero whatever the weights
+        return load_onnx(make_model([helper.make_node("Sub", ["x", "x"], ["y"])], [vi("x", [2, 3])],
+                                    [vi("y", [2, 3])]))
     with pytest.raises(VerificationError, match="inconclusive"):
         check_graphs_equivalent(zeros(), zeros())
 
