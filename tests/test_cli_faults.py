@@ -214,3 +214,11 @@ def test_every_writer_checks_its_output_before_the_work(command, tmp_path, capsy
     out, err = capsys.readouterr()
     assert len(err.splitlines()) == 1 and err.startswith("taso-egg: error: cannot "), err
     assert out == ""  # nothing ran: no table, no progress
+
+
+def test_help_states_the_node_ceiling_and_the_bounds(capsys):
+    from taso_egg.cli import build_parser
+
+    text = " ".join(build_parser()._subparsers._group_actions[0].choices["optimize"].format_help().split())
+    assert "never holds more than twice the limit" in text
+    assert "--extract-time-limit" in text and "at most 200" in text

@@ -314,3 +314,20 @@ def test_cli_search_writes_a_checked_model(tmp_path, capsys):
 def test_cli_search_rejects_an_unknown_model(tmp_path, capsys):
     assert main(["search", "no-such-model", "-o", str(tmp_path / "x.onnx")]) == 1
     assert "neither an ONNX file nor a zoo model" in capsys.readouterr().err
+
+
+def test_cli_search_writes_the_input_when_the_result_measures_slower(tmp_path, capsys, monkeypatch):
+    """The guard optimize applies: a result measured slower in onnxruntime is not written."""
+    import onnx
+
+    from taso_egg import compare
+    from taso_egg.onnx_io.exporter import export_onnx
+
+    monkeypatch.setattr(compare, "ort_ms", lambda models, feeds, repeats, progress=None:
+                        {"original": 1.0, "optimized": 2.0})
+    out = tmp_path / "bert.onnx"
+    assert main(["search", "bert-small", "-o", str(out), "--budget", "5", "--profile", "analytic"]) == 0
+    text = capsys.readouterr().out
+    assert "check: outputs equal" in text  # the search did find a cheaper graph
+    assert "writing the input graph instead: the result measured slower" in text
+    assert onnx.load(out).graph == export_onnx(zoo.bert_small()).graph
