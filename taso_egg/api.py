@@ -166,6 +166,23 @@ def extract_graph(saturation: Saturation, extractor: str = "greedy-dag",
 MAX_MEASURE = 200
 
 
+def check_optimize_arguments(min_gain: float, measure: int, extract_time_limit: float | None) -> None:
+    """What ``optimize`` refuses, checked alone (the CLI calls it before loading anything)."""
+    if not 0 <= min_gain < 1:
+        raise TasoEggError(f"min_gain (--min-gain) must be a fraction in [0, 1), got {min_gain!r}")
+    check_measure(measure)
+    if extract_time_limit is not None and not extract_time_limit > 0:
+        raise LimitError(f"extract_time_limit (--extract-time-limit) must be a positive number "
+                         f"of seconds, got {extract_time_limit!r}")
+
+
+def check_measure(runs) -> None:
+    """LimitError unless ``runs`` is a number of measured runs from 0 to MAX_MEASURE."""
+    if not (isinstance(runs, int) and 0 <= runs <= MAX_MEASURE):
+        raise LimitError(f"measure (--measure) must be a number of runs from 0 to {MAX_MEASURE}, "
+                         f"got {runs!r}")
+
+
 def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: str = "greedy-dag",
              cost_model: CostModel | None = None, progress=None, verify: bool = True,
              seed: int = 0, profile: str = DEFAULT_PROFILE, min_gain: float = MIN_GAIN,
@@ -185,13 +202,7 @@ def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: 
     when None). ``progress(iteration_stats)`` is called after each saturation
     iteration, ``phase(message)`` when a later phase starts, and
     ``measure_progress(done, total)`` after each measured run."""
-    if not 0 <= min_gain < 1:
-        raise TasoEggError(f"min_gain must be a fraction in [0, 1), got {min_gain!r}")
-    if not (isinstance(measure, int) and 0 <= measure <= MAX_MEASURE):
-        raise LimitError(f"measure must be a number of runs from 0 to {MAX_MEASURE}, got {measure!r}")
-    if extract_time_limit is not None and not extract_time_limit > 0:
-        raise LimitError(f"extract_time_limit must be a positive number of seconds, "
-                         f"got {extract_time_limit!r}")
+    check_optimize_arguments(min_gain, measure, extract_time_limit)
     phase = phase or (lambda message: None)
     model = cost_model or load_cost_model(profile)
     graph.validate()

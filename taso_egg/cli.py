@@ -11,7 +11,7 @@ import signal
 import sys
 
 from .cost import MIN_GAIN
-from .errors import ExportError, LimitError, TasoEggError
+from .errors import ExportError, TasoEggError
 
 
 def parse_input_shapes(items) -> dict[str, tuple[int, ...]]:
@@ -87,18 +87,14 @@ def _cmd_convert(args) -> int:
 
 def _cmd_optimize(args) -> int:
     # Everything a user can get wrong is checked before anything heavy loads.
-    from .api import MAX_MEASURE
+    from .api import check_optimize_arguments
     from .egraph.saturate import Limits
     from .files import check_writable
     from .onnx_io.importer import load_onnx, read_model_file, upgraded
 
     limits = Limits(nodes=args.node_limit, iterations=args.iter_limit, seconds=args.time_limit,
                     multi_iterations=args.multi_iterations)
-    if not 0 <= args.measure <= MAX_MEASURE:
-        raise LimitError(f"--measure {args.measure}: give a number of runs from 0 to {MAX_MEASURE}")
-    if not args.extract_time_limit > 0:
-        raise LimitError(f"--extract-time-limit {args.extract_time_limit:g}: give a positive "
-                         f"number of seconds")
+    check_optimize_arguments(args.min_gain, args.measure, args.extract_time_limit)
     shapes = parse_input_shapes(args.input_shape)
     check_writable(args.output, ExportError)
     original, external = read_model_file(args.model)

@@ -32,10 +32,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from taso_egg.api import MAX_MEASURE, keep_unless_faster
+    from taso_egg.api import check_measure, keep_unless_faster
     from taso_egg.cli import parse_input_shapes
     from taso_egg.cost import DEFAULT_PROFILE
-    from taso_egg.errors import ExportError, LimitError
+    from taso_egg.errors import ExportError
     from taso_egg.files import check_writable
     from taso_egg.onnx_io.counts import describe, format_table, operator_counts
     from taso_egg.onnx_io.exporter import export_onnx, save_atomically
@@ -43,8 +43,7 @@ def run(args: argparse.Namespace) -> int:
 
     from .search import backtracking_search
 
-    if not 0 <= args.measure <= MAX_MEASURE:
-        raise LimitError(f"--measure {args.measure}: give a number of runs from 0 to {MAX_MEASURE}")
+    check_measure(args.measure)
     check_writable(args.output, ExportError)
     graph = load_model(args.model, parse_input_shapes(args.input_shape))
     with tqdm(total=args.budget, file=sys.stderr, unit="graph", desc="search") as bar:
