@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from .cost import CostModel, graph_cost
+from .egraph.saturate import Limits, saturate
 from .errors import TasoEggError
 from .files import check_writable, write_atomically
-from .egraph.saturate import Limits, saturate
 from .graph import Graph
 from .onnx_io.counts import operator_counts
 from .onnx_io.exporter import export_onnx
@@ -276,7 +276,9 @@ def add_arguments(p) -> None:
     p.add_argument("--budget", type=int, default=1000, help="graphs the search pops (TASO: 1000)")
     p.add_argument("--alpha", type=float, default=1.05, help="search relaxation (TASO: 1.05)")
     p.add_argument("--search-seconds", type=float, default=600.0, help="time limit of each search")
-    p.add_argument("--node-limit", type=int, default=20_000, help="saturation e-node limit (the e-graph never holds more than twice it; see optimize --help)")
+    p.add_argument("--node-limit", type=int, default=20_000,
+                   help="saturation e-node limit (the e-graph never holds more than twice it; "
+                        "see optimize --help)")
     p.add_argument("--iter-limit", type=int, default=15, help="saturation iteration limit")
     p.add_argument("--multi-iterations", type=int, default=2, help="k_multi")
     p.add_argument("--ilp-seconds", type=float, default=60.0, help="ILP time limit")

@@ -47,3 +47,10 @@ class LimitError(TasoEggError):
 
 class ProfileError(TasoEggError):
     """A cost profile is corrupt, foreign or missing."""
+
+
+def first_line(e: Exception) -> str:
+    """The first line of a third-party exception's message (onnx and onnxruntime append
+    C++ source locations and whole schemas), for one-line errors."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+from contextlib import contextmanager
 from typing import Mapping
 
 import numpy as np
@@ -97,30 +98,27 @@ def _all_zero(a: np.ndarray) -> bool:
     return a.dtype.kind == "f" and a.size > 0 and not np.any(a)
 
 
-class _stand_ins:
+@contextmanager
+def _stand_ins(original, candidate, weights, seed: int):
     """Random data for the given all-zero weights of ``original`` and for the
     candidate's weights of the same names, put back on exit."""
-
-    def __init__(self, original, candidate, weights, seed: int):
-        rng = np.random.default_rng(seed + 1)
-        self.data = {n.params["name"]: rng.standard_normal(n.params["shape"]).astype(n.params["dtype"])
-                     for n in weights}
-        self.graphs = (original, candidate)
-
-    def __enter__(self):
-        self.saved = []
-        for g in self.graphs:
-            for n in g.weights():
-                if n.params["name"] in self.data:
-                    self.saved.append((g, n.id, g.weight_data.get(n.id)))
-                    g.weight_data[n.id] = self.data[n.params["name"]]
-
-    def __exit__(self, *exc):
-        for g, node_id, data in reversed(self.saved):  # the same graph may come twice
-            if data is None:
+    rng = np.random.default_rng(seed + 1)
+    data = {n.params["name"]: rng.standard_normal(n.params["shape"]).astype(n.params["dtype"])
+            for n in weights}
+    saved = []
+    for g in (original, candidate):
+        for n in g.weights():
+            if n.params["name"] in data:
+                saved.append((g, n.id, g.weight_data.get(n.id)))
+                g.weight_data[n.id] = data[n.params["name"]]
+    try:
+        yield
+    finally:
+        for g, node_id, old in reversed(saved):  # the same graph may come twice
+            if old is None:
                 g.weight_data.pop(node_id, None)
             else:
-                g.weight_data[node_id] = data
+                g.weight_data[node_id] = old
 
 
 def _check(original, candidate, feeds, rtol, what) -> float:

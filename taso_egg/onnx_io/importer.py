@@ -16,7 +16,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..errors import GraphError, OnnxImportError, ShapeError, TasoEggError
+from ..errors import GraphError, OnnxImportError, ShapeError, TasoEggError, first_line
 from ..graph import Graph, Tensor
 from ..ops import ONNX_IMPORTERS, TensorType
 from ..ops.opaque import run_node
@@ -93,7 +93,7 @@ def _load_external_data(proto, path: str) -> None:
         load_external_data_for_model(proto, os.path.dirname(os.path.abspath(path)))
     except (checker.ValidationError, OSError) as e:
         raise OnnxImportError(f"{path}: its external weight data cannot be read "
-                              f"({str(e).strip().splitlines()[0]})") from None
+                              f"({first_line(e)})") from None
 
 
 def _check_opset(proto, where) -> None:
@@ -120,7 +120,7 @@ def upgraded(proto):
         return version_converter.convert_version(proto, MIN_OPSET)
     except Exception as e:
         raise OnnxImportError(f"model uses opset {opset}; converting it to opset "
-                              f"{MIN_OPSET} failed: {str(e).strip().splitlines()[0]}") from None
+                              f"{MIN_OPSET} failed: {first_line(e)}") from None
 
 
 def _default_opset(proto) -> int:

@@ -11,7 +11,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..errors import ExecutionError
+from ..errors import ExecutionError, first_line
 from ..onnx_io.versions import ir_version_for
 from .base import OpSpec, TensorType, register
 
@@ -91,7 +91,7 @@ def _run(key, arrays):
     try:
         return session.run(None, feeds)
     except Exception as e:  # onnxruntime raises its own exception types
-        raise ExecutionError(f"opaque {op_type}: onnxruntime failed: {_first_line(e)}") from None
+        raise ExecutionError(f"opaque {op_type}: onnxruntime failed: {first_line(e)}") from None
 
 
 def _run_narrowed(key, arrays):
@@ -100,12 +100,6 @@ def _run_narrowed(key, arrays):
     outs = _run((op_type, domain, opset, attrs, narrow, n_outputs, empty_inputs),
                 [a.astype(np.float32) if a.dtype == np.float64 else a for a in arrays])
     return [o.astype(np.float64) if o.dtype == np.float32 else o for o in outs]
-
-
-def _first_line(e: Exception) -> str:
-    """onnxruntime's messages carry C++ source locations and whole schemas after the
-    first line; a user needs the first."""
-    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
 
 @lru_cache(maxsize=512)
@@ -137,4 +131,4 @@ def _session(op_type, domain, opset, attrs, in_types, n_outputs, empty_inputs):
                                     providers=["CPUExecutionProvider"])
     except Exception as e:
         raise ExecutionError(f"opaque {op_type} (domain {domain or 'ai.onnx'}, opset {opset}): "
-                             f"onnxruntime cannot build it: {_first_line(e)}") from None
+                             f"onnxruntime cannot build it: {first_line(e)}") from None
