@@ -10,23 +10,15 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from .cost import (
-    DEFAULT_PROFILE,
-    MIN_GAIN,
-    CostModel,
-    OpConfig,
-    graph_cost,
-    load_cost_model,
-)
-from .egraph.convert import TensorEGraph, build_graph
+from .cost import DEFAULT_PROFILE, MIN_GAIN, CostModel, graph_cost, load_cost_model
+from .egraph.convert import build_graph
+from .egraph.pricing import ENodeConfigs, node_cost
 from .egraph.saturate import Limits, Saturation, saturate
-from .errors import ExtractionError, LimitError, ShapeError, TasoEggError
+from .errors import ExtractionError, LimitError, TasoEggError
 from .graph import Graph
-from .ops import OPS, TensorType
 from .rules.lang import load_corpus
+from .timing import measure as measure_runs
 from .verify import check_graphs_equivalent
-
-_FREE = ("proj", "tnil", "tcons")
 
 
 @dataclass
@@ -54,79 +46,6 @@ class OptimizeResult:
         return self.cost_before / self.cost_after if self.cost_after > 0 else math.inf
 
 
-class ENodeConfigs:
-    """The operator configuration each e-node of a saturation runs as if extracted:
-    the cost model's key for it (the profiler enumerates them with
-    ``enode_configurations``)."""
-
-    def __init__(self, saturation: Saturation):
-        self.eg = saturation.tensor_egraph()
-        self.weight_only = _weight_only_classes(self.eg)
-        self.opaque = saturation.program.opaque
-        self.constant_nodes = saturation.graph.weight_only_nodes()
-
-    def __call__(self, n) -> OpConfig | None:
-        """None when the e-node is free (plumbing, a leaf, or work on weights alone,
-        folded at export); ShapeError when its inputs have no known shape."""
-        if n.op in _FREE or OPS[n.op].is_leaf:
-            return None
-        if n.op == "opaque":
-            node = self.opaque[n.params["key"]]
-            return OpConfig.of(node.op, node.params, [t.type for t in node.inputs], node.outputs,
-                               [t.node in self.constant_nodes for t in node.inputs])
-        if n.children and all(c in self.weight_only for c in n.children):
-            return None
-        shapes = [self.eg.shapes.get(c) for c in n.children]
-        if any(s is None for s in shapes):
-            raise ShapeError(f"e-node {n.id} ({n.op}): an input has no known shape")
-        return OpConfig.of(n.op, n.params, [TensorType(tuple(s)) for s in shapes],
-                           constant=[c in self.weight_only for c in n.children])
-
-
-def enode_configurations(saturation: Saturation) -> list[OpConfig]:
-    """Every distinct configuration any e-node could be extracted as."""
-    configs = ENodeConfigs(saturation)
-    seen: dict[str, OpConfig] = {}
-    for nodes in configs.eg.classes.values():
-        for n in nodes:
-            try:
-                config = configs(n)
-            except TasoEggError:
-                continue
-            if config is not None:
-                seen.setdefault(config.key, config)
-    return list(seen.values())
-
-
-def _node_cost(n, configs: ENodeConfigs, model: CostModel) -> float:
-    try:
-        config = configs(n)
-    except TasoEggError:
-        return math.inf
-    if config is None:
-        return 0.0
-    return model.cost(config.op, config.param_dict, config.inputs, config.outputs, config.constant)
-
-
-def _weight_only_classes(eg: TensorEGraph) -> set[str]:
-    out: set[str] = set()
-    changed = True
-    while changed:
-        changed = False
-        for cid, nodes in eg.classes.items():
-            if cid in out:
-                continue
-            for n in nodes:
-                leaf_const = n.op != "proj" and n.op in OPS and OPS[n.op].is_constant
-                derived = n.op not in ("opaque", "input", "tnil", "tcons") and n.children and \
-                    all(c in out for c in n.children)
-                if leaf_const or derived:
-                    out.add(cid)
-                    changed = True
-                    break
-    return out
-
-
 def extract_graph(saturation: Saturation, extractor: str = "greedy-dag",
                   cost_model: CostModel | None = None, time_limit: float | None = None) -> Extraction:
     """Pick the cheapest graph in a saturated e-graph (DAG cost) and rebuild it."""
@@ -144,7 +63,7 @@ def extract_graph(saturation: Saturation, extractor: str = "greedy-dag",
     node_ids, node_class, costs, children, ops = [], [], [], [], []
     for cid, nodes in eg.classes.items():
         for n in nodes:
-            c = _node_cost(n, configs, model)
+            c = node_cost(n, configs, model)
             if not math.isfinite(c) or any(ch not in index for ch in n.children):
                 continue
             node_ids.append(n.id)
@@ -260,8 +179,6 @@ def keep_unless_faster(graph: Graph, candidate: Graph, repeats: int,
     median); ``(graph, times, why)`` when the candidate measured slower, else
     ``(candidate, times, "")``. Times are milliseconds under "original" and
     "optimized". Every command that writes an optimized graph applies this guard."""
-    from .compare import measure as measure_runs
-
     times = measure_runs(graph, {"optimized": candidate}, repeats, runtimes=("ort",),
                          progress=progress)["ort"]
     if times["optimized"] > times["original"]:

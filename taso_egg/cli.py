@@ -10,28 +10,15 @@ import math
 import signal
 import sys
 
+from .cli_args import add_input_shape_argument, parse_input_shapes
 from .cost import MIN_GAIN
 from .errors import ExportError, TasoEggError
 
 
-def parse_input_shapes(items) -> dict[str, tuple[int, ...]]:
-    shapes = {}
-    for item in items or ():
-        name, _, dims = item.partition("=")
-        try:
-            shapes[name] = tuple(int(d) for d in dims.replace("x", ",").split(",") if d)
-        except ValueError:
-            raise TasoEggError(f"--input-shape {item!r}: expected NAME=D1,D2,... (e.g. x=1,3,224,224)")
-        if not name or not shapes[name]:
-            raise TasoEggError(f"--input-shape {item!r}: expected NAME=D1,D2,...")
-    return shapes
-
-
 def _add_model_args(p) -> None:
     p.add_argument("model", help="ONNX file")
-    p.add_argument("--input-shape", action="append", metavar="NAME=D1,D2,...",
-                   help="fix a symbolic input dimension (repeatable); naming no input, or "
-                        "changing a dimension the model fixes, is an error")
+    add_input_shape_argument(p, "fix a symbolic input dimension (repeatable); naming no input, or "
+                                "changing a dimension the model fixes, is an error")
 
 
 def _cmd_inspect(args) -> int:

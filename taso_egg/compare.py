@@ -19,8 +19,6 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from .cost import CostModel, graph_cost
 from .egraph.saturate import Limits, saturate
 from .errors import TasoEggError
@@ -28,6 +26,7 @@ from .files import check_writable, write_atomically
 from .graph import Graph
 from .onnx_io.counts import operator_counts
 from .onnx_io.exporter import export_onnx
+from .timing import measure
 
 METHODS = ("backtracking", "eqsat-greedy", "eqsat-ilp")
 
@@ -110,45 +109,6 @@ def compare_model(name: str, graph: Graph, cost_model: CostModel, rules=None, bu
         say(f"{name}: measuring")
         result.measured_ms = measure(graph, {m: r.graph for m, r in runs.items()}, measure_repeats, runtimes)
     return result
-
-
-def measure(original: Graph, results: dict[str, Graph], repeats: int,
-            runtimes=("ort", "executor"), progress=None) -> dict[str, dict[str, float]]:
-    """Median milliseconds per run of the original and each result, timed interleaved
-    in one process (so machine load hits all alike), one thread each. Both runtimes
-    run the graphs as deployed: exported, weight-only work folded into constants.
-    ``progress(done, total)`` is called after each interleaved round."""
-    from .executor import random_inputs, run
-    from .profiling.backends import pinned_threads
-    from .profiling.bench import median_times
-    from .profiling.profiler import exported_graph
-
-    graphs = {"original": original, **results}
-    feeds = random_inputs(original)
-    out: dict[str, dict[str, float]] = {}
-    with pinned_threads(), np.errstate(all="ignore"):  # TASO's BERT overflows float32
-        if "ort" in runtimes:
-            out["ort"] = ort_ms({k: export_onnx(g) for k, g in graphs.items()}, feeds, repeats,
-                                progress)
-        if "executor" in runtimes:
-            deployed = {k: exported_graph(g) for k, g in graphs.items()}
-            times = median_times({k: (lambda g=g: run(g, feeds)) for k, g in deployed.items()}, repeats,
-                                 progress)
-            out["executor"] = {k: cpu * 1e3 for k, (cpu, _) in times.items()}
-    return out
-
-
-def ort_ms(models: dict, feeds, repeats: int, progress=None) -> dict[str, float]:
-    """Median CPU milliseconds per run of each ONNX model in onnxruntime
-    (ORT_ENABLE_ALL, one thread), timed interleaved."""
-    from .profiling.backends import make_session, pinned_threads
-    from .profiling.bench import median_times
-
-    with pinned_threads(), np.errstate(all="ignore"):
-        sessions = {k: make_session(m) for k, m in models.items()}
-        times = median_times({k: (lambda s=s: s.run(None, feeds)) for k, s in sessions.items()}, repeats,
-                             progress)
-    return {k: cpu * 1e3 for k, (cpu, _) in times.items()}
 
 
 # --- reports ---------------------------------------------------------------------

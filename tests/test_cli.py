@@ -157,9 +157,9 @@ def test_optimize_writes_a_checked_faster_model(nasrnn_path, tmp_path, capsys):
 
 def test_optimize_keeps_the_original_when_the_result_measures_slower(nasrnn_path, tmp_path, monkeypatch,
                                                                      capsys):
-    from taso_egg import compare
+    from taso_egg import timing
 
-    monkeypatch.setattr(compare, "ort_ms", lambda models, feeds, repeats, progress=None:
+    monkeypatch.setattr(timing, "ort_ms", lambda models, feeds, repeats, progress=None:
                         {"original": 1.0, "optimized": 2.0})
     out = tmp_path / "nas.opt.onnx"
     assert main(["optimize", str(nasrnn_path), "-o", str(out), "--extractor", "greedy-dag"]) == 0

@@ -105,12 +105,11 @@ def test_draw_graph_draws_every_runtime_operator_once():
 def test_executor_times_the_deployed_graphs(monkeypatch):
     """Weight-only work is folded at export; timing the raw graph would charge the
     executor for it, so measure() times what export_onnx deploys."""
-    from taso_egg import compare
-    from taso_egg.profiling import profiler
+    from taso_egg import timing
 
     seen = []
-    real = profiler.exported_graph
-    monkeypatch.setattr(profiler, "exported_graph", lambda g: seen.append(g) or real(g))
+    real = timing.exported_graph
+    monkeypatch.setattr(timing, "exported_graph", lambda g: seen.append(g) or real(g))
     g = zoo.nasrnn_small(steps=1)
-    times = compare.measure(g, {"same": g}, repeats=1, runtimes=("executor",))
+    times = timing.measure(g, {"same": g}, repeats=1, runtimes=("executor",))
     assert set(times["executor"]) == {"original", "same"} and len(seen) == 2

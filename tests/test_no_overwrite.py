@@ -10,7 +10,7 @@ import pytest
 
 import taso_egg.rules
 from taso_egg.cli import main
-from taso_egg.profiling.store import load_profile, profiles_dir
+from taso_egg.cost.store import load_profile, profiles_dir
 from taso_egg.rules.lang import load_rule_file
 
 RULES_DIR = Path(taso_egg.rules.__file__).parent

@@ -202,10 +202,10 @@ def test_a_predicted_gain_below_min_gain_returns_the_input():
 
 
 def test_a_result_measured_slower_in_onnxruntime_returns_the_input(monkeypatch):
-    from taso_egg import compare
+    from taso_egg import timing
 
     timings = {"original": 1.0, "optimized": 2.0}
-    monkeypatch.setattr(compare, "ort_ms", lambda models, feeds, repeats, progress=None: dict(timings))
+    monkeypatch.setattr(timing, "ort_ms", lambda models, feeds, repeats, progress=None: dict(timings))
     slower = optimize(_nas1(), extractor="greedy-dag", limits=Limits(multi_iterations=2), measure=3)
     assert slower.graph is slower.original and "measured slower" in slower.stats["kept_input"]
     assert slower.stats["measured_ms"] == timings

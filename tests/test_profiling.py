@@ -21,6 +21,7 @@ from taso_egg.cost import (
     graph_cost,
     load_cost_model,
 )
+from taso_egg.cost.store import FORMAT, Profile, load_profile
 from taso_egg.errors import ProfileError
 from taso_egg.ops import TensorType
 from taso_egg.profiling import backends
@@ -36,7 +37,6 @@ from taso_egg.profiling.profiler import (
     profile_configurations,
     saturation_configurations,
 )
-from taso_egg.profiling.store import FORMAT, Profile, load_profile
 
 FAST = {"warmups": 1, "repeats": 2}
 # The hand rules whether or not the verifier has signed them off yet: these tests need
@@ -326,7 +326,7 @@ def test_optimize_uses_the_named_profile(tmp_path):
 
 
 def test_shipped_profiles_load_and_cover_the_benchmark_graphs():
-    from taso_egg.profiling.store import profiles_dir
+    from taso_egg.cost.store import profiles_dir
 
     for name in ("cpu-ort", "cpu-numpy"):
         assert (profiles_dir() / f"{name}.json").is_file(), f"the shipped profile {name} is missing"

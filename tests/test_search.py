@@ -320,10 +320,10 @@ def test_cli_search_writes_the_input_when_the_result_measures_slower(tmp_path, c
     """The guard optimize applies: a result measured slower in onnxruntime is not written."""
     import onnx
 
-    from taso_egg import compare
+    from taso_egg import timing
     from taso_egg.onnx_io.exporter import export_onnx
 
-    monkeypatch.setattr(compare, "ort_ms", lambda models, feeds, repeats, progress=None:
+    monkeypatch.setattr(timing, "ort_ms", lambda models, feeds, repeats, progress=None:
                         {"original": 1.0, "optimized": 2.0})
     out = tmp_path / "bert.onnx"
     assert main(["search", "bert-small", "-o", str(out), "--budget", "5", "--profile", "analytic"]) == 0

@@ -18,7 +18,7 @@ from ..executor import call_kernel
 from ..files import write_atomically
 from ..graph import Graph, Node, claim_unique_name
 from ..ops import OPS
-from .versions import ir_version_for
+from ..versions import ir_version_for
 
 
 def export_onnx(graph: Graph, path: str | os.PathLike | None = None, name: str = "taso_egg"):

@@ -20,7 +20,7 @@ from ..errors import GraphError, OnnxImportError, ShapeError, TasoEggError, firs
 from ..graph import Graph, Tensor
 from ..ops import ONNX_IMPORTERS, TensorType
 from ..ops.opaque import run_node
-from .versions import MIN_OPSET
+from ..versions import MIN_OPSET
 
 log = logging.getLogger("taso_egg.onnx")
 

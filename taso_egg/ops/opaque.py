@@ -12,7 +12,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..errors import ExecutionError, first_line
-from ..onnx_io.versions import ir_version_for
+from ..versions import ir_version_for
 from .base import OpSpec, TensorType, register
 
 

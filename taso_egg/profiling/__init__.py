@@ -1,2 +1,2 @@
-"""Per-operator profiling: back ends that time one operator configuration, the
-profile store, and the profiler that fills it (CLI: ``taso-egg profile``)."""
+"""Per-operator profiling: back ends that time one operator configuration, and the
+profiler that fills a profile (``taso_egg.cost.store``; CLI: ``taso-egg profile``)."""

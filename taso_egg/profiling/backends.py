@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 import platform
 import time
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -32,6 +31,7 @@ from ..cost import OpConfig
 from ..errors import ProfileError
 from ..graph import Graph, new_graph
 from ..ops import TensorType
+from ..timing import make_session
 
 SAMPLE_S = 1e-3         # a sample loops the operator for at least this long
 DIRECT_ABOVE_S = 2e-3   # slower than this, a session run's fixed overhead is < 1%: no copies
@@ -133,16 +133,6 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
-
-
-@contextmanager
-def pinned_threads():
-    """One BLAS / OpenMP thread while profiling or timing end to end, so that profiles
-    and whole-model runs see the same machine (onnxruntime is pinned per session)."""
-    from threadpoolctl import threadpool_limits
-
-    with threadpool_limits(limits=1):
-        yield
 
 
 class _GraphBackend:
@@ -324,28 +314,6 @@ class OrtBackend(_GraphBackend):
                 "threads": {"intra_op": 1, "inter_op": 1},
                 "graph_optimization": "ORT_ENABLE_ALL, " + ", ".join(self.DISABLED) + " off",
                 "clock": CPU_CLOCK}
-
-
-def make_session(model, disabled_optimizers=(), profile_prefix: str | None = None):
-    """An onnxruntime CPU session pinned to one thread, all graph optimizations on
-    (with ``profile_prefix``, onnxruntime's per-node profiler writes there)."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    if profile_prefix:
-        options.enable_profiling = True
-        options.profile_file_prefix = profile_prefix
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.log_severity_level = 3
-    data = model if isinstance(model, (bytes, str)) else model.SerializeToString()
-    try:
-        return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"],
-                                    disabled_optimizers=list(disabled_optimizers))
-    except Exception as e:  # onnxruntime raises its own exception types
-        raise ProfileError(f"onnxruntime cannot build the model: {e}") from None
 
 
 def make_backend(name: str, xp=None):

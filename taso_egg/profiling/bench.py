@@ -37,24 +37,6 @@ BENCH_MODELS = ["bert", "nasrnn", "resnext50", "resnet50", "nasnet-a", "inceptio
                 "vgg19"]
 
 
-def median_times(runs: dict, repeats: int, progress=None) -> dict[str, tuple[float, float]]:
-    """Interleaved samples of each callable (so load drifts hit all alike): median CPU
-    and wall seconds per call. ``progress(done, repeats)`` follows each round."""
-    cpu = {k: [] for k in runs}
-    wall = {k: [] for k in runs}
-    for fn in runs.values():  # warm-up
-        fn()
-    for done in range(1, repeats + 1):
-        for name, fn in runs.items():
-            c0, w0 = time.process_time(), time.perf_counter()
-            fn()
-            cpu[name].append(time.process_time() - c0)
-            wall[name].append(time.perf_counter() - w0)
-        if progress is not None:
-            progress(done, repeats)
-    return {k: (float(np.median(cpu[k])), float(np.median(wall[k]))) for k in runs}
-
-
 def _same(a, b) -> bool:
     return a is b or a.structural_hash() == b.structural_hash()
 
@@ -79,7 +61,8 @@ class SameRunProfiles:
 
     def model_for(self, backend_name: str, graphs):
         from ..cost import ProfiledCost
-        from .backends import make_backend, pinned_threads
+        from ..timing import pinned_threads
+        from .backends import make_backend
         from .profiler import graph_configurations, new_profile, profile_configurations, unique
 
         backend = make_backend(backend_name)
@@ -95,16 +78,22 @@ class SameRunProfiles:
 
 def _time_profiling(models, repeats, warmups, out) -> None:
     """Profile every configuration from scratch into temporary files; print seconds."""
-    from ..cli import main as cli_main
+    from ..errors import TasoEggError
+    from . import cli as profile_command
 
+    parser = argparse.ArgumentParser(prog="taso-egg profile")
+    profile_command.add_arguments(parser)
     with tempfile.TemporaryDirectory() as tmp:
         for backend in ("ort", "numpy"):
             t0 = time.perf_counter()
-            code = cli_main(["profile", *models, "--backend", backend, "-o",
-                             os.path.join(tmp, f"{backend}.json"), "--repeats", str(repeats),
-                             "--warmups", str(warmups), "--quiet"])
-            if code:
-                raise SystemExit(code)
+            args = parser.parse_args([*models, "--backend", backend, "-o",
+                                      os.path.join(tmp, f"{backend}.json"), "--repeats", str(repeats),
+                                      "--warmups", str(warmups), "--quiet"])
+            try:
+                profile_command.run(args)
+            except TasoEggError as e:  # as `taso-egg profile` reports it
+                print(f"taso-egg: error: {e}", file=sys.stderr)
+                raise SystemExit(1) from None
             print(f"profiling {len(models)} models' configurations from scratch with {backend}: "
                   f"{time.perf_counter() - t0:.1f} s", file=out, flush=True)
 
@@ -116,8 +105,7 @@ def main(argv=None) -> int:
     from ..executor import random_inputs, run
     from ..onnx_io.exporter import export_onnx
     from ..rules.lang import load_corpus
-    from .backends import make_session, pinned_threads
-    from .profiler import exported_graph
+    from ..timing import exported_graph, make_session, median_times, pinned_threads
 
     p = argparse.ArgumentParser(prog="python -m taso_egg.profiling.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -11,10 +11,12 @@ import sys
 import time
 from pathlib import Path
 
+from ..cli_args import add_input_shape_argument, parse_input_shapes
 from ..errors import ProfileError
 from ..files import check_writable
 from ..ops import OPS
-from .backends import BACKENDS, DEVICE_OF, make_backend, pinned_threads
+from ..timing import pinned_threads
+from .backends import BACKENDS, DEVICE_OF, make_backend
 
 EXTRACTORS = ("greedy-dag", "ilp")
 
@@ -23,7 +25,7 @@ def add_arguments(p) -> None:
     p.add_argument("models", nargs="+", metavar="MODEL", help="ONNX file or zoo model name")
     p.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
     p.add_argument("--backend", choices=BACKENDS, help="default: ort on cpu, cupy on gpu")
-    from .store import profiles_dir
+    from ..cost.store import profiles_dir
 
     p.add_argument("-o", "--output", help="profile to create or merge into (default: "
                    "./<device>-<backend>.json in the working directory, e.g. ./cpu-ort.json; "
@@ -40,27 +42,25 @@ def add_arguments(p) -> None:
                    help="time configurations the profile already has again, replacing them")
     p.add_argument("--ops", nargs="+", metavar="OP",
                    help="only configurations of these operators (e.g. to remeasure one kind)")
-    p.add_argument("--input-shape", action="append", metavar="NAME=D1,D2,...",
-                   help="fix a symbolic input dimension of an ONNX model (repeatable)")
+    add_input_shape_argument(p, "fix a symbolic input dimension of an ONNX model (repeatable)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def run(args) -> int:
     from ..api import extract_graph
-    from ..cli import parse_input_shapes
     from ..cost import ProfiledCost
+    from ..cost.store import load_profile, profiles_dir
     from ..egraph.saturate import saturate
     from ..rules.lang import load_corpus
+    from ..timing import exported_graph
     from ..zoo import load_model
     from .profiler import (
-        exported_graph,
         graph_configurations,
         new_profile,
         profile_configurations,
         saturation_configurations,
         unique,
     )
-    from .store import load_profile, profiles_dir
 
     backend_name = args.backend or ("ort" if args.device == "cpu" else "cupy")
     if DEVICE_OF[backend_name] != args.device:

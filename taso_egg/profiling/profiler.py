@@ -10,10 +10,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ..cost import OpConfig
+from ..cost.store import Profile, now
 from ..errors import ProfileError, TasoEggError
 from ..graph import Graph
 from ..ops import OPS, TensorType
-from .store import Profile, now
 
 CALIBRATION_DTYPE = "float32"
 # Sizes at which each device reaches its peak: a square matmul for FLOP/s, a vector
@@ -37,7 +37,7 @@ def graph_configurations(graph: Graph) -> list[OpConfig]:
 
 def saturation_configurations(saturation) -> list[OpConfig]:
     """Every configuration any e-node of a saturated e-graph could be extracted as."""
-    from ..api import enode_configurations
+    from ..egraph.pricing import enode_configurations
 
     return enode_configurations(saturation)
 
@@ -139,12 +139,3 @@ def profile_configurations(configs: Iterable[OpConfig], backend, profile: Profil
         profile.meta["updated"] = now()
     run.seconds = time.perf_counter() - start
     return run
-
-
-def exported_graph(graph: Graph) -> Graph:
-    """The graph as a user deploys it: exported to ONNX (weight-only work folded into
-    initializers) and read back."""
-    from ..onnx_io.exporter import export_onnx
-    from ..onnx_io.importer import load_onnx
-
-    return load_onnx(export_onnx(graph))

@@ -9,6 +9,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from taso_egg.cli_args import add_input_shape_argument, parse_input_shapes
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="ONNX file, or a zoo model name (taso_egg.zoo.MODELS)")
@@ -22,8 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", default=None, metavar="NAME",
                         help="cost model: a shipped profile's name, a profile file, or 'analytic' "
                              "(default: the same as `taso-egg optimize`)")
-    parser.add_argument("--input-shape", action="append", metavar="NAME=D1,D2,...",
-                        help="fix a symbolic input dimension of an ONNX file (repeatable)")
+    add_input_shape_argument(parser, "fix a symbolic input dimension of an ONNX file (repeatable)")
     parser.add_argument("--measure", type=int, default=5, metavar="N",
                         help="time input and result N times in onnxruntime (at most 200) and write "
                              "the input if the result is slower, as `optimize` does (0: skip)")
@@ -33,7 +34,6 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from taso_egg.api import check_measure, keep_unless_faster
-    from taso_egg.cli import parse_input_shapes
     from taso_egg.cost import DEFAULT_PROFILE
     from taso_egg.errors import ExportError
     from taso_egg.files import check_writable

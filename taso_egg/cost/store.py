@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from ..cost import OpConfig, jsonable
 from ..errors import ProfileError
 from ..files import write_atomically
+from .config import OpConfig, jsonable
 
 FORMAT = "taso-egg-profile"
 VERSION = 1

@@ -1,0 +1,17 @@
+"""What operators cost: the lookup key (``config.OpConfig``), the profiles on disk
+(``store``), and the cost models over them (``model``: ``AnalyticCost``,
+``ProfiledCost``, ``graph_cost``, ``load_cost_model``)."""
+
+from .config import OpConfig
+from .model import (
+    DEFAULT_PROFILE,
+    MIN_GAIN,
+    AnalyticCost,
+    CostModel,
+    ProfiledCost,
+    graph_cost,
+    load_cost_model,
+)
+
+__all__ = ["OpConfig", "DEFAULT_PROFILE", "MIN_GAIN", "AnalyticCost", "CostModel", "ProfiledCost",
+           "graph_cost", "load_cost_model"]

@@ -1,0 +1,104 @@
+"""Timing whole graphs end to end, as they are deployed: exported to ONNX and run in
+onnxruntime, or read back and run in our executor; one thread, interleaved samples,
+medians. ``api.keep_unless_faster``, ``compare`` and the profiler's benchmark time
+graphs with these; the profiling back ends build their sessions with ``make_session``."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import numpy as np
+
+from .errors import ProfileError
+from .executor import random_inputs, run
+from .graph import Graph
+from .onnx_io.exporter import export_onnx
+from .onnx_io.importer import load_onnx
+
+
+@contextmanager
+def pinned_threads():
+    """One BLAS / OpenMP thread while profiling or timing end to end, so that profiles
+    and whole-model runs see the same machine (onnxruntime is pinned per session)."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1):
+        yield
+
+
+def make_session(model, disabled_optimizers=(), profile_prefix: str | None = None):
+    """An onnxruntime CPU session pinned to one thread, all graph optimizations on
+    (with ``profile_prefix``, onnxruntime's per-node profiler writes there)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    if profile_prefix:
+        options.enable_profiling = True
+        options.profile_file_prefix = profile_prefix
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    data = model if isinstance(model, (bytes, str)) else model.SerializeToString()
+    try:
+        return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"],
+                                    disabled_optimizers=list(disabled_optimizers))
+    except Exception as e:  # onnxruntime raises its own exception types
+        raise ProfileError(f"onnxruntime cannot build the model: {e}") from None
+
+
+def median_times(runs: dict, repeats: int, progress=None) -> dict[str, tuple[float, float]]:
+    """Interleaved samples of each callable (so load drifts hit all alike): median CPU
+    and wall seconds per call. ``progress(done, repeats)`` follows each round."""
+    cpu = {k: [] for k in runs}
+    wall = {k: [] for k in runs}
+    for fn in runs.values():  # warm-up
+        fn()
+    for done in range(1, repeats + 1):
+        for name, fn in runs.items():
+            c0, w0 = time.process_time(), time.perf_counter()
+            fn()
+            cpu[name].append(time.process_time() - c0)
+            wall[name].append(time.perf_counter() - w0)
+        if progress is not None:
+            progress(done, repeats)
+    return {k: (float(np.median(cpu[k])), float(np.median(wall[k]))) for k in runs}
+
+
+def exported_graph(graph: Graph) -> Graph:
+    """The graph as a user deploys it: exported to ONNX (weight-only work folded into
+    initializers) and read back."""
+    return load_onnx(export_onnx(graph))
+
+
+def measure(original: Graph, results: dict[str, Graph], repeats: int,
+            runtimes=("ort", "executor"), progress=None) -> dict[str, dict[str, float]]:
+    """Median milliseconds per run of the original and each result, timed interleaved
+    in one process (so machine load hits all alike), one thread each. Both runtimes
+    run the graphs as deployed: exported, weight-only work folded into constants.
+    ``progress(done, total)`` is called after each interleaved round."""
+    graphs = {"original": original, **results}
+    feeds = random_inputs(original)
+    out: dict[str, dict[str, float]] = {}
+    with pinned_threads(), np.errstate(all="ignore"):  # TASO's BERT overflows float32
+        if "ort" in runtimes:
+            out["ort"] = ort_ms({k: export_onnx(g) for k, g in graphs.items()}, feeds, repeats,
+                                progress)
+        if "executor" in runtimes:
+            deployed = {k: exported_graph(g) for k, g in graphs.items()}
+            times = median_times({k: (lambda g=g: run(g, feeds)) for k, g in deployed.items()}, repeats,
+                                 progress)
+            out["executor"] = {k: cpu * 1e3 for k, (cpu, _) in times.items()}
+    return out
+
+
+def ort_ms(models: dict, feeds, repeats: int, progress=None) -> dict[str, float]:
+    """Median CPU milliseconds per run of each ONNX model in onnxruntime
+    (ORT_ENABLE_ALL, one thread), timed interleaved."""
+    with pinned_threads(), np.errstate(all="ignore"):
+        sessions = {k: make_session(m) for k, m in models.items()}
+        times = median_times({k: (lambda s=s: s.run(None, feeds)) for k, s in sessions.items()}, repeats,
+                             progress)
+    return {k: cpu * 1e3 for k, (cpu, _) in times.items()}
