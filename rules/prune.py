@@ -70,9 +70,10 @@ class Pruned:
 _LEAF = re.compile("\x00([^\x00]+)\x00")
 
 
-# Operands of these are sorted in the canonical text: rules that differ only by the
-# order of such operands follow from the kept one and the commutativity rules.
-COMMUTATIVE = ("ewadd", "ewmul")
+def _commutative(op: str) -> bool:
+    """Operands of these are sorted in the canonical text: rules that differ only by the
+    order of such operands follow from the kept one and the commutativity rules."""
+    return op in OPS and OPS[op].commutative
 
 
 def _template(e: Enumeration, tid: int) -> str:
@@ -88,7 +89,7 @@ def _template(e: Enumeration, tid: int) -> str:
             text = f"(proj {t.index} {_template(e, t.children[0])})"
         else:
             kids = [_template(e, c) for c in t.children]
-            if t.op in COMMUTATIVE:
+            if _commutative(t.op):
                 kids.sort()
             text = f"({t.choice.label()} " + " ".join(kids) + ")"
         cache[tid] = text
@@ -278,7 +279,7 @@ def _single_reason(e: Enumeration, a: int, b: int, seen: set) -> str | None:
 def _plain_commutation(e: Enumeration, a: int, b: int) -> bool:
     """``op(x, y)`` against ``op(y, x)`` on two inputs: the commutativity rule itself."""
     ta, tb = e.terms[a], e.terms[b]
-    return ta.op in COMMUTATIVE and ta.choice == tb.choice and \
+    return _commutative(ta.op) and ta.choice == tb.choice and \
         all(e.terms[c].op == "leaf" for c in ta.children + tb.children)
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import sys
 import time
 
@@ -22,6 +21,21 @@ def _sha(data) -> str:
     if not isinstance(data, bytes):
         data = data.encode()
     return hashlib.sha256(data).hexdigest()[:16]
+
+
+def egraph_digest(serialized: dict, rounds: int = 4) -> str:
+    """A hash of the e-graph that does not depend on e-class and e-node ids (which
+    follow rule order): Weisfeiler-Lehman refinement of class labels over the
+    egraph-serialize JSON (node ops, children, classes)."""
+    nodes = serialized["nodes"]
+    label = {n["eclass"]: "" for n in nodes.values()}
+    for _ in range(rounds):
+        members: dict[str, list[str]] = {}
+        for n in nodes.values():
+            kids = ",".join(label[nodes[c]["eclass"]] for c in n["children"])
+            members.setdefault(n["eclass"], []).append(_sha(f"{n['op']}({kids})"))
+        label = {c: _sha("|".join(sorted(m))) for c, m in members.items()}
+    return _sha("|".join(sorted(label.values())))
 
 
 def main(argv=None) -> int:
@@ -44,17 +58,17 @@ def main(argv=None) -> int:
     for f in sorted(rule_dir.glob("*.rules")) + sorted(rule_dir.glob("*.json")):
         print(f"file {f.name} {_sha(f.read_bytes())}")
     rules = tuple(load_corpus())
-    print(f"corpus {len(rules)} rules {_sha(repr(rules))}")
-    print(f"egglog declarations {_sha(declarations())}")
+    print(f"corpus {len(rules)} rules {_sha(repr(rules).replace(str(rule_dir), ''))}")
+    print(f"egglog declarations {_sha(declarations())} as a set of lines "
+          f"{_sha(chr(10).join(sorted(declarations().splitlines())))}")
     print(f"egglog rules {_sha(compile_rules(rules))}")
     model = load_cost_model()
     for name in args.models:
         t0 = time.perf_counter()
         g = zoo.MODELS[name]()
         sat = saturate(g, rules=rules, count_classes=False)
-        ser = json.dumps(sat.serialized(), sort_keys=True)
         line = (f"model {name} nodes {len(g.nodes)} enodes {sat.enodes} eclasses {sat.eclasses()} "
-                f"iters {len(sat.iterations)} stop {sat.stop_reason!r} egraph {_sha(ser)}")
+                f"iters {len(sat.iterations)} stop {sat.stop_reason!r} egraph {egraph_digest(sat.serialized())}")
         for ex in args.extractors:
             e = extract_graph(sat, ex, model)
             line += f" | {ex} {e.dag_cost:.9g} {e.graph.structural_hash()[:16]}"

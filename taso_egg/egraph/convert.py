@@ -12,9 +12,17 @@ from dataclasses import dataclass, field
 
 from ..errors import ExtractionError
 from ..graph import Graph, Node, Tensor
-from ..ops import TensorType
-from .language import (MAX_RANK, OP_OF_CONSTRUCTOR, constructor, decode_padding, encode,
-                       op_params, returns_tuple)
+from ..ops import OPS, TensorType
+from ..ops.shapes import evaluate
+from .language import (OP_OF_CONSTRUCTOR, constructor, decode_padding, egraph_params, encode,
+                       op_params, returns_tuple, tensor_arity)
+
+
+# Operators the e-graph of any graph may hold beyond the graph's own: the conversion
+# writes conv biases as a broadcast add plus activation, and broadcasts as reshapes.
+_RESHAPE, _BIAS_ADD = "reshape", "ewadd"
+CONVERSION_OPS = frozenset({_RESHAPE, _BIAS_ADD} | {op for op in OPS if OPS[op].activation})
+_ACTIVATION_OP = {OPS[op].activation: op for op in OPS if OPS[op].activation}
 
 
 @dataclass
@@ -28,23 +36,36 @@ def _var(t: Tensor, multi: set[int]) -> str:
     return f"$n{t.node}_{t.index}" if t.node in multi else f"$n{t.node}"
 
 
+def egraph_form(node: Node) -> tuple[dict, list[tuple]] | None:
+    """The parameters and input shapes the e-graph's shape cases (OpSpec.shape) see for
+    ``node``: an optional conv bias left out (it becomes an add), broadcast operands at
+    the output's rank, axes non-negative. None for operators whose e-graph form takes
+    other inputs (n-ary concat nests, split and opaque nodes): those always fit."""
+    spec = OPS[node.op]
+    n = tensor_arity(node.op)
+    if spec.multi_output or len(node.inputs) < n or (spec.inputs[1] is None and len(node.inputs) != n):
+        return None
+    shapes = [t.shape for t in node.inputs[:n]]
+    rank = len(node.outputs[0].shape)
+    if spec.broadcasts:
+        shapes = [(1,) * (rank - len(s)) + s for s in shapes]
+    params = dict(node.params)
+    if "axis" in params and rank:
+        params["axis"] %= rank
+    return params, shapes
+
+
 def _egraph_supported(node: Node) -> bool:
-    """Configurations the e-graph's shape rules cover; others enter as barriers."""
-    ins = [t.type for t in node.inputs]
-    if node.op == "matmul":
-        a, b = ins
-        return (len(a.shape) == len(b.shape) and a.shape[:-2] == b.shape[:-2]) or len(b.shape) == 2
-    if node.op == "transpose":
-        return 1 <= len(ins[0].shape) <= MAX_RANK
-    if node.op in ("ewadd", "ewmul"):
-        return max(len(t.shape) for t in ins) <= MAX_RANK
-    return True
+    """Configurations the e-graph's shape rules cover; others enter as barriers
+    (batched matmuls whose batch dims broadcast, ranks past MAX_RANK, ...)."""
+    form = egraph_form(node)
+    return form is None or evaluate(OPS[node.op].shape, *form) == node.outputs[0].shape
 
 
 def graph_to_program(graph: Graph) -> GraphProgram:
     lines: list[str] = []
     multi = {n.id for n in graph.nodes.values()
-             if len(n.outputs) > 1 or n.op in ("split", "opaque") or not _egraph_supported(n)}
+             if len(n.outputs) > 1 or OPS[n.op].multi_output or not _egraph_supported(n)}
     opaque: dict[str, Node] = {}
     weight_ids = {n.id: i for i, n in enumerate(graph.weights())}
     fresh = iter(range(1 << 62))
@@ -80,7 +101,7 @@ def graph_to_program(graph: Graph) -> GraphProgram:
             expr = f"(Split {_params(op, p)} {ins[0]})"
         elif op == "conv2d" and len(ins) == 3:
             expr = _conv_with_bias(node, ins, emit)
-        elif op in ("ewadd", "ewmul"):
+        elif OPS[op].broadcasts:
             a, b = (_match_rank(v, t.type, len(node.outputs[0].shape), emit)
                     for v, t in zip(ins, node.inputs))
             expr = f"({constructor(op)} {a} {b})"
@@ -103,7 +124,7 @@ def _match_rank(var: str, t: TensorType, rank: int, emit) -> str:
     if len(t.shape) == rank:
         return var
     shape = (1,) * (rank - len(t.shape)) + t.shape
-    return emit(f"(Reshape {encode('IVec', shape)} {var})")
+    return emit(f"({constructor(_RESHAPE)} {encode('IVec', shape)} {var})")
 
 
 def _conv_with_bias(node: Node, ins: list[str], emit) -> str:
@@ -112,10 +133,10 @@ def _conv_with_bias(node: Node, ins: list[str], emit) -> str:
     p["activation"] = "NONE"
     conv = emit(f"(Conv2d {_params('conv2d', p)} {ins[0]} {ins[1]})")
     o = node.inputs[1].shape[0]
-    bias = emit(f"(Reshape {encode('IVec', (1, o, 1, 1))} {ins[2]})")
-    out = emit(f"(Ewadd {conv} {bias})")
+    bias = emit(f"({constructor(_RESHAPE)} {encode('IVec', (1, o, 1, 1))} {ins[2]})")
+    out = emit(f"({constructor(_BIAS_ADD)} {conv} {bias})")
     if act != "NONE":
-        out = emit(f"({act.capitalize()} {out})")
+        out = emit(f"({constructor(_ACTIVATION_OP[act])} {out})")
     return out
 
 
@@ -193,10 +214,10 @@ def _decode_node(nid, node, nodes, sort_of, value) -> ENode:
     if name is None:
         raise ExtractionError(f"serialized e-graph: unknown constructor {op!r} in node {nid}")
     params = {}
-    spec = op_params(name)
-    for (pname, _), kid in zip(spec, kids):
+    spec = egraph_params(name)
+    for p, kid in zip(spec, kids):
         v = value(kid)
-        params[pname] = decode_padding(v) if pname == "padding" else v
+        params[p.name] = decode_padding(v) if p.kind == "padding" else v
     children = [nodes[k]["eclass"] for k in kids[len(spec):]]
     return ENode(nid, name, params, children)
 
@@ -266,14 +287,15 @@ def fuse_bias_and_activation(g: Graph) -> Graph:
         if n.op != "conv2d" or len(n.inputs) != 2 or n.params["activation"] != "NONE":
             continue
         add = sole_user(n.out())
-        if add is None or add.op != "ewadd":
+        if add is None or add.op != _BIAS_ADD:
             continue
         other = add.inputs[1] if add.inputs[0].node == n.id else add.inputs[0]
         o = n.outputs[0].shape[1]
         if other.node not in weight_only or other.shape not in ((1, o, 1, 1), (o, 1, 1)):
             continue
         act_node = sole_user(add.out())
-        act = act_node.op.upper() if act_node is not None and act_node.op in ("relu", "sigmoid", "tanh") else "NONE"
+        act = OPS[act_node.op].activation if act_node is not None and act_node.op in OPS else ""
+        act = act or "NONE"
         replace[n.id] = (other, add, act_node if act != "NONE" else None, act)
     if not replace:
         return _flatten_concats(g)

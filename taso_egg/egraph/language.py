@@ -23,9 +23,12 @@ from __future__ import annotations
 from functools import lru_cache
 
 from ..ops import OPS
+from ..ops.base import Param
+from ..ops.shapes import MAX_RANK, Case, Cond, Fn, In, Num, OutIndex, P
 
-MAX_RANK = 6
-LEAVES = ("input", "weight")
+# Egglog sort of each parameter kind (ops.base.PARAM_KINDS); "data" never enters.
+SORTS = {"int": "i64", "float": "f64", "symbol": "String", "activation": "String",
+         "dtype": "String", "ints": "IVec", "dims": "IVec", "padding": "IVec"}
 
 
 def constructor(op: str) -> str:
@@ -35,42 +38,48 @@ def constructor(op: str) -> str:
 OP_OF_CONSTRUCTOR = {constructor(op): op for op in OPS}
 
 
-def param_kind(op: str, name: str, default) -> str:
-    if name == "padding" or isinstance(default, tuple):
-        return "IVec"
-    if isinstance(default, bool) or isinstance(default, int):
-        return "i64"
-    if isinstance(default, float):
-        return "f64"
-    return "String"
+def egraph_params(op: str) -> tuple[Param, ...]:
+    """The parameters of an operator's e-graph constructor, in order."""
+    spec = OPS[op]
+    return spec.params if spec.egraph_params is None else spec.egraph_params
 
 
 def op_params(op: str) -> list[tuple[str, str]]:
     """(name, egglog sort) of an operator's parameters, in declaration order."""
-    spec = OPS[op]
-    if op == "opaque":
-        return [("key", "String")]
-    params = [(k, param_kind(op, k, v)) for k, v in spec.defaults.items()]
-    if op == "weight":
-        params.insert(0, ("id", "i64"))
-    return params
+    return [(p.name, SORTS[p.kind]) for p in egraph_params(op)]
 
 
 def tensor_arity(op: str) -> int:
-    """Tensor inputs in the e-graph: optional ones (conv bias) are left out and binary
-    concat takes two."""
-    if op == "concat":
-        return 2
-    return OPS[op].inputs[0]
+    """Tensor inputs in the e-graph: optional ones (conv bias) are left out, and the
+    table says where the e-graph's form differs (concat is binary)."""
+    spec = OPS[op]
+    return spec.inputs[0] if spec.egraph_inputs is None else spec.egraph_inputs
+
+
+def takes_list(op: str) -> bool:
+    """Variadic operators without a fixed e-graph arity take a TList (opaque nodes)."""
+    spec = OPS[op]
+    return spec.inputs[1] is None and spec.egraph_inputs is None
 
 
 def returns_tuple(op: str) -> bool:
-    return op in ("split", "opaque")
+    return OPS[op].multi_output
+
+
+def _check_sorts() -> None:
+    for op in OPS:
+        for p in egraph_params(op):
+            if p.kind not in SORTS:
+                raise RuntimeError(f"{op}.{p.name}: parameter kind {p.kind!r} has no egglog sort")
+
+
+_check_sorts()
 
 
 # --- literals ------------------------------------------------------------------------
 
 def encode(kind: str, value, name: str = "") -> str:
+    """An egglog literal of sort ``kind``; a parameter named padding is read as one."""
     if name == "padding":
         if value == "SAME":
             return "(vec-empty)"
@@ -106,10 +115,7 @@ def declarations() -> str:
     ]
     for op in OPS:
         sorts = [s for _, s in op_params(op)]
-        if op == "opaque":
-            sorts.append("TList")
-        else:
-            sorts += ["T"] * tensor_arity(op)
+        sorts += ["TList"] if takes_list(op) else ["T"] * tensor_arity(op)
         out = "TTup" if returns_tuple(op) else "T"
         lines.append(f"(constructor {constructor(op)} ({' '.join(sorts)}) {out})")
     lines += [
@@ -136,133 +142,93 @@ def _rule(facts: list[str], actions: list[str]) -> str:
     return f"(rule ({' '.join(facts)}) ({' '.join(actions)}) :ruleset analysis)"
 
 
-def _shape_rule(op: str, guards: list[str], shape: str) -> str:
-    pattern, _, tensors = term_pattern(op)
-    binds = [f"(= s{i} (shape {t}))" for i, t in enumerate(tensors)]
-    return _rule([pattern] + binds + guards, [f"(set (shape x) {shape})"])
-
-
-def _g(v, i):
-    return f"(vec-get {v} {i})"
-
-
-def _conv_like(op: str, kernel_from_weight: bool, summand: bool = False) -> list[str]:
-    """Conv and pooling output shapes for SAME (empty pads) and explicit pads; with
-    ``summand`` the third input must have the output's shape (conv2d_sum)."""
-    if kernel_from_weight:
-        kh, kw, ch = _g("s1", 2), _g("s1", 3), _g("s1", 0)
-        guards = ["(= (vec-length s1) 4)",
-                  f"(> {_g('s1', 1)} 0)", f"(= (% {_g('s0', 1)} {_g('s1', 1)}) 0)",
-                  f"(= (% {ch} (/ {_g('s0', 1)} {_g('s1', 1)})) 0)"]
-    else:
-        kh, kw, ch = _g("p_kernel", 0), _g("p_kernel", 1), _g("s0", 1)
-        guards = []
-    guards = ["(= (vec-length s0) 4)"] + guards
-    sh, sw = _g("p_strides", 0), _g("p_strides", 1)
-    h, w = _g("s0", 2), _g("s0", 3)
-    same = f"(vec-of {_g('s0', 0)} {ch} (/ (+ {h} (- {sh} 1)) {sh}) (/ (+ {w} (- {sw} 1)) {sw}))"
-    oh = f"(+ (/ (- (+ {h} (+ {_g('p_padding', 0)} {_g('p_padding', 2)})) {kh}) {sh}) 1)"
-    ow = f"(+ (/ (- (+ {w} (+ {_g('p_padding', 1)} {_g('p_padding', 3)})) {kw}) {sw}) 1)"
-    explicit = f"(vec-of {_g('s0', 0)} {ch} {oh} {ow})"
-    fits = [f"(>= (+ {h} (+ {_g('p_padding', 0)} {_g('p_padding', 2)})) {kh})",
-            f"(>= (+ {w} (+ {_g('p_padding', 1)} {_g('p_padding', 3)})) {kw})"]
-    return [
-        _shape_rule(op, guards + ["(= (vec-length p_padding) 0)"] + ([f"(= s2 {same})"] if summand else []),
-                    same),
-        _shape_rule(op, guards + ["(= (vec-length p_padding) 4)"] + fits +
-                    ([f"(= s2 {explicit})"] if summand else []), explicit),
-    ]
-
-
-def _broadcast_rules(op: str) -> list[str]:
-    """Equal-rank NumPy broadcasting, one rule per rank (the bridge inserts reshapes
-    so both operands have the same rank). A dim pair is valid when equal or one is 1:
-    (a-b)(a-1)(b-1) == 0."""
-    rules = []
-    for r in range(MAX_RANK + 1):
-        guards = [f"(= (vec-length s0) {r})", f"(= (vec-length s1) {r})"]
-        dims = []
-        for i in range(r):
-            a, b = _g("s0", i), _g("s1", i)
-            guards.append(f"(= (* (* (- {a} {b}) (- {a} 1)) (- {b} 1)) 0)")
-            dims.append(f"(max {a} {b})")
-        rules.append(_shape_rule(op, guards, f"(vec-of {' '.join(dims)})" if dims else "(vec-empty)"))
-    return rules
-
-
 def _shape_rules() -> list[str]:
+    """Each operator's shape cases (OpSpec.shape), compiled."""
     rules = []
-    for leaf in ("input", "weight") + tuple(op for op in OPS if op.startswith("const_")):
-        rules.append(_shape_rule(leaf, [], "p_shape"))
-    for op in ("relu", "sigmoid", "tanh", "batchnorm"):
-        rules.append(_shape_rule(op, [], "s0"))
-    rules.append(_shape_rule("smul", ["(= (vec-length s1) 0)"], "s0"))
-    for op in ("bn_factor", "bn_shift"):  # per-channel vectors of one length
-        rules.append(_shape_rule(op, ["(= (vec-length s0) 1)"] + [
-            f"(= s0 s{i})" for i in range(1, tensor_arity(op))], "s0"))
-    rules += _broadcast_rules("ewadd") + _broadcast_rules("ewmul")
-    rules += _conv_like("conv2d", True) + _conv_like("conv2d_sum", True, summand=True)
-    rules += _conv_like("maxpool2d", False) + _conv_like("avgpool2d", False)
-    rules.append(_shape_rule("global_avgpool", ["(= (vec-length s0) 4)"],
-                             f"(vec-of {_g('s0', 0)} {_g('s0', 1)} 1 1)"))
-    # matmul: equal ranks with equal batch dims, or a 2-D right operand (x @ W)
-    rules.append(_shape_rule("matmul", [
-        "(= r (vec-length s0))", "(= r (vec-length s1))", "(>= r 2)",
-        "(= (vec-pop (vec-pop s0)) (vec-pop (vec-pop s1)))",
-        f"(= {_g('s0', '(- r 1)')} {_g('s1', '(- r 2)')})"],
-        f"(vec-set s0 (- r 1) {_g('s1', '(- r 1)')})"))
-    rules.append(_shape_rule("matmul", [
-        "(= r (vec-length s0))", "(> r 2)", "(= (vec-length s1) 2)",
-        f"(= {_g('s0', '(- r 1)')} {_g('s1', 0)})"],
-        f"(vec-set s0 (- r 1) {_g('s1', 1)})"))
-    rules.append(_shape_rule("concat", [
-        "(= (vec-length s0) (vec-length s1))", "(>= p_axis 0)", "(< p_axis (vec-length s0))",
-        "(= (vec-remove s0 p_axis) (vec-remove s1 p_axis))"],
-        f"(vec-set s0 p_axis (+ {_g('s0', 'p_axis')} {_g('s1', 'p_axis')}))"))
-    rules.append(_rule(
-        ["(= x (Proj (Split p_axis p_sizes t0) i))", "(= s0 (shape t0))",
-         "(>= i 0)", "(< i (vec-length p_sizes))"],
-        ["(set (shape x) (vec-set s0 p_axis (vec-get p_sizes i)))"]))
-    rules.append(_shape_rule("reshape", [], "p_shape"))
-    for r in range(1, MAX_RANK + 1):
-        rules.append(_shape_rule("transpose", [f"(= (vec-length s0) {r})", f"(= (vec-length p_perm) {r})"],
-                                 "(vec-of " + " ".join(_g("s0", _g("p_perm", i)) for i in range(r)) + ")"))
-    rules.append(_shape_rule("enlarge", [
-        "(= (vec-length s0) 4)", "(= (vec-length s1) 4)",
-        f"(>= {_g('s1', 2)} {_g('s0', 2)})", f"(>= {_g('s1', 3)} {_g('s0', 3)})",
-        f"(= (% (- {_g('s1', 2)} {_g('s0', 2)}) 2) 0)", f"(= (% (- {_g('s1', 3)} {_g('s0', 3)}) 2) 0)"],
-        f"(vec-of {_g('s0', 0)} {_g('s0', 1)} {_g('s1', 2)} {_g('s1', 3)})"))
-    rules.append(_shape_rule("merge_gconv", [
-        "(= (vec-length s0) 4)", "(> p_count 0)", "(= (% p_groups p_count) 0)"],
-        f"(vec-of {_g('s0', 0)} (* {_g('s0', 1)} p_count) {_g('s0', 2)} {_g('s0', 3)})"))
+    for op, spec in OPS.items():
+        for case in spec.shape:
+            rules.append(_shape_rule(op, case))
     return rules
+
+
+def _shape_rule(op: str, case: Case) -> str:
+    pattern, tensors = _output_pattern(op)
+    binds = [f"(= s{i} (shape {t}))" for i, t in enumerate(tensors)]
+    guards = [_cond(c) for c in case.when + case.requires]
+    return _rule([pattern] + binds + guards, [f"(set (shape x) {_expr(case.out)})"])
+
+
+_SHAPE_FNS = {"+": "+", "-": "-", "*": "*", "/": "/", "%": "%", "max": "max", "len": "vec-length",
+              "get": "vec-get", "set": "vec-set", "pop": "vec-pop", "remove": "vec-remove"}
+
+
+def _expr(e) -> str:
+    if isinstance(e, In):
+        return f"s{e.index}"
+    if isinstance(e, P):
+        return f"p_{e.name}"
+    if isinstance(e, Num):
+        return str(e.value)
+    if isinstance(e, OutIndex):
+        return "i"
+    if isinstance(e, Fn):
+        args = [_expr(a) for a in e.args]
+        if e.fn == "vec":
+            return f"(vec-of {' '.join(args)})" if args else "(vec-empty)"
+        if e.fn == "pad":  # explicit pads are the vector itself (SAME: empty)
+            return f"(vec-get {args[0]} {args[1]})"
+        return f"({_SHAPE_FNS[e.fn]} {' '.join(args)})"
+    raise TypeError(f"not a shape expression: {e!r}")
+
+
+def _cond(c: Cond) -> str:
+    args = [_expr(a) for a in c.args]
+    if c.kind == "bcast":  # (a-b)(a-1)(b-1) == 0: equal, or one of them 1
+        a, b = args
+        return f"(= (* (* (- {a} {b}) (- {a} 1)) (- {b} 1)) 0)"
+    if c.kind == "pad-same":
+        return f"(= (vec-length {args[0]}) 0)"
+    if c.kind == "pad-explicit":
+        return f"(= (vec-length {args[0]}) 4)"
+    return f"({c.kind} {' '.join(args)})"
+
+
+def _output_pattern(op: str) -> tuple[str, list[str]]:
+    """The pattern binding ``x`` to an output of ``op`` (through Proj for a
+    multi-output operator, output index ``i``) and its tensor variables."""
+    pattern, _, tensors = term_pattern(op, "tup")
+    if returns_tuple(op):
+        return f"(= x (Proj {pattern[len('(= tup '):-1]} i))", tensors
+    return pattern.replace("(= tup ", "(= x ", 1), tensors
+
+
+def _typed_ops() -> list[str]:
+    """Operators whose outputs the analyses type (opaque outputs come from the bridge)."""
+    return [op for op in OPS if not takes_list(op)]
 
 
 def _dtype_rules() -> list[str]:
     """Leaves carry their dtype; every other operator needs one dtype on all its
     tensor inputs and keeps it (ONNX's rule for every operator of the table)."""
     rules = []
-    for op in OPS:
-        if op == "opaque" or returns_tuple(op):
-            continue  # opaque outputs get theirs from the bridge; split's below
-        pattern, _, tensors = term_pattern(op)
+    for op in _typed_ops():
+        pattern, tensors = _output_pattern(op)
         if OPS[op].is_leaf:
             rules.append(_rule([pattern], ["(set (dtype x) p_dtype)"]))
             continue
         rules.append(_rule([pattern] + [f"(= d (dtype {t}))" for t in tensors], ["(set (dtype x) d)"]))
-    rules.append(_rule(["(= x (Proj (Split p_axis p_sizes t0) i))", "(= d (dtype t0))"],
-                       ["(set (dtype x) d)"]))
     return rules
 
 
 def _weight_order_rules() -> list[str]:
-    rules = [_rule(["(= x (Weight p_id p_name p_shape p_dtype))"],
-                   ["(set (wlo x) p_id)", "(set (whi x) p_id)"])]
-    for op in OPS:
-        if OPS[op].is_leaf or op == "opaque" or returns_tuple(op):
-            continue
-        pattern, _, tensors = term_pattern(op)
-        if not tensors:
+    """wlo/whi: leaves with an id (weights) start the range; other operators take the
+    smallest and largest over their inputs."""
+    rules = []
+    for op in _typed_ops():
+        pattern, tensors = _output_pattern(op)
+        if "id" in (p.name for p in egraph_params(op)):
+            rules.append(_rule([pattern], ["(set (wlo x) p_id)", "(set (whi x) p_id)"]))
+        if OPS[op].is_leaf or not tensors:
             continue
         facts = [pattern] + [f"(= lo{i} (wlo {t}))" for i, t in enumerate(tensors)] + \
                 [f"(= hi{i} (whi {t}))" for i, t in enumerate(tensors)]
@@ -270,8 +236,6 @@ def _weight_order_rules() -> list[str]:
         for i in range(1, len(tensors)):
             lo, hi = f"(min {lo} lo{i})", f"(max {hi} hi{i})"
         rules.append(_rule(facts, [f"(set (wlo x) {lo})", f"(set (whi x) {hi})"]))
-    rules.append(_rule(["(= x (Proj (Split p_axis p_sizes t0) i))", "(= lo (wlo t0))", "(= hi (whi t0))"],
-                       ["(set (wlo x) lo)", "(set (whi x) hi)"]))
     return rules
 
 

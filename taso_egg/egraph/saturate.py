@@ -20,7 +20,7 @@ from itertools import count
 
 from ..errors import LimitError
 from ..graph import Graph
-from .convert import GraphProgram, TensorEGraph, graph_to_program, read_serialized
+from .convert import CONVERSION_OPS, GraphProgram, TensorEGraph, graph_to_program, read_serialized
 from .language import declarations
 
 # Functions that are analyses, not e-nodes of the tensor language.
@@ -255,11 +255,6 @@ def rules_egraph(rules):
     return egraph
 
 
-# Operators the e-graph of any graph may hold beyond the graph's own: the conversion
-# writes conv biases as a broadcast add plus activation, and broadcasts as reshapes.
-_CONVERSION_OPS = frozenset({"reshape", "ewadd", "relu", "sigmoid", "tanh"})
-
-
 def rules_that_can_match(rules, graph: Graph) -> list:
     """The rules whose left-hand sides use only operators that can ever be in the
     e-graph of ``graph``: its own, those of the conversion, and those the right-hand
@@ -269,7 +264,7 @@ def rules_that_can_match(rules, graph: Graph) -> list:
     from ..rules.lang import operators
 
     sides = [(r, operators(r.lhs), operators(r.rhs)) for r in rules]
-    present = {n.op for n in graph.nodes.values()} | _CONVERSION_OPS
+    present = {n.op for n in graph.nodes.values()} | CONVERSION_OPS
     grew = True
     while grew:
         grew = False

@@ -1,9 +1,11 @@
 """The shape of an operator declaration, and the registry every other module reads.
 
-An operator is declared once, as an :class:`OpSpec`: its parameters with defaults,
-its shape rule (which validates), its kernel written against an array module ``xp``
-(NumPy on CPU, CuPy on GPU), its FLOP count, and its ONNX export. ONNX *import*
-handlers are registered beside the operator with :func:`onnx_importer`.
+An operator is declared once, as an :class:`OpSpec`: its parameters (name, kind,
+default), its shape rule twice over (``infer``, which validates and names what is
+wrong, and ``shape``, the same rule as data for the e-graph and the verifier; see
+``shapes.py``), its kernel written against an array module ``xp`` (NumPy on CPU, CuPy
+on GPU), its FLOP count, its ONNX export, and its traits. ONNX *import* handlers are
+registered beside the operator with :func:`onnx_importer`.
 """
 
 from __future__ import annotations
@@ -33,6 +35,34 @@ class TensorType:
         return f"{self.dtype}{list(self.shape)}"
 
 
+# Parameter kinds, with what a literal of the kind must be. Each back end (the egglog
+# language, the Z3 verifier, the rule reader) maps every kind it can meet and fails at
+# import on one it lacks.
+PARAM_KINDS = {
+    "int": "an integer",
+    "float": "a number",
+    "symbol": "a symbol",
+    "activation": "a fused activation",   # one of elementwise.ACTIVATIONS
+    "dtype": "a float dtype",             # one of FLOAT_DTYPES
+    "ints": "an int vector such as [1 1]",
+    "dims": "an int vector such as [1 1]",  # tensor dimensions: varied with the shapes
+    "padding": "SAME, VALID or [top left bottom right]",
+    "data": "",                           # carried data, never in a rule or the e-graph
+}
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    kind: str            # a key of PARAM_KINDS
+    default: Any
+    optional: bool = False  # a rule pattern may leave it out (it is trailing)
+
+    def __post_init__(self):
+        if self.kind not in PARAM_KINDS:
+            raise RuntimeError(f"parameter {self.name!r}: unknown kind {self.kind!r}")
+
+
 @dataclass(frozen=True)
 class OpSpec:
     """One operator of the table.
@@ -45,7 +75,7 @@ class OpSpec:
 
     name: str
     inputs: tuple[int, int | None]  # (min, max) tensor inputs; max None = variadic
-    defaults: Mapping[str, Any]
+    params: tuple[Param, ...]
     infer: Callable[[Mapping[str, Any], Sequence[TensorType]], list[TensorType]]
     kernel: Callable[..., list]
     export: Callable[..., None] | None = None
@@ -64,7 +94,40 @@ class OpSpec:
     # "first": scales with the first input only (enlarge: ref lends its shape);
     # "": none of these, the check feeds true values.
     scaling: str = ""
+    # The shape rule as data (shapes.Case), for the e-graph and the verifier; empty for
+    # operators whose shapes the e-graph takes from the graph (opaque).
+    shape: tuple = ()
+    # Traits. commutative: f(a, b) == f(b, a). broadcasts: NumPy broadcasting of its
+    # operands (the e-graph gives them one rank). multi_output: read through proj.
+    # activation: the fused-activation name (RELU, ...) of this unary operator.
+    # in_rules: may appear in rule patterns (leaves are ?variables there; opaque
+    # operators are barriers).
+    commutative: bool = False
+    broadcasts: bool = False
+    multi_output: bool = False
+    activation: str = ""
+    in_rules: bool = True
+    # The e-graph's form where it differs from the graph's: its tensor inputs (concat is
+    # binary there; a conv's optional bias is left out) and its parameters (a weight
+    # carries its id first; an opaque node is one key into the bridge's table).
+    egraph_inputs: int | None = None
+    egraph_params: tuple[Param, ...] | None = None
     doc: str = ""
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        return {p.name: p.default for p in self.params}
+
+    def param(self, name: str) -> Param:
+        for p in self.params:
+            if p.name == name:
+                return p
+        raise KeyError(f"{self.name} has no parameter {name!r}")
+
+    @property
+    def is_generated_constant(self) -> bool:
+        """A leaf whose value follows from its shape alone (TASO's constants)."""
+        return self.is_leaf and self.is_constant and self.in_rules
 
     def check_input_count(self, n: int, where: str = "") -> None:
         lo, hi = self.inputs
@@ -72,11 +135,12 @@ class OpSpec:
             raise ShapeError(f"{where}takes {lo}..{hi if hi is not None else 'n'} inputs, got {n}")
 
     def normalize_params(self, params: Mapping[str, Any], where: str = "") -> dict:
-        unknown = set(params) - set(self.defaults)
+        defaults = self.defaults
+        unknown = set(params) - set(defaults)
         if unknown:
             raise ShapeError(f"{where}{self.name}: unknown parameter(s) {sorted(unknown)}; "
-                             f"allowed: {sorted(self.defaults)}")
-        merged = dict(self.defaults)
+                             f"allowed: {sorted(defaults)}")
+        merged = dict(defaults)
         merged.update(params)
         return {k: _freeze(v) for k, v in merged.items()}
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .base import (FLOAT_DTYPES, OpSpec, TensorType, broadcast_shapes, elementwise_flops,
                    fail, onnx_importer, register)
+from .shapes import Case, In, broadcastable, eq, maximum, per_rank, rank, same_as, vec
 
 ACTIVATIONS = ("NONE", "RELU", "SIGMOID", "TANH")
 ACTIVATION_ONNX = {"RELU": "Relu", "SIGMOID": "Sigmoid", "TANH": "Tanh"}
@@ -51,6 +52,17 @@ def _binary_infer(name):
     return infer
 
 
+def _broadcast_case(r: int) -> Case:
+    # Equal ranks only: the bridge reshapes the lower-rank operand first.
+    a, b = In(0), In(1)
+    return Case(vec(*[maximum(a[i], b[i]) for i in range(r)]),
+                when=(eq(rank(a), r), eq(rank(b), r)),
+                requires=tuple(broadcastable(a[i], b[i]) for i in range(r)))
+
+
+BROADCAST = per_rank(_broadcast_case)
+
+
 def _binary_export(onnx_type):
     def export(ctx, p, in_types, ins, outs):
         ctx.node(onnx_type, ins, outs)
@@ -59,12 +71,14 @@ def _binary_export(onnx_type):
 
 
 register(OpSpec(
-    name="ewadd", scaling="additive", inputs=(2, 2), defaults={}, infer=_binary_infer("ewadd"),
+    name="ewadd", scaling="additive", inputs=(2, 2), params=(), infer=_binary_infer("ewadd"),
+    shape=BROADCAST, commutative=True, broadcasts=True,
     kernel=lambda xp, p, a, b: [a + b], export=_binary_export("Add"), flops=elementwise_flops,
     doc="Element-wise add with NumPy broadcasting."))
 
 register(OpSpec(
-    name="ewmul", scaling="multilinear", inputs=(2, 2), defaults={}, infer=_binary_infer("ewmul"),
+    name="ewmul", scaling="multilinear", inputs=(2, 2), params=(), infer=_binary_infer("ewmul"),
+    shape=BROADCAST, commutative=True, broadcasts=True,
     kernel=lambda xp, p, a, b: [a * b], export=_binary_export("Mul"), flops=elementwise_flops,
     doc="Element-wise multiply with NumPy broadcasting."))
 
@@ -79,7 +93,8 @@ def _smul_infer(p, ins):
 
 
 register(OpSpec(
-    name="smul", scaling="multilinear", inputs=(2, 2), defaults={}, infer=_smul_infer,
+    name="smul", scaling="multilinear", inputs=(2, 2), params=(), infer=_smul_infer,
+    shape=(Case(In(0), requires=(eq(rank(In(1)), 0),)),),
     kernel=lambda xp, p, x, s: [x * s], export=_binary_export("Mul"), flops=elementwise_flops,
     doc="Scalar multiply: x times a 0-d tensor."))
 
@@ -89,7 +104,8 @@ def _unary(name, onnx_type, fn):
         ctx.node(onnx_type, ins, outs)
 
     return register(OpSpec(
-        name=name, inputs=(1, 1), defaults={}, infer=lambda p, ins: [ins[0]],
+        name=name, inputs=(1, 1), params=(), infer=lambda p, ins: [ins[0]], shape=same_as(0),
+        activation=name.upper(),
         scaling="multilinear" if name == "relu" else "",  # relu(2^a x) = 2^a relu(x)
         kernel=lambda xp, p, x: [fn(xp, x)], export=export, flops=elementwise_flops,
         doc=f"Element-wise {name}."))

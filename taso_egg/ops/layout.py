@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 
-from .base import OpSpec, TensorType, check_dims, fail, onnx_importer, register
+from .base import OpSpec, Param, TensorType, check_dims, fail, onnx_importer, register
+from .shapes import MAX_RANK, Case, In, OutIndex, P, eq, ge, gt, lt, per_rank, rank, vec
 
 
 def _axis(op, axis, rank, types):
@@ -29,7 +30,12 @@ def _concat_infer(p, ins):
 
 
 register(OpSpec(
-    name="concat", scaling="additive", inputs=(1, None), defaults={"axis": 0}, infer=_concat_infer,
+    name="concat", scaling="additive", inputs=(1, None), params=(Param("axis", "int", 0),),
+    infer=_concat_infer, egraph_inputs=2,  # binary in rules and the e-graph, as TASO's
+    shape=(Case(In(0).set(P("axis"), In(0)[P("axis")] + In(1)[P("axis")]),
+                when=(ge(P("axis"), 0), lt(P("axis"), rank(In(0)))),
+                requires=(eq(rank(In(0)), rank(In(1))),
+                          eq(In(0).remove(P("axis")), In(1).remove(P("axis"))))),),
     kernel=lambda xp, p, *xs: [xp.concatenate(xs, axis=p["axis"])],
     export=lambda ctx, p, in_types, ins, outs: ctx.node("Concat", ins, outs, axis=p["axis"]),
     is_view=False, doc="Concatenate n tensors along an axis."))
@@ -69,7 +75,11 @@ def _split_export(ctx, p, in_types, ins, outs):
 
 
 register(OpSpec(
-    name="split", scaling="multilinear", inputs=(1, 1), defaults={"axis": 0, "sizes": ()}, infer=_split_infer,
+    name="split", scaling="multilinear", inputs=(1, 1),
+    params=(Param("axis", "int", 0), Param("sizes", "dims", ())), infer=_split_infer, multi_output=True,
+    shape=(Case(In(0).set(P("axis"), P("sizes")[OutIndex()]),
+                when=(ge(P("axis"), 0), lt(P("axis"), rank(In(0))),
+                      ge(OutIndex(), 0), lt(OutIndex(), rank(P("sizes"))))),),
     kernel=_split_kernel, export=_split_export, is_view=True,
     doc="Split one tensor into len(sizes) outputs along an axis."))
 
@@ -89,7 +99,8 @@ def _reshape_export(ctx, p, in_types, ins, outs):
 
 
 register(OpSpec(
-    name="reshape", scaling="multilinear", inputs=(1, 1), defaults={"shape": ()}, infer=_reshape_infer,
+    name="reshape", scaling="multilinear", inputs=(1, 1), params=(Param("shape", "dims", ()),),
+    infer=_reshape_infer, shape=(Case(P("shape")),),
     kernel=lambda xp, p, x: [x.reshape(p["shape"])], export=_reshape_export, is_view=True,
     doc="Reshape to a fully known shape (no -1 or 0: the builder resolves them)."))
 
@@ -103,7 +114,11 @@ def _transpose_infer(p, ins):
 
 
 register(OpSpec(
-    name="transpose", scaling="multilinear", inputs=(1, 1), defaults={"perm": ()}, infer=_transpose_infer,
+    name="transpose", scaling="multilinear", inputs=(1, 1), params=(Param("perm", "ints", ()),),
+    infer=_transpose_infer,
+    shape=per_rank(lambda r: Case(vec(*[In(0)[P("perm")[i]] for i in range(r)]),
+                                  when=(eq(rank(P("perm")), r),), requires=(eq(rank(In(0)), r),)),
+                   range(1, MAX_RANK + 1)),
     kernel=lambda xp, p, x: [xp.transpose(x, p["perm"]).copy()],
     export=lambda ctx, p, in_types, ins, outs: ctx.node("Transpose", ins, outs, perm=list(p["perm"])),
     is_view=True, doc="Permute axes."))
@@ -138,7 +153,11 @@ def _enlarge_export(ctx, p, in_types, ins, outs):
 
 
 register(OpSpec(
-    name="enlarge", scaling="first", inputs=(2, 2), defaults={}, infer=_enlarge_infer,
+    name="enlarge", scaling="first", inputs=(2, 2), params=(), infer=_enlarge_infer,
+    shape=(Case(vec(In(0)[0], In(0)[1], In(1)[2], In(1)[3]),
+                requires=(eq(rank(In(0)), 4), eq(rank(In(1)), 4),
+                          ge(In(1)[2], In(0)[2]), ge(In(1)[3], In(0)[3]),
+                          eq((In(1)[2] - In(0)[2]) % 2, 0), eq((In(1)[3] - In(0)[3]) % 2, 0))),),
     kernel=_enlarge_kernel, export=_enlarge_export,
     doc="Zero-pad a conv kernel, centred, to the kernel size of ref (a SAME conv "
         "with the enlarged kernel computes the same)."))
@@ -169,7 +188,11 @@ def _merge_gconv_kernel(xp, p, w):
 
 
 register(OpSpec(
-    name="merge_gconv", scaling="multilinear", inputs=(1, 1), defaults={"groups": 1, "count": 1},
+    name="merge_gconv", scaling="multilinear", inputs=(1, 1),
+    params=(Param("groups", "int", 1), Param("count", "int", 1)),
+    shape=(Case(vec(In(0)[0], In(0)[1] * P("count"), In(0)[2], In(0)[3]),
+                requires=(eq(rank(In(0)), 4), gt(P("count"), 0), eq(P("groups") % P("count"), 0),
+                          gt(P("groups"), 0), eq(In(0)[0] % P("groups"), 0))),),
     infer=_merge_gconv_infer, kernel=_merge_gconv_kernel,
     doc="Rewrite a grouped conv kernel (with `groups` groups) so that `count` neighbouring "
         "groups merge into one: the conv then runs with groups/count groups."))

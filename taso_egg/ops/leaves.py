@@ -10,7 +10,11 @@ import hashlib
 
 import numpy as np
 
-from .base import OpSpec, TensorType, check_dims, fail, register
+from .base import OpSpec, Param, TensorType, check_dims, fail, register
+from .shapes import Case, P
+
+_LEAF_PARAMS = (Param("name", "symbol", ""), Param("shape", "dims", ()), Param("dtype", "dtype", "float32"))
+_LEAF_SHAPE = (Case(P("shape")),)
 
 
 def _leaf_infer(name):
@@ -28,12 +32,13 @@ def _no_kernel(name):
 
 
 INPUT = register(OpSpec(
-    name="input", inputs=(0, 0), defaults={"name": "", "shape": (), "dtype": "float32"},
+    name="input", inputs=(0, 0), params=_LEAF_PARAMS, shape=_LEAF_SHAPE, in_rules=False,
     infer=_leaf_infer("input"), kernel=_no_kernel("input"), is_leaf=True,
     doc="A graph input, fed at run time."))
 
 WEIGHT = register(OpSpec(
-    name="weight", inputs=(0, 0), defaults={"name": "", "shape": (), "dtype": "float32"},
+    name="weight", inputs=(0, 0), params=_LEAF_PARAMS, shape=_LEAF_SHAPE, in_rules=False,
+    egraph_params=(Param("id", "int", 0),) + _LEAF_PARAMS,  # the id orders weights (wlo/whi)
     infer=_leaf_infer("weight"), kernel=_no_kernel("weight"), is_leaf=True, is_constant=True,
     doc="A trained parameter (initializer). Its data lives in Graph.weight_data."))
 
@@ -72,28 +77,28 @@ def _check_square(shape):
         fail("const_imm", f"identity matrix must be square, got {list(shape)}")
 
 
-_CONST_DEFAULTS = {"shape": (), "dtype": "float32"}
+_CONST_PARAMS = (Param("shape", "dims", ()), Param("dtype", "dtype", "float32", optional=True))
 
 register(OpSpec(
-    name="const_iconv", inputs=(0, 0), defaults=_CONST_DEFAULTS,
+    name="const_iconv", inputs=(0, 0), params=_CONST_PARAMS, shape=_LEAF_SHAPE,
     infer=_const_infer("const_iconv", 4, _check_iconv),
     kernel=lambda xp, p: [_identity_conv_value(xp, p["shape"], p["dtype"])],
     is_leaf=True, is_constant=True, doc="Identity conv kernel: conv(x, it) == x (SAME, stride 1)."))
 
 register(OpSpec(
-    name="const_imm", inputs=(0, 0), defaults=_CONST_DEFAULTS,
+    name="const_imm", inputs=(0, 0), params=_CONST_PARAMS, shape=_LEAF_SHAPE,
     infer=_const_infer("const_imm", 2, _check_square),
     kernel=lambda xp, p: [xp.eye(p["shape"][0], dtype=p["dtype"])],
     is_leaf=True, is_constant=True, doc="Identity matrix: matmul(x, it) == x."))
 
 register(OpSpec(
-    name="const_one", inputs=(0, 0), defaults=_CONST_DEFAULTS,
+    name="const_one", inputs=(0, 0), params=_CONST_PARAMS, shape=_LEAF_SHAPE,
     infer=_const_infer("const_one"),
     kernel=lambda xp, p: [xp.ones(p["shape"], dtype=p["dtype"])],
     is_leaf=True, is_constant=True, doc="All ones: ewmul(x, it) == x."))
 
 register(OpSpec(
-    name="const_pool", inputs=(0, 0), defaults=_CONST_DEFAULTS,
+    name="const_pool", inputs=(0, 0), params=_CONST_PARAMS, shape=_LEAF_SHAPE,
     infer=_const_infer("const_pool", 4),
     kernel=lambda xp, p: [xp.full(p["shape"], 1.0 / (p["shape"][2] * p["shape"][3]), dtype=p["dtype"])],
     is_leaf=True, is_constant=True,

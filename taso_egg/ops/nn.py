@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import (FLOAT_DTYPES, OpSpec, TensorType, broadcast_shapes, fail, onnx_importer, register)
+from .base import (FLOAT_DTYPES, OpSpec, Param, TensorType, broadcast_shapes, fail, onnx_importer,
+                   register)
+from .shapes import Case, In, P, eq, ge, gt, pad, pad_explicit, pad_same, rank, vec
 from .elementwise import apply_activation, check_activation, export_with_activation
 
 Pads = tuple[int, int, int, int]
@@ -69,7 +71,33 @@ def _pads_for(p, in_type, khw):
 
 # --- conv2d ------------------------------------------------------------------------
 
-CONV_DEFAULTS = {"strides": (1, 1), "padding": "SAME", "activation": "NONE"}
+CONV_PARAMS = (Param("strides", "ints", (1, 1)), Param("padding", "padding", "SAME"),
+               Param("activation", "activation", "NONE"))
+
+
+def window_shapes(kernel_hw, channels, extra=()) -> tuple[Case, ...]:
+    """Output shapes of a sliding window over NCHW input 0 (conv and pooling), for SAME
+    and explicit padding: ``kernel_hw`` and ``channels`` are expressions, ``extra`` more
+    requirements."""
+    x, kh, kw = In(0), kernel_hw[0], kernel_hw[1]
+    sh, sw, pads = P("strides")[0], P("strides")[1], P("padding")
+    same = vec(x[0], channels, (x[2] + (sh - 1)) // sh, (x[3] + (sw - 1)) // sw)
+    explicit = vec(x[0], channels, (x[2] + (pad(pads, 0) + pad(pads, 2)) - kh) // sh + 1,
+                   (x[3] + (pad(pads, 1) + pad(pads, 3)) - kw) // sw + 1)
+    fits = (ge(x[2] + (pad(pads, 0) + pad(pads, 2)), kh), ge(x[3] + (pad(pads, 1) + pad(pads, 3)), kw))
+    valid = (eq(rank(x), 4),) + tuple(extra)
+    return (Case(same, when=(pad_same(pads),), requires=valid),
+            Case(explicit, when=(pad_explicit(pads),), requires=valid + fits))
+
+
+def _conv_shapes(summand: bool = False) -> tuple[Case, ...]:
+    x, w = In(0), In(1)
+    groups = x[1] // w[1]
+    extra = (eq(rank(w), 4), gt(w[1], 0), eq(x[1] % w[1], 0), eq(w[0] % groups, 0))
+    cases = window_shapes((w[2], w[3]), w[0], extra)
+    if summand:  # the added tensor has the conv's output shape
+        cases = tuple(Case(c.out, c.when, c.requires + (eq(In(2), c.out),)) for c in cases)
+    return cases
 
 
 def _conv_infer(p, ins):
@@ -126,7 +154,8 @@ def _conv_export(ctx, p, in_types, ins, outs):
 
 
 register(OpSpec(
-    name="conv2d", scaling="multilinear", inputs=(2, 3), defaults=CONV_DEFAULTS, infer=_conv_infer,
+    name="conv2d", scaling="multilinear", inputs=(2, 3), params=CONV_PARAMS, infer=_conv_infer,
+    shape=_conv_shapes(),
     kernel=_conv_kernel, export=_conv_export, flops=_conv_flops,
     doc="2-D convolution, NCHW x OIHW; groups = in_channels / weight.shape[1]; optional bias."))
 
@@ -156,7 +185,8 @@ def _conv_sum_export(ctx, p, in_types, ins, outs):
 
 
 register(OpSpec(
-    name="conv2d_sum", inputs=(3, 3), defaults=CONV_DEFAULTS, infer=_conv_sum_infer,
+    name="conv2d_sum", inputs=(3, 3), params=CONV_PARAMS, infer=_conv_sum_infer,
+    shape=_conv_shapes(summand=True),
     kernel=_conv_sum_kernel, export=_conv_sum_export,
     flops=lambda p, ins, outs: _conv_flops(p, ins, outs) + outs[0].size,
     doc="activation(conv2d(x, w) + z): a convolution fused with a residual add (z has the "
@@ -178,12 +208,25 @@ def _matmul_infer(p, ins):
     return [TensorType(batch + (a.shape[-2], b.shape[-1]), a.dtype)]
 
 
+def _matmul_shapes() -> tuple[Case, ...]:
+    # Equal ranks with equal batch dims, or a 2-D right operand (x @ W); the e-graph
+    # holds no other batched form.
+    a, b, r = In(0), In(1), rank(In(0))
+    return (Case(a.set(r - 1, b[r - 1]), when=(eq(r, rank(b)), ge(r, 2), eq(a.pop().pop(), b.pop().pop())),
+                 requires=(eq(a[r - 1], b[r - 2]),)),
+            Case(a.set(r - 1, b[1]), when=(gt(r, 2), eq(rank(b), 2)), requires=(eq(a[r - 1], b[0]),)))
+
+
+_MATMUL_SHAPES = _matmul_shapes()
+
+
 def _matmul_export(ctx, p, in_types, ins, outs):
     export_with_activation(ctx, "MatMul", ins, outs[0], p["activation"])
 
 
 register(OpSpec(
-    name="matmul", scaling="multilinear", inputs=(2, 2), defaults={"activation": "NONE"}, infer=_matmul_infer,
+    name="matmul", scaling="multilinear", inputs=(2, 2), params=(Param("activation", "activation", "NONE"),),
+    infer=_matmul_infer, shape=_MATMUL_SHAPES,
     kernel=lambda xp, p, a, b: [apply_activation(xp, xp.matmul(a, b), p["activation"])],
     export=_matmul_export,
     flops=lambda p, ins, outs: 2.0 * outs[0].size * ins[0].shape[-1],
@@ -192,7 +235,9 @@ register(OpSpec(
 
 # --- pooling -----------------------------------------------------------------------
 
-POOL_DEFAULTS = {"kernel": (2, 2), "strides": (2, 2), "padding": "VALID", "activation": "NONE"}
+POOL_PARAMS = (Param("kernel", "dims", (2, 2)), Param("strides", "ints", (2, 2)),
+               Param("padding", "padding", "VALID"), Param("activation", "activation", "NONE"))
+_POOL_SHAPES = window_shapes((P("kernel")[0], P("kernel")[1]), In(0)[1])
 
 
 def _pool_infer(name):
@@ -252,12 +297,14 @@ def _pool_flops(p, ins, outs):
 
 
 register(OpSpec(
-    name="maxpool2d", scaling="multilinear", inputs=(1, 1), defaults=POOL_DEFAULTS, infer=_pool_infer("maxpool2d"),
+    name="maxpool2d", scaling="multilinear", inputs=(1, 1), params=POOL_PARAMS, infer=_pool_infer("maxpool2d"),
+    shape=_POOL_SHAPES,
     kernel=_maxpool_kernel, export=_pool_export("MaxPool"), flops=_pool_flops,
     doc="2-D max pooling (padding never wins the max)."))
 
 register(OpSpec(
-    name="avgpool2d", scaling="multilinear", inputs=(1, 1), defaults={**POOL_DEFAULTS, "count_include_pad": 1},
+    name="avgpool2d", scaling="multilinear", inputs=(1, 1), shape=_POOL_SHAPES,
+    params=POOL_PARAMS + (Param("count_include_pad", "int", 1, optional=True),),
     infer=_pool_infer("avgpool2d"), kernel=_avgpool_kernel, export=_pool_export("AveragePool"),
     flops=_pool_flops,
     doc="2-D average pooling; count_include_pad=1 (TASO's, so conv with const_pool equals it) "
@@ -272,7 +319,8 @@ def _gap_infer(p, ins):
 
 
 register(OpSpec(
-    name="global_avgpool", scaling="multilinear", inputs=(1, 1), defaults={}, infer=_gap_infer,
+    name="global_avgpool", scaling="multilinear", inputs=(1, 1), params=(), infer=_gap_infer,
+    shape=(Case(vec(In(0)[0], In(0)[1], 1, 1), requires=(eq(rank(In(0)), 4),)),),
     kernel=lambda xp, p, x: [x.mean(axis=(2, 3), keepdims=True)],
     export=lambda ctx, p, in_types, ins, outs: ctx.node("GlobalAveragePool", ins, outs),
     flops=lambda p, ins, outs: float(ins[0].size),
@@ -292,6 +340,9 @@ def _bn_infer(p, ins):
     return [x]
 
 
+_EPSILON = Param("epsilon", "float", 1e-5)
+
+
 def _bn_kernel(xp, p, x, scale, bias, mean, var):
     shape = (1, -1) + (1,) * (x.ndim - 2)
     inv = scale / xp.sqrt(var + p["epsilon"])
@@ -299,7 +350,8 @@ def _bn_kernel(xp, p, x, scale, bias, mean, var):
 
 
 register(OpSpec(
-    name="batchnorm", inputs=(5, 5), defaults={"epsilon": 1e-5}, infer=_bn_infer,
+    name="batchnorm", inputs=(5, 5), params=(_EPSILON,), infer=_bn_infer,
+    shape=(Case(In(0), requires=(ge(rank(In(0)), 2),) + tuple(eq(In(i), vec(In(0)[1])) for i in range(1, 5))),),
     kernel=_bn_kernel, positive_inputs=(4,),
     export=lambda ctx, p, in_types, ins, outs: ctx.node(
         "BatchNormalization", ins, outs, epsilon=float(p["epsilon"])),
@@ -316,6 +368,10 @@ def _per_channel_infer(op):
             fail(op, "inputs must be vectors of one length (per channel)", ins)
         return [ins[0]]
     return infer
+
+
+def _per_channel_shape(n_inputs: int) -> tuple[Case, ...]:
+    return (Case(In(0), requires=(eq(rank(In(0)), 1),) + tuple(eq(In(i), In(0)) for i in range(1, n_inputs))),)
 
 
 def _bn_factor(xp, eps, scale, var):
@@ -339,7 +395,8 @@ def _export_bn_shift(ctx, p, in_types, ins, outs):
 
 
 register(OpSpec(
-    name="bn_factor", inputs=(2, 2), defaults={"epsilon": 1e-5}, infer=_per_channel_infer("bn_factor"),
+    name="bn_factor", inputs=(2, 2), params=(_EPSILON,), infer=_per_channel_infer("bn_factor"),
+    shape=_per_channel_shape(2),
     positive_inputs=(1,),
     kernel=lambda xp, p, scale, var: [_bn_factor(xp, p["epsilon"], scale, var)],
     export=lambda ctx, p, in_types, ins, outs: _export_bn_factor(ctx, p, in_types[0].dtype, ins[0], ins[1],
@@ -348,7 +405,8 @@ register(OpSpec(
     doc="scale / sqrt(var + epsilon): batchnorm's per-channel multiplier."))
 
 register(OpSpec(
-    name="bn_shift", inputs=(4, 4), defaults={"epsilon": 1e-5}, infer=_per_channel_infer("bn_shift"),
+    name="bn_shift", inputs=(4, 4), params=(_EPSILON,), infer=_per_channel_infer("bn_shift"),
+    shape=_per_channel_shape(4),
     positive_inputs=(3,),
     kernel=lambda xp, p, scale, bias, mean, var: [bias - mean * _bn_factor(xp, p["epsilon"], scale, var)],
     export=_export_bn_shift,

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import ExecutionError, first_line
 from ..versions import ir_version_for
-from .base import OpSpec, TensorType, register
+from .base import OpSpec, Param, TensorType, register
 
 
 def _opaque_infer(p, ins):
@@ -43,8 +43,11 @@ def _opaque_export(ctx, p, in_types, ins, outs):
 
 register(OpSpec(
     name="opaque", inputs=(0, None),
-    defaults={"op_type": "", "domain": "", "opset": 17, "attrs": (), "out_types": (),
-              "empty_inputs": ()},
+    params=(Param("op_type", "symbol", ""), Param("domain", "symbol", ""), Param("opset", "int", 17),
+            Param("attrs", "data", ()), Param("out_types", "data", ()), Param("empty_inputs", "data", ())),
+    # In the e-graph: one key into the bridge's table of opaque nodes, its inputs a list;
+    # the bridge gives its outputs their shapes.
+    egraph_params=(Param("key", "symbol", ""),), multi_output=True, in_rules=False,
     infer=_opaque_infer, kernel=_opaque_kernel, export=_opaque_export,
     flops=lambda p, ins, outs: float(sum(t.size for t in ins) + sum(t.size for t in outs)),
     doc="An ONNX node outside the table, carried through untouched; a barrier to rewrites."))
