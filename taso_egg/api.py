@@ -1,7 +1,10 @@
 """The public API: saturate a graph, extract the cheapest equivalent graph, or both.
 
-``optimize`` checks every result numerically against the input graph before it is
-returned; a mismatch raises VerificationError.
+``optimize`` runs in stages, each with a typed result: saturate (``Saturation``), price
+the e-nodes and extract (``Extraction``: the extractor with its own options, its time
+limit included, then the graph rebuilt), check numerically against the input, decide
+(``min_gain``, ``measure``), and check the returned graph, exported, in onnxruntime.
+A mismatch in either check raises VerificationError. ``OptimizeStats`` records them all.
 """
 
 from __future__ import annotations
@@ -9,16 +12,28 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .cost import DEFAULT_PROFILE, MIN_GAIN, CostModel, graph_cost, load_cost_model
 from .egraph.convert import build_graph
 from .egraph.pricing import ENodeConfigs, node_cost
 from .egraph.saturate import Limits, Saturation, saturate
 from .errors import ExtractionError, LimitError, TasoEggError
+from .extract.ilp import DEFAULT_TIME_LIMIT as ILP_TIME_LIMIT
 from .graph import Graph
 from .rules.lang import load_corpus
 from .timing import measure as measure_runs
-from .verify import check_graphs_equivalent
+from .verify import check_graphs_equivalent, check_onnx_model
+
+if TYPE_CHECKING:
+    import onnx
+
+# The extractor of optimize and of `taso-egg optimize` unless told otherwise: the ILP
+# finds the cheapest DAG the e-graph holds (on NASNet-A 0.716 s of predicted cost
+# against greedy-dag's 0.911 s; scripts/fingerprint.py) and, when its time limit
+# (ILP_TIME_LIMIT unless given) runs out, keeps the best graph found so far. greedy-dag
+# is faster and stays the choice where speed matters more (the runtime form's fusions).
+DEFAULT_EXTRACTOR = "ilp"
 
 
 @dataclass
@@ -32,30 +47,75 @@ class Extraction:
 
 
 @dataclass
+class OptimizeStats:
+    """What each stage of ``optimize`` did. Costs in seconds as the cost model predicts."""
+
+    saturation_seconds: float
+    extraction_seconds: float
+    check_seconds: float
+    check_error: float | None       # the numeric check's relative error; None: not checked
+    total_seconds: float
+    stop_reason: str
+    iterations: int
+    enodes: int
+    eclasses: int
+    extractor: str
+    extractor_status: str
+    ops_before: dict[str, int]      # operators that run after export
+    ops_after: dict[str, int]
+    rules: int                      # rules compiled (those that can match the graph)
+    extracted_cost: float           # the extracted graph
+    input_cost: float               # the input, every operator priced alone, no fusions
+    kept_input: str                 # why the input is returned; "" when the result is
+    measured_ms: dict[str, float] | None = None   # onnxruntime, "original" and "optimized"
+    # the returned graph, exported, against the input in onnxruntime (float32); None
+    # when not run (the input returned, verify=False) or the outputs overflow float32
+    ort_check_error: float | None = None
+    cost_lookups: dict[str, int] | None = None    # a profiled model: measured vs estimated
+
+
+@dataclass
 class OptimizeResult:
     graph: Graph
     original: Graph
     cost_before: float
     cost_after: float
     cost_model: str
-    stats: dict = field(default_factory=dict)
+    stats: OptimizeStats
     saturation: Saturation | None = None
+    # ``graph`` exported to ONNX, as checked in onnxruntime; None when it is the input
+    exported: onnx.ModelProto | None = None
 
     @property
     def speedup(self) -> float:
         return self.cost_before / self.cost_after if self.cost_after > 0 else math.inf
 
 
-def extract_graph(saturation: Saturation, extractor: str = "greedy-dag",
+def extract_graph(saturation: Saturation, extractor: str = DEFAULT_EXTRACTOR,
                   cost_model: CostModel | None = None, time_limit: float | None = None) -> Extraction:
-    """Pick the cheapest graph in a saturated e-graph (DAG cost) and rebuild it."""
+    """Pick the cheapest graph in a saturated e-graph (DAG cost) and rebuild it: price
+    every e-node, run the extractor (``time_limit`` seconds; the ILP's default when
+    None), build the chosen graph."""
     from .extract import EXTRACTORS
-    from .extract import egraph as xeg
     from .extract.check import used_classes
 
     if extractor not in EXTRACTORS:
         raise ExtractionError(f"unknown extractor {extractor!r}; choose from {sorted(EXTRACTORS)}")
-    model = cost_model or load_cost_model()
+    xgraph, configs = priced_egraph(saturation, cost_model or load_cost_model())
+    result = EXTRACTORS[extractor]().extract(xgraph, None, time_limit)
+    class_ids, node_ids = xgraph.class_ids, xgraph.node_ids
+    picks = [(class_ids[c], node_ids[result.choice[c]]) for c in used_classes(xgraph, result.choice)]
+    graph = build_graph(configs.eg, picks, saturation.graph, saturation.program.opaque)
+    return Extraction(graph, result.dag_cost, result.seconds, extractor, result.status,
+                      [node for _, node in picks])
+
+
+def priced_egraph(saturation: Saturation, model: CostModel):
+    """The saturated e-graph as the extractors take it (``extract.egraph.EGraph``), each
+    e-node priced by ``model``; e-nodes that cannot run (no known input shape) are
+    left out. Also the ``ENodeConfigs`` that priced them."""
+    from .extract import egraph as xeg
+
     configs = ENodeConfigs(saturation)
     eg = configs.eg
     class_ids = list(eg.classes)
@@ -72,12 +132,7 @@ def extract_graph(saturation: Saturation, extractor: str = "greedy-dag",
             children.append(tuple(index[ch] for ch in n.children))
             ops.append(n.op)
     roots = [index[r] for r in eg.roots]
-    xgraph = xeg.EGraph(class_ids, node_ids, node_class, costs, children, roots, ops, "saturation")
-    result = EXTRACTORS[extractor]().extract(xgraph, None, time_limit)
-    picks = [(class_ids[c], node_ids[result.choice[c]]) for c in used_classes(xgraph, result.choice)]
-    graph = build_graph(eg, picks, saturation.graph, saturation.program.opaque)
-    return Extraction(graph, result.dag_cost, result.seconds, extractor, result.status,
-                      [node for _, node in picks])
+    return xeg.EGraph(class_ids, node_ids, node_class, costs, children, roots, ops, "saturation"), configs
 
 
 # An upper bound on ``measure``: each run times both graphs once more; past a few
@@ -102,25 +157,33 @@ def check_measure(runs) -> None:
                          f"got {runs!r}")
 
 
-def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: str = "greedy-dag",
+def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: str = DEFAULT_EXTRACTOR,
              cost_model: CostModel | None = None, progress=None, verify: bool = True,
              seed: int = 0, profile: str = DEFAULT_PROFILE, min_gain: float = MIN_GAIN,
              measure: int = 0, extract_time_limit: float | None = None, phase=None,
-             measure_progress=None) -> OptimizeResult:
-    """Saturate, extract, check numerically, and keep the better of input and result.
+             measure_progress=None, reference=None) -> OptimizeResult:
+    """Saturate, extract, check numerically, keep the better of input and result, and
+    check the result in onnxruntime.
 
     Costs come from ``cost_model`` when given, else from ``profile`` (a shipped profile's
     name, a profile path, or "analytic"; see ``taso_egg.cost.load_cost_model``).
-    The result replaces the input only when its predicted cost is lower by more than
-    ``min_gain`` (a fraction): smaller predicted gains are within the cost model's
-    error and measured as often slower as faster. With ``measure`` > 0 (at most
-    MAX_MEASURE) both graphs are also exported and timed in onnxruntime (``measure``
-    interleaved runs each); a result measured slower than the input is not returned.
+    ``rules`` default to the proved corpus. The result replaces the input only when its
+    predicted cost is lower by more than ``min_gain`` (a fraction): smaller predicted
+    gains are within the cost model's error and measured as often slower as faster.
+    With ``measure`` > 0 (at most MAX_MEASURE) both graphs are also exported and timed
+    in onnxruntime (``measure`` interleaved runs each); a result measured slower than
+    the input is not returned.
 
-    ``extract_time_limit`` bounds the extractor in seconds (the ILP's default, 60 s,
-    when None). ``progress(iteration_stats)`` is called after each saturation
-    iteration, ``phase(message)`` when a later phase starts, and
-    ``measure_progress(done, total)`` after each measured run."""
+    With ``verify`` (the default) the extracted graph is compared with the input on
+    random inputs in our executor (float64, tracked exponents), and a returned result
+    is exported and run in onnxruntime against ``reference`` (the ONNX model ``graph``
+    was read from; ``graph`` exported when None) wherever the float32 outputs stay
+    finite; the exported model is ``OptimizeResult.exported``.
+
+    ``extract_time_limit`` bounds the extractor in seconds (the ILP's default,
+    ILP_TIME_LIMIT, when None). ``progress(iteration_stats)`` is called after each
+    saturation iteration, ``phase(message)`` when a later phase starts (and with notes),
+    and ``measure_progress(done, total)`` after each measured run."""
     check_optimize_arguments(min_gain, measure, extract_time_limit)
     phase = phase or (lambda message: None)
     model = cost_model or load_cost_model(profile)
@@ -133,44 +196,83 @@ def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: 
           + (f", time limit {extract_time_limit:g} s)" if extract_time_limit else ")"))
     ext = extract_graph(sat, extractor, model, extract_time_limit)
     before, after = runtime_cost(graph, rules, model), graph_cost(ext.graph, model)
+    check_error, check_seconds = _check_numerically(graph, ext.graph, verify, seed, phase)
+    decision = _decide(graph, ext.graph, before, after, min_gain, measure, phase, measure_progress)
+    exported, ort_error = None, None
+    if verify and decision.graph is not graph:
+        exported, ort_error = _check_in_onnxruntime(graph, decision.graph, reference, phase)
+    stats = OptimizeStats(
+        saturation_seconds=sat.seconds,
+        extraction_seconds=ext.seconds,
+        check_seconds=check_seconds,
+        check_error=check_error,
+        total_seconds=time.perf_counter() - t0,
+        stop_reason=sat.stop_reason,
+        iterations=len(sat.iterations),
+        enodes=sat.enodes,
+        eclasses=sat.iterations[-1].eclasses if progress is not None else sat.eclasses(),
+        extractor=extractor,
+        extractor_status=ext.status,
+        ops_before=graph.op_counts(runtime_only=True),
+        ops_after=decision.graph.op_counts(runtime_only=True),
+        rules=len(sat.rules),
+        extracted_cost=after,
+        input_cost=graph_cost(graph, model),
+        kept_input=decision.kept_input,
+        measured_ms=decision.measured_ms,
+        ort_check_error=ort_error,
+        cost_lookups=model.lookups() if hasattr(model, "lookups") else None,
+    )
+    cost_after = after if decision.graph is ext.graph else before
+    return OptimizeResult(decision.graph, graph, before, cost_after, getattr(model, "name", "cost model"),
+                          stats, sat, exported)
+
+
+def _check_numerically(graph: Graph, result: Graph, verify: bool, seed: int,
+                       phase) -> tuple[float | None, float]:
+    """The check stage: the relative error of ``result`` against ``graph`` in our
+    executor (None when not verifying), and its seconds."""
     t_check = time.perf_counter()
-    if verify:
-        phase("checking the extracted graph against the input (our executor, float64)")
-    check_error = check_graphs_equivalent(graph, ext.graph, seed=seed) if verify else None
-    check_seconds = time.perf_counter() - t_check
-    best, kept = ext.graph, ""  # kept: why the input is returned instead
+    if not verify:
+        return None, time.perf_counter() - t_check
+    phase("checking the extracted graph against the input (our executor, float64)")
+    error = check_graphs_equivalent(graph, result, seed=seed)
+    return error, time.perf_counter() - t_check
+
+
+@dataclass
+class Decision:
+    """The decide stage's outcome: the graph ``optimize`` returns, and why when it is the input."""
+
+    graph: Graph
+    kept_input: str = ""                         # "" when the result is returned
+    measured_ms: dict[str, float] | None = None  # when timed in onnxruntime
+
+
+def _decide(graph: Graph, result: Graph, before: float, after: float, min_gain: float, measure: int,
+            phase, measure_progress) -> Decision:
+    """Keep the input unless the predicted cost falls by more than ``min_gain`` and,
+    with ``measure``, the result does not measure slower in onnxruntime."""
     if after >= before * (1 - min_gain):
-        best = graph
-        kept = f"predicted gain {1 - after / before:+.2%} is not above min_gain {min_gain:.2%}" \
-            if before > 0 else "the input costs nothing"
-    measured = None
-    if measure and best is not graph:
-        phase(f"timing input and result in onnxruntime ({measure} interleaved runs each)")
-        best, measured, kept = keep_unless_faster(graph, best, measure, measure_progress)
-    stats = {
-        "saturation_seconds": sat.seconds,
-        "extraction_seconds": ext.seconds,
-        "check_seconds": check_seconds,
-        "check_error": check_error,
-        "total_seconds": time.perf_counter() - t0,
-        "stop_reason": sat.stop_reason,
-        "iterations": len(sat.iterations),
-        "enodes": sat.enodes,
-        "eclasses": sat.iterations[-1].eclasses if progress is not None else sat.eclasses(),
-        "extractor": extractor,
-        "extractor_status": ext.status,
-        "ops_before": graph.op_counts(runtime_only=True),  # what runs after export
-        "ops_after": best.op_counts(runtime_only=True),
-        "rules": len(sat.rules),
-        "extracted_cost": after,
-        "input_cost": graph_cost(graph, model),  # every operator priced alone, no fusions
-        "kept_input": kept,  # "" when the result is returned
-        "measured_ms": measured,  # onnxruntime, input and result, when measured
-    }
-    if hasattr(model, "lookups"):  # a profiled model: how many costs were measured vs estimated
-        stats["cost_lookups"] = model.lookups()
-    return OptimizeResult(best, graph, before, after if best is ext.graph else before,
-                          getattr(model, "name", "cost model"), stats, sat)
+        return Decision(graph, f"predicted gain {1 - after / before:+.2%} is not above min_gain "
+                               f"{min_gain:.2%}" if before > 0 else "the input costs nothing")
+    if not measure:
+        return Decision(result)
+    phase(f"timing input and result in onnxruntime ({measure} interleaved runs each)")
+    best, measured, kept = keep_unless_faster(graph, result, measure, measure_progress)
+    return Decision(best, kept, measured)
+
+
+def _check_in_onnxruntime(graph: Graph, result: Graph, reference, phase):
+    """The returned graph exported, and its relative error against ``reference`` (or
+    ``graph`` exported) in onnxruntime; None when the float32 outputs overflow."""
+    from .onnx_io.exporter import export_onnx
+
+    phase("checking the written model in onnxruntime against the input")
+    exported = export_onnx(result)
+    error = check_onnx_model(export_onnx(graph) if reference is None else reference, exported, graph,
+                             note=phase)
+    return exported, error
 
 
 def keep_unless_faster(graph: Graph, candidate: Graph, repeats: int,

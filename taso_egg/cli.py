@@ -10,7 +10,7 @@ import math
 import signal
 import sys
 
-from .cli_args import add_input_shape_argument, parse_input_shapes
+from .cli_args import add_input_shape_argument, add_limit_arguments, limits_from_args, parse_input_shapes
 from .cost import MIN_GAIN
 from .errors import ExportError, TasoEggError
 
@@ -75,12 +75,10 @@ def _cmd_convert(args) -> int:
 def _cmd_optimize(args) -> int:
     # Everything a user can get wrong is checked before anything heavy loads.
     from .api import check_optimize_arguments
-    from .egraph.saturate import Limits
     from .files import check_writable
     from .onnx_io.importer import load_onnx, read_model_file, upgraded
 
-    limits = Limits(nodes=args.node_limit, iterations=args.iter_limit, seconds=args.time_limit,
-                    multi_iterations=args.multi_iterations)
+    limits = limits_from_args(args)
     check_optimize_arguments(args.min_gain, args.measure, args.extract_time_limit)
     shapes = parse_input_shapes(args.input_shape)
     check_writable(args.output, ExportError)
@@ -90,7 +88,7 @@ def _cmd_optimize(args) -> int:
 
     from .api import optimize
     from .onnx_io.counts import describe, format_table, operator_counts
-    from .onnx_io.exporter import export_onnx, save_atomically
+    from .onnx_io.exporter import save_atomically
     from .rules.lang import load_corpus, load_rule_file
 
     extra = [rule for path in args.rules or () for rule in load_rule_file(path)]
@@ -109,14 +107,11 @@ def _cmd_optimize(args) -> int:
         result = optimize(g, rules=rules, limits=limits, extractor=args.extractor, progress=progress,
                           profile=args.profile, min_gain=args.min_gain, measure=args.measure,
                           extract_time_limit=args.extract_time_limit, phase=say,
-                          measure_progress=rounds.update)
-    if result.graph is g:  # nothing worth changing: hand back the model as it came
-        model, ort_error = original, None
-    else:
-        say("checking the written model in onnxruntime against the input")
-        model = export_onnx(result.graph)
-        ort_error = _check_in_onnxruntime(reference, model, g)
-    _print_summary(result, ort_error)
+                          measure_progress=rounds.update, reference=reference)
+    # nothing worth changing: hand back the model as it came; else the result as
+    # optimize exported it and checked it in onnxruntime against the input
+    model = original if result.graph is g else result.exported
+    _print_summary(result)
     print(format_table(operator_counts(original), operator_counts(model)))
     save_atomically(model, args.output, external_data=external)
     print(f"wrote {args.output}: {describe(model)}"
@@ -124,30 +119,11 @@ def _cmd_optimize(args) -> int:
     return 0
 
 
-def _check_in_onnxruntime(reference, model, g) -> float | None:
-    """The relative error of ``model`` against ``reference`` in onnxruntime (float32);
-    None when the reference's outputs are not finite on random inputs (the graph check
-    ran with tracked exponents; float32 cannot say more)."""
-    import numpy as np
-
-    from .executor import random_inputs
-    from .verify import compare_outputs, onnx_outputs
-
-    feeds = random_inputs(g)
-    expected = onnx_outputs(reference, feeds)
-    if all(np.all(np.isfinite(v)) for v in expected.values() if v.dtype.kind == "f"):
-        return compare_outputs(expected, onnx_outputs(model, feeds),
-                               what="optimized model in onnxruntime")
-    _stderr_line("note: the model's float32 outputs overflow on random inputs, so the "
-                 "onnxruntime cross-check is skipped; the graph check passed")
-    return None
-
-
-def _print_summary(result, ort_error: float | None) -> None:
+def _print_summary(result) -> None:
     st = result.stats
-    ms = st["measured_ms"]
-    kept = st["kept_input"]
-    before, extracted = result.cost_before, st["extracted_cost"]  # as a runtime runs each
+    ms = st.measured_ms
+    kept = st.kept_input
+    before, extracted = result.cost_before, st.extracted_cost  # as a runtime runs each
     predicted = before / extracted if extracted > 0 else math.inf
     if ms:
         print(f"speedup: measured {ms['original'] / ms['optimized']:.3f}x in onnxruntime "
@@ -161,16 +137,16 @@ def _print_summary(result, ort_error: float | None) -> None:
     else:
         print(f"result: the extracted graph replaces the input (predicted "
               f"{extracted * 1e3:.4g} ms against {before * 1e3:.4g} ms)")
-    print(f"e-graph: {st['enodes']} e-nodes, {st['eclasses']} e-classes after {st['iterations']} "
-          f"iterations; stopped: {st['stop_reason']}")
-    print(f"time: saturation {st['saturation_seconds']:.2f} s, extraction ({st['extractor']}, "
-          f"{st['extractor_status']}) {st['extraction_seconds']:.2f} s, check "
-          f"{st['check_seconds']:.2f} s, total {st['total_seconds']:.2f} s")
-    if st["check_error"] is not None:
+    print(f"e-graph: {st.enodes} e-nodes, {st.eclasses} e-classes after {st.iterations} "
+          f"iterations; stopped: {st.stop_reason}")
+    print(f"time: saturation {st.saturation_seconds:.2f} s, extraction ({st.extractor}, "
+          f"{st.extractor_status}) {st.extraction_seconds:.2f} s, check "
+          f"{st.check_seconds:.2f} s, total {st.total_seconds:.2f} s")
+    if st.check_error is not None:
         print(f"check: the extracted graph's outputs equal the input's within "
-              f"{st['check_error']:.2g} relative (our executor, float64, tracked exponents)"
-              + (f"; the written model's in onnxruntime (float32) within {ort_error:.2g}"
-                 if ort_error is not None else ""))
+              f"{st.check_error:.2g} relative (our executor, float64, tracked exponents)"
+              + (f"; the written model's in onnxruntime (float32) within {st.ort_check_error:.2g}"
+                 if st.ort_check_error is not None else ""))
 
 
 def _stderr_line(message: str) -> None:
@@ -190,6 +166,8 @@ class _Rounds:
             self.bar = tqdm(total=total, desc=f"  {self.what}", unit="run", file=sys.stderr,
                             leave=False)
         self.bar.update(done - self.bar.n)
+        if done >= total:  # gone before what follows the timing is said
+            self.bar.close()
 
     def __enter__(self):
         return self
@@ -226,6 +204,8 @@ PLUGGED_COMMANDS = [
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .api import DEFAULT_EXTRACTOR, ILP_TIME_LIMIT
+
     parser = argparse.ArgumentParser(prog="taso-egg", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="show debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -242,20 +222,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("optimize", help="saturate, extract the cheapest graph, check it, write ONNX")
     _add_model_args(p)
     p.add_argument("-o", "--output", required=True)
-    p.add_argument("--extractor", default="ilp", choices=["ilp", "greedy-dag", "tree"])
-    p.add_argument("--node-limit", type=int, default=20_000,
-                   help="stop after the iteration that passes this many e-nodes (default 20000). "
-                        "The e-graph never holds more than twice the limit (the limit + 10000 "
-                        "below 10000), even within an iteration: an iteration whose matches could "
-                        "pass that applies only the rules that fit, and is the last; peak memory "
-                        "follows")
-    p.add_argument("--iter-limit", type=int, default=15, help="stop after this many iterations")
-    p.add_argument("--time-limit", type=float, default=30.0, help="stop saturating after this many seconds")
-    p.add_argument("--extract-time-limit", type=float, default=60.0, metavar="S",
-                   help="stop the extractor after S seconds (default 60; the ILP then keeps its "
-                        "best graph so far)")
-    p.add_argument("--multi-iterations", type=int, default=2,
-                   help="iterations in which multi-pattern rules run (k_multi)")
+    p.add_argument("--extractor", default=DEFAULT_EXTRACTOR, choices=["ilp", "greedy-dag", "tree"])
+    add_limit_arguments(p)
+    p.add_argument("--extract-time-limit", type=float, default=ILP_TIME_LIMIT, metavar="S",
+                   help=f"stop the extractor after S seconds (default {ILP_TIME_LIMIT:g}; the ILP "
+                        f"then keeps its best graph so far)")
     p.add_argument("--rules", action="append", metavar="FILE", help="extra .rules file (repeatable)")
     p.add_argument("--measure", type=int, default=5, metavar="N",
                    help="time original and result N times in onnxruntime (at most 200); keep the "

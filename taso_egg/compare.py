@@ -19,6 +19,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .cli_args import add_limit_arguments, limits_from_args
 from .cost import CostModel, graph_cost
 from .egraph.saturate import Limits, saturate
 from .errors import TasoEggError
@@ -82,6 +83,7 @@ def compare_model(name: str, graph: Graph, cost_model: CostModel, rules=None, bu
     from .search import backtracking_search
     from .verify import check_graphs_equivalent
 
+    rules = tuple(load_corpus() if rules is None else rules)  # the same rules for both methods
     say = progress or (lambda msg: None)
     runs: dict[str, MethodRun] = {}
     say(f"{name}: backtracking search (budget {budget}, alpha {alpha})")
@@ -98,7 +100,7 @@ def compare_model(name: str, graph: Graph, cost_model: CostModel, rules=None, bu
         runs[method] = MethodRun(method, cost, sat.seconds + ext.seconds, sat.enodes,
                                  f"{sat.stop_reason}; {ext.status}", graph=ext.graph)
     # as the runtime runs it: with the fusions it makes by itself (both methods find them too)
-    original_cost = runtime_cost(graph, rules if rules is not None else load_corpus(), cost_model)
+    original_cost = runtime_cost(graph, rules, cost_model)
     for r in runs.values():
         if r.cost > original_cost:  # both methods keep the input when nothing is cheaper
             r.cost, r.graph = original_cost, graph
@@ -236,11 +238,7 @@ def add_arguments(p) -> None:
     p.add_argument("--budget", type=int, default=1000, help="graphs the search pops (TASO: 1000)")
     p.add_argument("--alpha", type=float, default=1.05, help="search relaxation (TASO: 1.05)")
     p.add_argument("--search-seconds", type=float, default=600.0, help="time limit of each search")
-    p.add_argument("--node-limit", type=int, default=20_000,
-                   help="saturation e-node limit (the e-graph never holds more than twice it; "
-                        "see optimize --help)")
-    p.add_argument("--iter-limit", type=int, default=15, help="saturation iteration limit")
-    p.add_argument("--multi-iterations", type=int, default=2, help="k_multi")
+    add_limit_arguments(p)
     p.add_argument("--ilp-seconds", type=float, default=60.0, help="ILP time limit")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per graph (0: do not measure)")
     p.add_argument("--profile", default=None, help="cost profile (default: the CPU default)")
@@ -254,8 +252,7 @@ def run(args) -> int:
     unknown = [m for m in args.models if m not in zoo.MODELS]
     if unknown:
         raise TasoEggError(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(zoo.MODELS)}")
-    limits = Limits(nodes=args.node_limit, iterations=args.iter_limit,
-                    multi_iterations=args.multi_iterations)
+    limits = limits_from_args(args)
     if args.out is not None:
         check_output_folder(args.out)
     model = load_cost_model(args.profile or DEFAULT_PROFILE)

@@ -167,3 +167,25 @@ def test_optimize_keeps_the_original_when_the_result_measures_slower(nasrnn_path
     assert "speedup: measured 0.500x in onnxruntime" in captured.out
     assert "result: the input is written unchanged: the result measured slower" in captured.out
     assert onnx.load(out).graph == onnx.load(nasrnn_path).graph
+
+
+def test_the_saturation_limits_options_come_from_the_limits_fields():
+    """optimize, compare and the benchmark offer one option per Limits field, with its
+    default, and read them back into the same Limits."""
+    import argparse
+    import dataclasses
+
+    from taso_egg.cli import build_parser
+    from taso_egg.cli_args import add_limit_arguments, limits_from_args
+    from taso_egg.egraph.saturate import Limits
+
+    flags = [f.metadata["flag"] for f in dataclasses.fields(Limits)]
+    commands = build_parser()._subparsers._group_actions[0].choices
+    for name in ("optimize", "compare"):
+        offered = {s for a in commands[name]._actions for s in a.option_strings}
+        assert set(flags) <= offered, name
+    p = argparse.ArgumentParser()
+    add_limit_arguments(p)
+    assert limits_from_args(p.parse_args([])) == Limits()
+    assert limits_from_args(p.parse_args(["--node-limit", "7", "--time-limit", "2.5"])) == \
+        Limits(nodes=7, seconds=2.5)

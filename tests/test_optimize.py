@@ -40,8 +40,8 @@ def _run(key):
         _CACHE[key] = (g, optimize(g, extractor=extractor, limits=limits))
         r = _CACHE[key][1]
         print(f"{key}: cost {r.cost_before:.4g} -> {r.cost_after:.4g} (x{r.speedup:.3f}), "
-              f"{r.stats['stop_reason']}, {r.stats['enodes']} e-nodes, "
-              f"{r.stats['extractor_status']}, ops {dict(r.stats['ops_after'])}")
+              f"{r.stats.stop_reason}, {r.stats.enodes} e-nodes, "
+              f"{r.stats.extractor_status}, ops {dict(r.stats.ops_after)}")
     return _CACHE[key]
 
 
@@ -55,10 +55,10 @@ def test_bert_attention_qkv_merge_with_ilp():
     assert r.speedup > 1
     assert r.original is g and r.graph is not g
     # the stats count what runs after export: the weight concat folds away
-    assert r.stats["ops_before"] == g.op_counts(runtime_only=True)
-    assert r.stats["ops_after"] == r.graph.op_counts(runtime_only=True)
-    assert r.stats["ops_after"]["concat"] == 0 < after["concat"]
-    assert r.stats["extractor"] == "ilp"
+    assert r.stats.ops_before == g.op_counts(runtime_only=True)
+    assert r.stats.ops_after == r.graph.op_counts(runtime_only=True)
+    assert r.stats.ops_after["concat"] == 0 < after["concat"]
+    assert r.stats.extractor == "ilp"
     check_graphs_equivalent(g, r.graph)
     check_graphs_equivalent(g, r.graph, seed=7)
 
@@ -79,7 +79,7 @@ def test_greedy_dag_is_sound_and_no_better_than_ilp(model):
     assert greedy.cost_after <= greedy.cost_before
     check_graphs_equivalent(g, greedy.graph)
     # the ILP is optimal on the same e-graph, so it is at least as cheap
-    assert ilp.stats["extractor_status"] == "optimal"
+    assert ilp.stats.extractor_status == "optimal"
     assert ilp.cost_after <= greedy.cost_after * (1 + 1e-9)
     if model == "nas":
         assert greedy.cost_after < greedy.cost_before
@@ -93,7 +93,7 @@ def test_optimize_is_deterministic(key):
     again = optimize(build(), extractor=extractor, limits=limits)
     assert again.graph.structural_hash() == first.graph.structural_hash()
     assert again.cost_after == first.cost_after
-    assert again.stats["enodes"] == first.stats["enodes"]
+    assert again.stats.enodes == first.stats.enodes
 
 
 def test_peak_memory_on_two_layer_models():
@@ -105,7 +105,7 @@ def test_peak_memory_on_two_layer_models():
     if sys.platform == "darwin":  # bytes there
         peak_kb //= 1024
     for name, r in runs.items():
-        print(f"{name}: {r.stats['enodes']} e-nodes, {r.stats['stop_reason']}, x{r.speedup:.3f}")
+        print(f"{name}: {r.stats.enodes} e-nodes, {r.stats.stop_reason}, x{r.speedup:.3f}")
         assert r.cost_after <= r.cost_before
     print(f"peak RSS {peak_kb / 1024:.0f} MiB")
     assert peak_kb < 4 * 1024 * 1024
@@ -190,12 +190,12 @@ def test_batchnorm_folds_into_the_conv_before_it():
 def test_a_predicted_gain_below_min_gain_returns_the_input():
     g, r = _run("nas-greedy")
     gain = 1 - r.cost_after / r.cost_before
-    assert gain > 0 and r.stats["kept_input"] == ""
+    assert gain > 0 and r.stats.kept_input == ""
     kept = optimize(_nas1(), extractor="greedy-dag", limits=Limits(multi_iterations=2),
                     min_gain=gain + 0.01)
     assert kept.graph is kept.original and kept.cost_after == kept.cost_before
-    assert kept.stats["extracted_cost"] == pytest.approx(r.cost_after)
-    assert "min_gain" in kept.stats["kept_input"]
+    assert kept.stats.extracted_cost == pytest.approx(r.cost_after)
+    assert "min_gain" in kept.stats.kept_input
     taken = optimize(_nas1(), extractor="greedy-dag", limits=Limits(multi_iterations=2),
                      min_gain=gain - 0.01)
     assert taken.graph is not taken.original
@@ -207,17 +207,17 @@ def test_a_result_measured_slower_in_onnxruntime_returns_the_input(monkeypatch):
     timings = {"original": 1.0, "optimized": 2.0}
     monkeypatch.setattr(timing, "ort_ms", lambda models, feeds, repeats, progress=None: dict(timings))
     slower = optimize(_nas1(), extractor="greedy-dag", limits=Limits(multi_iterations=2), measure=3)
-    assert slower.graph is slower.original and "measured slower" in slower.stats["kept_input"]
-    assert slower.stats["measured_ms"] == timings
+    assert slower.graph is slower.original and "measured slower" in slower.stats.kept_input
+    assert slower.stats.measured_ms == timings
     timings["optimized"] = 0.5
     faster = optimize(_nas1(), extractor="greedy-dag", limits=Limits(multi_iterations=2), measure=3)
-    assert faster.graph is not faster.original and faster.stats["kept_input"] == ""
+    assert faster.graph is not faster.original and faster.stats.kept_input == ""
 
 
 def test_optimize_measures_for_real_in_onnxruntime():
     r = optimize(_nas1(), extractor="greedy-dag", limits=Limits(multi_iterations=2), measure=2)
-    assert set(r.stats["measured_ms"]) == {"original", "optimized"}
-    assert all(ms > 0 for ms in r.stats["measured_ms"].values())
+    assert set(r.stats.measured_ms) == {"original", "optimized"}
+    assert all(ms > 0 for ms in r.stats.measured_ms.values())
 
 
 @pytest.mark.parametrize("bad", [{"min_gain": 1.0}, {"min_gain": -0.1}, {"measure": -1}])
@@ -254,8 +254,8 @@ def test_a_residual_add_and_relu_fuse_into_the_conv():
     # The runtime fuses these by itself, so they are no predicted gain: the baseline
     # has them already, and the input comes back unchanged.
     r = optimize(g, min_gain=0)
-    assert r.graph is g and r.cost_before == pytest.approx(r.stats["extracted_cost"])
-    assert r.stats["input_cost"] > r.cost_before
+    assert r.graph is g and r.cost_before == pytest.approx(r.stats.extracted_cost)
+    assert r.stats.input_cost > r.cost_before
 
 
 def test_a_broadcast_add_does_not_fuse_into_the_conv():
@@ -266,3 +266,39 @@ def test_a_broadcast_add_does_not_fuse_into_the_conv():
     ext = extract_graph(saturate(g), "ilp").graph
     assert "conv2d_sum" not in ext.op_counts() and ext.op_counts()["ewadd"] == 1
     check_graphs_equivalent(g, ext)
+
+
+def test_the_returned_graph_is_checked_in_onnxruntime_for_library_users_too():
+    """optimize itself runs the onnxruntime cross-check `taso-egg optimize` relies on:
+    against ``reference`` (the model the graph came from), ``graph`` exported by default."""
+    from onnx import numpy_helper
+
+    from taso_egg.onnx_io.exporter import export_onnx
+
+    limits = Limits(multi_iterations=2)
+    r = optimize(_nas1(), extractor="greedy-dag", limits=limits)
+    assert r.graph is not r.original and r.exported is not None
+    assert r.stats.ort_check_error is not None and r.stats.ort_check_error < 1e-4
+    unchecked = optimize(_nas1(), extractor="greedy-dag", limits=limits, verify=False)
+    assert unchecked.exported is None and unchecked.stats.check_error is None
+    kept = optimize(_nas1(), extractor="greedy-dag", limits=limits, min_gain=0.99)
+    assert kept.graph is kept.original and kept.exported is None and kept.stats.ort_check_error is None
+
+    g = _nas1()
+    other = export_onnx(g)  # a reference that computes something else: one weight changed
+    w = other.graph.initializer[0]
+    w.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(w) * 2 + 1, w.name))
+    with pytest.raises(VerificationError, match="optimized model in onnxruntime"):
+        optimize(g, extractor="greedy-dag", limits=limits, reference=other)
+
+
+def test_one_default_extractor_for_the_api_and_the_command():
+    import inspect
+
+    from taso_egg import api
+    from taso_egg.cli import build_parser
+
+    args = build_parser().parse_args(["optimize", "m.onnx", "-o", "o.onnx"])
+    assert args.extractor == api.DEFAULT_EXTRACTOR
+    for fn in (api.optimize, api.extract_graph):
+        assert inspect.signature(fn).parameters["extractor"].default == api.DEFAULT_EXTRACTOR

@@ -290,8 +290,7 @@ def test_profiled_cost_uses_profile_then_calibrated_fallback():
             p.add(c, _entry(1e-3 * (i + 1)))
     model = ProfiledCost(p)
     total = graph_cost(g, model)
-    fallback = AnalyticCost("x", 1e9, 1e9, 1e-6).cost(left_out.op, left_out.param_dict,
-                                                      left_out.inputs, left_out.outputs)
+    fallback = AnalyticCost("x", 1e9, 1e9, 1e-6).cost(left_out)
     assert fallback > 0
     expected = sum(fallback if c.key == left_out.key else p.entries[c.key]["seconds"] for c in configs)
     assert total == pytest.approx(expected)
@@ -304,9 +303,9 @@ def test_weight_only_work_costs_nothing():
     p = Profile(_meta())
     model = ProfiledCost(p)
     t = TensorType((4, 4))
-    assert model.cost("matmul", {}, [t, t], [t], [True, True]) == 0.0
+    assert model.cost(OpConfig.of("matmul", {}, [t, t], [t], [True, True])) == 0.0
     assert model.lookups()["measured"] + model.lookups()["estimated"] == 0
-    assert model.cost("matmul", {}, [t, t], [t], [False, True]) > 0
+    assert model.cost(OpConfig.of("matmul", {}, [t, t], [t], [False, True])) > 0
 
 
 def test_optimize_uses_the_named_profile(tmp_path):
@@ -320,7 +319,7 @@ def test_optimize_uses_the_named_profile(tmp_path):
     p.save(path)
     r = optimize(g, rules=ALL_RULES, profile=str(path))
     assert str(path.stem) in r.cost_model or "test cpu" in r.cost_model
-    lookups = r.stats["cost_lookups"]
+    lookups = r.stats.cost_lookups
     assert lookups["measured"] > 0 and lookups["estimated"] > 0   # rewrites bring new configurations
     assert optimize(g, profile="analytic").cost_model.startswith("analytic")
 

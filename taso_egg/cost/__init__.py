@@ -1,8 +1,8 @@
-"""What operators cost: the lookup key (``config.OpConfig``), the profiles on disk
+"""What operators cost: the lookup key (``config.OpConfig``, ``node_config``), the profiles on disk
 (``store``), and the cost models over them (``model``: ``AnalyticCost``,
 ``ProfiledCost``, ``graph_cost``, ``load_cost_model``)."""
 
-from .config import OpConfig
+from .config import OpConfig, node_config
 from .model import (
     DEFAULT_PROFILE,
     MIN_GAIN,
@@ -13,5 +13,5 @@ from .model import (
     load_cost_model,
 )
 
-__all__ = ["OpConfig", "DEFAULT_PROFILE", "MIN_GAIN", "AnalyticCost", "CostModel", "ProfiledCost",
-           "graph_cost", "load_cost_model"]
+__all__ = ["OpConfig", "node_config", "DEFAULT_PROFILE", "MIN_GAIN", "AnalyticCost", "CostModel",
+           "ProfiledCost", "graph_cost", "load_cost_model"]

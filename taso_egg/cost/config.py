@@ -60,3 +60,9 @@ class OpConfig:
         ins = ",".join(f"{t.dtype}[{','.join(map(str, t.shape))}]" + (":const" if c else "")
                        for t, c in zip(self.inputs, self.constant))
         return f"{self.op} {params} {ins}"
+
+
+def node_config(node, constant=None) -> OpConfig:
+    """The configuration a graph node runs as; ``constant``: per input, whether it is
+    known before run time."""
+    return OpConfig.of(node.op, node.params, [t.type for t in node.inputs], node.outputs, constant)

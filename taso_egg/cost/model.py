@@ -1,9 +1,11 @@
-"""The cost model: ``cost(op, params, input_types, output_types, constant=None) -> seconds``.
+"""The cost model: ``cost(config: OpConfig) -> seconds``.
 
-``constant`` says which inputs are known before run time (weights, or work on weights
-alone): the exporter turns them into initializers, which runtimes treat differently
+An ``OpConfig`` is the operator, its parameters, its input and output types, and which
+inputs are known before run time (``constant``: weights, or work on weights alone).
+The exporter turns those into initializers, which runtimes treat differently
 (onnxruntime pre-packs a constant MatMul operand), so a profile keys on it. Callers
-that do not know may leave it out: every input then counts as computed at run time.
+that do not know leave ``constant`` out of ``OpConfig.of``: every input then counts as
+computed at run time.
 
 Two models implement it:
 
@@ -21,13 +23,12 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from ..graph import Graph
-from ..ops import OPS, TensorType
-from .config import OpConfig
+from ..ops import OPS
+from .config import OpConfig, node_config
 from .store import load_profile, resolve_profile
 
 # The default of optimize() on a CPU: onnxruntime is what exported models run in.
@@ -41,8 +42,7 @@ MIN_GAIN = 0.05
 class CostModel(Protocol):
     name: str
 
-    def cost(self, op: str, params: dict, inputs: Sequence[TensorType],
-             outputs: Sequence[TensorType], constant: Sequence[bool] | None = None) -> float: ...
+    def cost(self, config: OpConfig) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -59,11 +59,12 @@ class AnalyticCost:
     bandwidth: float = 10e9
     overhead: float = 5e-6
 
-    def cost(self, op, params, inputs, outputs, constant=None) -> float:
-        spec = OPS[op]
+    def cost(self, config: OpConfig) -> float:
+        spec = OPS[config.op]
         if spec.is_leaf or spec.is_view:
             return 0.0
-        flops = spec.flops(params, inputs, outputs) if spec.flops else 0.0
+        inputs, outputs = config.inputs, config.outputs
+        flops = spec.flops(config.param_dict, inputs, outputs) if spec.flops else 0.0
         nbytes = sum(t.size for t in inputs) * 4 + sum(t.size for t in outputs) * 4
         return max(flops / self.peak_flops, nbytes / self.bandwidth) + self.overhead
 
@@ -81,30 +82,23 @@ class ProfiledCost:
                     f"unprofiled ones estimated from its measured peak)"
         self.measured: Counter = Counter()   # key -> lookups
         self.estimated: Counter = Counter()
-        self._keys: dict = {}
+        self._keys: dict[OpConfig, str] = {}  # the text key is the costly part of a lookup
 
-    def cost(self, op, params, inputs, outputs, constant=None) -> float:
-        spec = OPS[op]
-        if spec.is_leaf:
+    def cost(self, config: OpConfig) -> float:
+        if OPS[config.op].is_leaf or config.weight_only:
             return 0.0
         try:
-            memo = (op, tuple(sorted(params.items())), tuple(inputs), tuple(constant or ()))
-            key = self._keys.get(memo)
+            key = self._keys.get(config)
+            if key is None:
+                key = self._keys[config] = config.key
         except TypeError:  # unhashable parameter values: compute the key every time
-            memo, key = None, None
-        if key is None:
-            config = OpConfig.of(op, params, inputs, outputs, constant)
-            if config.weight_only:
-                return 0.0
             key = config.key
-            if memo is not None:
-                self._keys[memo] = key
         entry = self.profile.entries.get(key)
         if entry is not None:
             self.measured[key] += 1
             return entry["seconds"]
         self.estimated[key] += 1
-        return self.fallback.cost(op, params, inputs, outputs)
+        return self.fallback.cost(config)
 
     def lookups(self) -> dict[str, int]:
         return {"measured": sum(self.measured.values()), "estimated": sum(self.estimated.values()),
@@ -118,8 +112,7 @@ class ProfiledCost:
 def graph_cost(graph: Graph, model: CostModel) -> float:
     """Sum of operator costs, weight-only work excluded."""
     folded = graph.weight_only_nodes()
-    return sum(model.cost(n.op, n.params, [t.type for t in n.inputs], n.outputs,
-                          [t.node in folded for t in n.inputs])
+    return sum(model.cost(node_config(n, [t.node in folded for t in n.inputs]))
                for n in graph.nodes.values() if n.id not in folded)
 
 

@@ -67,7 +67,7 @@ def node_cost(n, configs: ENodeConfigs, model: CostModel) -> float:
         return math.inf
     if config is None:
         return 0.0
-    return model.cost(config.op, config.param_dict, config.inputs, config.outputs, config.constant)
+    return model.cost(config)
 
 
 def _weight_only_classes(eg: TensorEGraph) -> set[str]:

@@ -34,15 +34,25 @@ MIN_HEADROOM = 10_000
 
 @dataclass(frozen=True)
 class Limits:
-    """Saturation stops at whichever limit comes first."""
-    nodes: int = 20_000        # e-nodes in the tensor language
-    iterations: int = 15
-    seconds: float = 30.0
+    """Saturation stops at whichever limit comes first. Each field's ``metadata`` gives
+    the command-line option that sets it and its help (``cli_args.add_limit_arguments``
+    makes the options of every command that saturates from these fields)."""
+    nodes: int = field(default=20_000, metadata={  # e-nodes in the tensor language
+        "flag": "--node-limit",
+        "help": "stop after the iteration that passes this many e-nodes (default {default}). "
+                "The e-graph never holds more than twice the limit (the limit + 10000 below "
+                "10000), even within an iteration: an iteration whose matches could pass that "
+                "applies only the rules that fit, and is the last; peak memory follows"})
+    iterations: int = field(default=15, metadata={
+        "flag": "--iter-limit", "help": "stop after this many iterations"})
+    seconds: float = field(default=30.0, metadata={
+        "flag": "--time-limit", "help": "stop saturating after this many seconds"})
     # Iterations in which multi-pattern rules run (k_multi). Tensat uses 1; 2 lets a
     # merge see the results of the first round (BERT's q/k/v after associativity,
     # NasRNN's concatenated pairs) and, measured on the zoo, beats backtracking search
     # on every model at a few thousand extra e-nodes; 3 blows NasRNN past 50,000.
-    multi_iterations: int = 2
+    multi_iterations: int = field(default=2, metadata={
+        "flag": "--multi-iterations", "help": "iterations in which multi-pattern rules run (k_multi)"})
 
     @property
     def ceiling(self) -> int:

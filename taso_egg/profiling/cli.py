@@ -80,6 +80,7 @@ def run(args) -> int:
     graphs = {name: load_model(name, shapes) for name in args.models}  # fail early on a bad name
     backend = make_backend(backend_name)
     timing = {"warmups": args.warmups, "repeats": args.repeats, "progress": not args.quiet}
+    rules = None if args.graph_only else load_corpus(include_unproved=args.include_unproved)
     start = time.perf_counter()
     with pinned_threads():
         if path.exists():
@@ -93,7 +94,7 @@ def run(args) -> int:
             configs = graph_configurations(g)
             sat = None
             if not args.graph_only:
-                sat = saturate(g, rules=load_corpus(include_unproved=args.include_unproved))
+                sat = saturate(g, rules=rules)
                 configs += saturation_configurations(sat)
             result = profile_configurations(_only(unique(configs), args.ops), backend, profile,
                                             replace=args.remeasure, desc=name, **timing)

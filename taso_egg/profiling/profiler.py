@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ..cost import OpConfig
+from ..cost import OpConfig, node_config
 from ..cost.store import Profile, now
 from ..errors import ProfileError, TasoEggError
 from ..graph import Graph
@@ -29,8 +29,7 @@ def graph_configurations(graph: Graph) -> list[OpConfig]:
     for n in graph.topo_order():
         if OPS[n.op].is_leaf or n.id in folded:
             continue
-        config = OpConfig.of(n.op, n.params, [t.type for t in n.inputs], n.outputs,
-                             [t.node in folded for t in n.inputs])
+        config = node_config(n, [t.node in folded for t in n.inputs])
         seen.setdefault(config.key, config)
     return list(seen.values())
 

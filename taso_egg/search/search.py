@@ -20,7 +20,7 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
-from taso_egg.cost import DEFAULT_PROFILE, CostModel, graph_cost, load_cost_model
+from taso_egg.cost import DEFAULT_PROFILE, CostModel, graph_cost, load_cost_model, node_config
 from taso_egg.errors import LimitError
 from taso_egg.graph import Graph, Node, node_digest, node_local_bytes, outputs_digest
 
@@ -104,7 +104,7 @@ class _Search:
         key = (n, tuple(constant))
         c = self._costs.get(key)
         if c is None:
-            c = self.model.cost(n.op, n.params, [t.type for t in n.inputs], n.outputs, key[1])
+            c = self.model.cost(node_config(n, key[1]))
             self._costs[key] = c
         return c
 
@@ -151,7 +151,7 @@ class _Search:
                 n = rw.graph.nodes[nid]
                 constant = [t.node in rw.added_weight_only if t.node >= first_new else t.node in wo
                             for t in n.inputs]
-                cost += self.model.cost(n.op, n.params, [t.type for t in n.inputs], n.outputs, constant)
+                cost += self.model.cost(node_config(n, constant))
         return cost
 
 
