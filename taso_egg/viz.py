@@ -13,13 +13,25 @@ from collections import defaultdict
 from typing import Iterable, Mapping, Sequence
 
 from .graph import Graph
+from .ops import OPS
+from .ops.base import elementwise_flops
 
-_OP_COLOURS = {
-    "input": "#cfe8ff", "weight": "#e6e6e6", "matmul": "#ffd9a8", "conv2d": "#ffd9a8",
-    "ewadd": "#d8f0c8", "ewmul": "#d8f0c8", "smul": "#d8f0c8", "relu": "#f6d0f0",
-    "sigmoid": "#f6d0f0", "tanh": "#f6d0f0", "concat": "#fff3b0", "split": "#fff3b0",
-    "proj": "#fff3b0", "reshape": "#f0f0f0", "transpose": "#f0f0f0",
-}
+def _colour(op: str) -> str:
+    """A node's fill, by what the operator table says it is: inputs, weights and
+    constants, activations, layout (views, concats, tuple projections), element-wise
+    work, and heavy compute."""
+    spec = OPS.get(op)
+    if spec is None:  # proj, tnil, tcons: e-graph plumbing
+        return "#fff3b0"
+    if spec.is_leaf:
+        return "#e6e6e6" if spec.is_constant else "#cfe8ff"
+    if spec.activation:
+        return "#f6d0f0"
+    if spec.is_view or spec.multi_output or spec.egraph_inputs:
+        return "#fff3b0"
+    if spec.flops is elementwise_flops:
+        return "#d8f0c8"
+    return "#ffd9a8"
 
 
 def _layers(ids: Sequence, preds: Mapping) -> dict:
@@ -78,7 +90,7 @@ def _label(op: str, params: Mapping) -> str:
     bits = [op]
     if params.get("activation", "NONE") not in ("NONE", None):
         bits.append(str(params["activation"]).lower())
-    if op in ("input", "weight") and params.get("name"):
+    if op in OPS and OPS[op].is_leaf and params.get("name"):
         bits = [str(params["name"])]
     return "\n".join(bits)
 
@@ -100,7 +112,7 @@ def draw_graph(graph: Graph, ax=None, hide_weights: bool = True, title: str | No
     for n in nodes:
         x, y = pos[n.id]
         ax.text(x, y, _label(n.op, n.params), ha="center", va="center", fontsize=7,
-                bbox=dict(boxstyle="round,pad=0.3", fc=_OP_COLOURS.get(n.op, "#ffffff"), ec="#444444"))
+                bbox=dict(boxstyle="round,pad=0.3", fc=_colour(n.op), ec="#444444"))
     _fit(ax, pos.values(), title or f"{len(nodes)} operators")
     return ax
 
@@ -156,7 +168,7 @@ def draw_egraph(egraph, ax=None, chosen: Iterable[str] = (), title: str | None =
             x, y = pos[n.id]
             ax.text(x, y, _label(n.op, n.params), ha="center", va="center", fontsize=6.5,
                     fontweight="bold" if n.id in chosen else "normal",
-                    bbox=dict(boxstyle="round,pad=0.25", fc=_OP_COLOURS.get(n.op, "#ffffff"),
+                    bbox=dict(boxstyle="round,pad=0.25", fc=_colour(n.op),
                               ec="#c0392b" if n.id in chosen else "#555555",
                               lw=1.6 if n.id in chosen else 0.8))
     _fit(ax, pos.values(), title or f"{egraph.num_nodes} e-nodes in {len(classes)} e-classes")
