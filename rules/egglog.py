@@ -10,10 +10,8 @@ from __future__ import annotations
 
 from ..egraph.language import constructor, encode, op_params, tensor_arity
 from ..errors import RuleError
+from . import semantics
 from .lang import App, Guard, Lit, ParamOp, Proj, Rule, Var
-
-_CMP = {"=": "=", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
-_ARITH = {"+": "+", "-": "-", "*": "*", "/": "/"}
 
 
 class _Compiler:
@@ -72,34 +70,20 @@ class _Compiler:
         return v
 
     def expr(self, e: ParamOp) -> str:
-        fn, args = e.fn, e.args
-        if fn == "dim":
-            return f"(vec-get {self.shape_of(args[0])} {self.param(args[1], 'i64')})"
-        if fn == "rank":
-            return f"(vec-length {self.shape_of(args[0])})"
-        if fn == "shape":
-            return self.shape_of(args[0])
-        if fn == "len":
-            return f"(vec-length {self.param(args[0], 'IVec')})"
-        if fn == "at":
-            return f"(vec-get {self.param(args[0], 'IVec')} {self.param(args[1], 'i64')})"
-        if fn in _ARITH:
-            return f"({_ARITH[fn]} {self.param(args[0], 'i64')} {self.param(args[1], 'i64')})"
-        if fn == "vec":
-            return "(vec-of " + " ".join(self.param(a, "i64") for a in args) + ")" if args else "(vec-empty)"
-        self.fail(f"unknown parameter function {fn!r}")
+        return _EGGLOG.param_fns[e.fn](self, e.args)
 
     def guard(self, g: Guard) -> None:
-        if g.kind in _CMP:
-            a, b = (self.param(x) for x in g.args)
-            self.facts.append(f"({_CMP[g.kind]} {a} {b})")
-        elif g.kind == "weight":
-            self.facts.append(f"(= lo_{_ident(g.args[0].name)} (wlo {self.tensor(g.args[0])}))")
-        elif g.kind == "before":
-            a, b = (self.tensor(x) for x in g.args)
-            self.facts.append(f"(< (whi {a}) (wlo {b}))")
-        else:
-            self.fail(f"unknown guard {g.kind!r}")
+        _EGGLOG.guards[g.kind](self, g.args)
+
+    def divide(self, a, b) -> str:
+        """``(/ A B)``, defined for A >= 0 and B > 0 (egglog's ``/`` truncates)."""
+        x, y = self.param(a, "i64"), self.param(b, "i64")
+        self.facts += [f"(>= {x} 0)", f"(> {y} 0)"]
+        return f"(/ {x} {y})"
+
+    def compare(self, op: str, args) -> None:
+        a, b = (self.param(x) for x in args)
+        self.facts.append(f"({op} {a} {b})")
 
     def parts(self) -> tuple[list[str], list[str], list[str]]:
         """The query facts, the replaced roots and the replacing terms."""
@@ -119,6 +103,28 @@ class _Compiler:
         ruleset = "multi" if self.rule.multi else "rewrites"
         return (f"(rule ({' '.join(facts)})\n      ({' '.join(actions)})\n"
                 f"      :ruleset {ruleset} :name \"{self.rule.name}\")")
+
+
+# rules/semantics.py's guards and parameter functions as egglog query facts: tensor
+# properties are read through the shape analysis and weight-only-ness and the anchoring
+# order through wlo/whi, which are defined exactly for the e-classes with a member
+# computed from weights alone. A vector index out of range (negative included) fails
+# to match, as in the table.
+_EGGLOG = semantics.backend("egglog", param_fns={
+    "dim": lambda c, a: f"(vec-get {c.shape_of(a[0])} {c.param(a[1], 'i64')})",
+    "rank": lambda c, a: f"(vec-length {c.shape_of(a[0])})",
+    "shape": lambda c, a: c.shape_of(a[0]),
+    "len": lambda c, a: f"(vec-length {c.param(a[0], 'IVec')})",
+    "at": lambda c, a: f"(vec-get {c.param(a[0], 'IVec')} {c.param(a[1], 'i64')})",
+    **{op: (lambda op: lambda c, a: f"({op} {c.param(a[0], 'i64')} {c.param(a[1], 'i64')})")(op)
+       for op in ("+", "-", "*")},
+    "/": lambda c, a: c.divide(*a),
+    "vec": lambda c, a: "(vec-of " + " ".join(c.param(x, "i64") for x in a) + ")",
+}, guards={
+    **{op: (lambda op: lambda c, a: c.compare(op, a))(op) for op in semantics.COMPARISONS},
+    "weight": lambda c, a: c.facts.append(f"(= lo_{_ident(a[0].name)} (wlo {c.tensor(a[0])}))"),
+    "before": lambda c, a: c.facts.append(f"(< (whi {c.tensor(a[0])}) (wlo {c.tensor(a[1])}))"),
+})
 
 
 def _ident(name: str) -> str:

@@ -16,13 +16,15 @@ from taso_egg.errors import RuleError, TasoEggError
 from taso_egg.graph import Graph, Tensor
 from taso_egg.ops import OPS
 
+from . import semantics
 from .lang import CONSTANT_OPS, App, Guard, Lit, ParamOp, Proj, Rule, Var, walk_vars
 
-_COMPARE = {
-    "=": lambda a, b: a == b, "!=": lambda a, b: a != b,
-    "<": lambda a, b: a < b, "<=": lambda a, b: a <= b,
-    ">": lambda a, b: a > b, ">=": lambda a, b: a >= b,
-}
+# The numeric checker's reading of the guards: comparisons as rules/semantics.py states
+# them; `weight` holds by construction (every (weight ?v) variable is built as a weight
+# leaf) and `before` orders saturation only, so both hold.
+_NUMERIC = semantics.backend("numeric checker", guards={
+    **{k: "evaluate" for k in semantics.COMPARISONS},
+    "weight": "holds", "before": "holds"})
 
 
 def example_values(rule: Rule, bindings: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -56,51 +58,63 @@ def _freeze(v):
 
 
 def evaluate_param(e, values: Mapping[str, Any], shape_of, where: str):
-    """The value of parameter expression ``e``: ``values`` maps parameter variables to
-    values, ``shape_of(name)`` gives the shape of tensor variable ``name``. RuleError
-    (prefixed with ``where``) when it cannot be evaluated."""
+    """The value of parameter expression ``e`` by the Python evaluators of
+    ``rules/semantics.py``: ``values`` maps parameter variables to values,
+    ``shape_of(name)`` gives the shape of tensor variable ``name``. RuleError (prefixed
+    with ``where``) when it is undefined there."""
+    try:
+        return _evaluate(e, values, shape_of)
+    except semantics.Undefined as err:
+        raise RuleError(f"{where}: {e}: {err}") from None
+
+
+def _evaluate(e, values, shape_of):
     if isinstance(e, Lit):
         return e.value
     if isinstance(e, Var):
         return values[e.name]
     if isinstance(e, ParamOp):
-        fn, args = e.fn, e.args
-        if fn in ("dim", "rank", "shape"):
-            shape = shape_of(args[0].name)
-            if fn == "rank":
-                return len(shape)
-            if fn == "shape":
-                return tuple(shape)
-            i = evaluate_param(args[1], values, shape_of, where)
-            if not isinstance(i, int) or not -len(shape) <= i < len(shape):
-                raise RuleError(f"{where}: {e}: axis {i!r} out of range for ?{args[0].name} of "
-                                f"shape {list(shape)}")
-            return shape[i]
-        vals = [evaluate_param(a, values, shape_of, where) for a in args]
-        try:
-            if fn == "len":
-                return len(vals[0])
-            if fn == "at":
-                return vals[0][vals[1]]
-            if fn == "vec":
-                return tuple(int(v) for v in vals)
-            a, b = vals
-            if fn == "+":
-                return a + b
-            if fn == "-":
-                return a - b
-            if fn == "*":
-                return a * b
-            if fn == "/":
-                return a // b
-        except (TypeError, IndexError, ZeroDivisionError, ValueError) as err:
-            raise RuleError(f"{where}: cannot evaluate {e}: {err}") from None
-    raise RuleError(f"{where}: not a parameter expression: {e!r}")
+        fn = semantics.PARAM_FNS[e.fn]
+        args = [tuple(shape_of(a.name)) if fn.arg_kind(i) == semantics.TENSOR
+                else _evaluate(a, values, shape_of) for i, a in enumerate(e.args)]
+        return fn.evaluate(*args)
+    raise semantics.Undefined(f"not a parameter expression: {e!r}")
 
 
-def compare(kind: str, a, b) -> bool:
-    """A comparison guard (``=``, ``<``, ...) on two evaluated parameters."""
-    return bool(_COMPARE[kind](a, b))
+def guard_holds(g: Guard, values: Mapping[str, Any], shape_of, weight_range=None) -> bool:
+    """Whether guard ``g`` holds by the Python evaluators of ``rules/semantics.py``:
+    ``values`` and ``shape_of`` as for :func:`evaluate_param`; ``weight_range(name)``
+    gives the :func:`~.semantics.weight_ranges` entry of tensor variable ``name`` (None
+    when it is not computed from weights alone), needed by ``weight`` and ``before``
+    only. A guard whose arguments are undefined does not hold."""
+    kind = semantics.GUARDS[g.kind]
+    try:
+        if kind.on_tensors:
+            return bool(kind.evaluate(*(weight_range(a.name) for a in g.args)))
+        return bool(kind.evaluate(*(_evaluate(a, values, shape_of) for a in g.args)))
+    except semantics.Undefined:
+        return False
+
+
+def why_guard_fails(g: Guard, values: Mapping[str, Any], shape_of, weight_range=None) -> str:
+    """Why :func:`guard_holds` is False for ``g`` (for error messages): the evaluated
+    arguments, or why they are undefined."""
+    kind = semantics.GUARDS[g.kind]
+    try:
+        if kind.on_tensors:
+            ranges = [weight_range(a.name) for a in g.args]
+            shown = ", ".join(f"{a} is not computed from weights alone" if r is None
+                              else f"{a} reads weights {r[0]}..{r[1]}" for a, r in zip(g.args, ranges))
+        else:
+            args = [_evaluate(a, values, shape_of) for a in g.args]
+            shown = f"({g.kind} " + " ".join(map(_show, args)) + ")"
+        return f"{g} is false: {shown}"
+    except semantics.Undefined as err:
+        return f"{g} is undefined: {err}"
+
+
+def _show(v) -> str:
+    return "[" + " ".join(map(str, v)) + "]" if isinstance(v, tuple) else str(v)
 
 
 class PatternBuilder:
@@ -145,32 +159,24 @@ class PatternBuilder:
         raise self.fail(f"not a pattern: {p!r}")
 
     def guard(self, g: Guard) -> bool:
-        if g.kind in ("weight", "before"):
-            return True  # weights are built as weights; `before` only orders saturation
-        return compare(g.kind, self.param(g.args[0]), self.param(g.args[1]))
-
-
-def guards_hold(rule: Rule, bindings: Mapping[str, Any] | None = None) -> bool:
-    """Whether the rule's comparison guards hold on its example with ``bindings`` laid
-    over it, judged from the shapes alone (no graph is built); a guard that cannot be
-    evaluated there (an axis out of range) does not hold."""
-    return _guards_hold_on(rule, example_values(rule, bindings))
+        """The numeric checker's reading of ``g`` (see ``_NUMERIC``)."""
+        if _NUMERIC.guards[g.kind] == "holds":
+            return True
+        return guard_holds(g, self.values, lambda name: self.tensors[name].shape)
 
 
 def _guards_hold_on(rule: Rule, values: dict) -> bool:
+    """Whether the rule's guards hold, as the numeric checker reads them, on
+    ``values`` (an example), judged from the shapes alone (no graph is built)."""
     tensors = set(rule.tensor_vars())
 
     def shape_of(name):
         if name not in tensors:
-            raise RuleError(f"{rule.where}: ?{name} is not a tensor variable")
+            raise semantics.Undefined(f"?{name} is not a tensor variable")
         return values[name]
 
-    try:
-        return all(compare(g.kind, evaluate_param(g.args[0], values, shape_of, rule.where),
-                           evaluate_param(g.args[1], values, shape_of, rule.where))
-                   for g in rule.guards if g.kind in _COMPARE)
-    except RuleError:
-        return False
+    return all(_NUMERIC.guards[g.kind] == "holds" or guard_holds(g, values, shape_of)
+               for g in rule.guards)
 
 
 class _TypesOnly:
@@ -411,6 +417,6 @@ def unchecked_dimensions(rule: Rule, checked: list[dict], seed: int = 0,
     return fixed
 
 
-__all__ = ["instantiate", "add_rule_sides", "builds_on", "guards_hold", "check_rule_numerically", "example_values", "evaluate_param",
-           "compare", "PatternBuilder", "other_examples", "check_rule_on_other_shapes",
+__all__ = ["instantiate", "add_rule_sides", "builds_on", "check_rule_numerically", "example_values", "evaluate_param",
+           "guard_holds", "why_guard_fails", "PatternBuilder", "other_examples", "check_rule_on_other_shapes",
            "unchecked_dimensions"]

@@ -26,16 +26,20 @@ Parameters (parameter positions, guards)
     ``?v`` (a parameter variable), an integer, a float, a bare symbol (a string such as
     ``RELU``, ``SAME``), a quoted string, an int vector ``[1 1]``, and the expressions
     ``(dim T I)``, ``(rank T)``, ``(shape T)`` (``T`` a tensor variable), ``(len V)``,
-    ``(at V I)``, ``(+ A B)``, ``(- A B)``, ``(* A B)``, ``(/ A B)`` (integer division,
-    floor), ``(vec A ...)``. Expressions are allowed in ``:rhs`` and ``:if`` only; the
+    ``(at V I)``, ``(+ A B)``, ``(- A B)``, ``(* A B)``, ``(/ A B)`` (integer division
+    of A >= 0 by B > 0), ``(vec A ...)``. Expressions are allowed in ``:rhs`` and ``:if`` only; the
     ``:lhs`` parameters are variables or literals (a variable repeated in the lhs must
-    match equal values).
+    match equal values). Axes and positions (``I`` above) count from 0.
 
 Guards (``:if``)
     ``(= A B)`` ``(!= A B)`` ``(< A B)`` ``(<= A B)`` ``(> A B)`` ``(>= A B)`` over
     parameters; ``(weight T)``: tensor variable T is computed from weights only;
     ``(before T1 T2)``: an anchoring order between two weight-only tensors (used by
     saturation to apply a symmetric multi rule once; always true for numeric checks).
+
+    What each guard and parameter function means, exactly (where it is undefined,
+    what counts as computed from weights), is declared once in ``rules/semantics.py``;
+    the vocabulary below is read from there.
 
 Examples (``:example``)
     ``((?x [1 4 5 5]) (?s [1 1]) (?p SAME) ...)``: a shape for each tensor variable, a
@@ -66,6 +70,8 @@ from typing import Any, Iterator, Union
 from taso_egg.errors import RuleError
 from taso_egg.ops import FLOAT_DTYPES, OPS
 from taso_egg.ops.elementwise import ACTIVATIONS
+
+from . import semantics
 
 # --- AST ---------------------------------------------------------------------------
 
@@ -297,7 +303,18 @@ def _walk(node, kind):
         yield from _walk(node.pattern, "tensor")
     elif isinstance(node, ParamOp):
         for i, a in enumerate(node.args):
-            yield from _walk(a, "tensor" if i == 0 and node.fn in TENSOR_FNS else "param")
+            yield from _walk(a, "tensor" if semantics.PARAM_FNS[node.fn].arg_kind(i) == semantics.TENSOR
+                             else "param")
+
+
+def _static_kind(e) -> str | None:
+    """The value kind (rules/semantics.py's value_kind) of a parameter expression
+    where it is known without the operators its variables bind to; None for a variable."""
+    if isinstance(e, ParamOp):
+        return semantics.result_kind(e.fn)
+    if isinstance(e, Lit):
+        return semantics.value_kind(e.value)
+    return None
 
 
 def guard_vars(g: Guard) -> Iterator[tuple[str, str]]:
@@ -323,13 +340,13 @@ def _format_value(v) -> str:
 
 # --- the language's vocabulary -----------------------------------------------------
 
+# The guards and parameter functions, with their meaning, are declared once in
+# rules/semantics.py; these are the names and arities the reader checks.
 # name -> (min args, max args or None)
-PARAM_FNS = {"dim": (2, 2), "rank": (1, 1), "shape": (1, 1), "len": (1, 1), "at": (2, 2),
-             "+": (2, 2), "-": (2, 2), "*": (2, 2), "/": (2, 2), "vec": (1, None)}
-TENSOR_FNS = ("dim", "rank", "shape")  # first argument is a tensor variable
-COMPARISONS = ("=", "!=", "<", "<=", ">", ">=")
-TENSOR_GUARDS = {"weight": 1, "before": 2}
-GUARD_KINDS = COMPARISONS + tuple(TENSOR_GUARDS)
+PARAM_FNS = {name: fn.arity for name, fn in semantics.PARAM_FNS.items()}
+COMPARISONS = semantics.COMPARISONS
+TENSOR_GUARDS = semantics.TENSOR_GUARDS  # name -> number of tensor variables
+GUARD_KINDS = tuple(semantics.GUARDS)
 KEYWORDS = (":lhs", ":rhs", ":if", ":example", ":doc", ":proof")
 _PROOF_KEYS = ("status", "found-by", "axioms", "seconds", "reason")
 
@@ -720,20 +737,29 @@ class _RuleParser:
             want = str(lo) if lo == hi else f"at least {lo}"
             raise self.error(node, f"({head} ...) takes {want} argument(s), got {len(args)}")
         out = []
+        fn = semantics.PARAM_FNS[head]
         for i, a in enumerate(args):
-            if i == 0 and head in TENSOR_FNS:
+            kind = fn.arg_kind(i)
+            if kind == semantics.TENSOR:
                 if not (isinstance(a, _Atom) and a.kind == "var"):
                     raise self.error(a, f"({head} T ...) takes a tensor ?variable, got {a}")
                 out.append(self._var(a, "tensor"))
                 continue
             e = self._param(a)
+            if isinstance(e, ParamOp) and not semantics.accepts(kind, semantics.result_kind(e.fn)):
+                raise self.error(a, f"argument {i + 1} of ({head} ...) must be "
+                                    f"{'an int vector' if kind == semantics.VEC else 'an integer'}, "
+                                    f"got {a}")
             if isinstance(e, Lit):
-                wants_vec = head in ("len", "at") and i == 0
-                if wants_vec and not isinstance(e.value, tuple):
+                v = e.value
+                if kind == semantics.VEC and not isinstance(v, tuple):
                     raise self.error(a, f"({head} V ...) takes an int vector, got {a}")
-                if not wants_vec and not (isinstance(e.value, int) and not isinstance(e.value, bool)):
+                if kind != semantics.VEC and not (isinstance(v, int) and not isinstance(v, bool)):
                     raise self.error(a, f"argument {i + 1} of ({head} ...) must be an integer, "
                                         f"got {a}")
+                if kind == semantics.INDEX and v < 0:
+                    raise self.error(a, f"argument {i + 1} of ({head} ...) is an axis or a "
+                                        f"position, so it counts from 0, got {a}")
             out.append(e)
         return ParamOp(head, tuple(out))
 
@@ -771,7 +797,15 @@ class _RuleParser:
             else:
                 if len(args) != 2:
                     raise self.error(g, f"({head} A B) takes 2 arguments, got {len(args)}")
-                guards.append(Guard(head, tuple(self._param(a) for a in args)))
+                exprs = tuple(self._param(a) for a in args)
+                kinds = [_static_kind(e) for e in exprs]
+                for a, k, want in zip(args, kinds, semantics.GUARDS[head].args):
+                    if k is not None and not semantics.accepts(want, k):
+                        raise self.error(a, f"({head} A B) compares numbers, got {a} (a {k})")
+                if None not in kinds and kinds[0] != kinds[1]:
+                    raise self.error(g, f"({head} A B) compares values of one kind, got a "
+                                        f"{kinds[0]} and a {kinds[1]}")
+                guards.append(Guard(head, exprs))
         return tuple(guards)
 
     # -- example --

@@ -41,6 +41,7 @@ import z3
 from taso_egg.errors import RuleError, TasoEggError, VerificationError
 from taso_egg.ops import OPS
 
+from . import semantics
 from .instantiate import check_rule_numerically, check_rule_on_other_shapes
 from .lang import App, Guard, Lit, ParamOp, Proj, Rule, Var, load_rule_file
 from .workers import check_jobs, map_in_order, worker_pool
@@ -243,30 +244,15 @@ class _Encoder:
                 sort = IntSeq if isinstance(e.value, tuple) else z3.IntSort()
             return _literal(e.value, sort)
         if isinstance(e, ParamOp):
-            fn, args = e.fn, e.args
-            if fn == "shape":
-                return _Shape(env[args[0].name])
-            if fn == "rank":
-                return rank(env[args[0].name])
-            if fn == "dim":
-                s = _Shape(env[args[0].name])
-                i = self.param(args[1], env)
-                if isinstance(args[1], Lit) and args[1].value < 0:
-                    i = s.rank() + i
-                return s[i]
-            if fn == "len":
-                return _length(self.param(args[0], env, IntSeq))
-            if fn == "at":
-                return self.param(args[0], env, IntSeq)[self.param(args[1], env)]
-            if fn == "vec":
-                return _seq([self.param(a, env) for a in args])
-            return _ARITH[fn](self.param(args[0], env), self.param(args[1], env))
+            return _Z3.param_fns[e.fn](self, env, e.args)
         raise _Unsupported(f"not a parameter expression: {e!r}")
 
     def guard(self, g: Guard, env: dict):
         """The guard as a Z3 formula; None for the scheduling guards."""
-        if g.kind in ("weight", "before"):
-            return None
+        translate = _Z3.guards[g.kind]
+        return None if translate is None else translate(self, env, g)
+
+    def compare(self, env: dict, g: Guard):
         a, b = (self.param(x, env) for x in g.args)
         if isinstance(a, _Shape) or isinstance(b, _Shape):
             if g.kind not in ("=", "!=") or not all(isinstance(x, _Shape) or x.sort() == IntSeq for x in (a, b)):
@@ -275,6 +261,26 @@ class _Encoder:
         if a.sort() != b.sort():
             raise _Unsupported(f"guard {g} compares a {a.sort()} with a {b.sort()}")
         return _CMP[g.kind](a, b)
+
+
+# rules/semantics.py's guards and parameter functions as Z3 terms. Definedness is not
+# stated (dims past the rank read 0, negative axes are unconstrained): guards are
+# hypotheses, which that only weakens. The scheduling guards (weight, before) are
+# ignored (None): every rule is proved for all tensors.
+_Z3 = semantics.backend("z3", param_fns={
+    "dim": lambda enc, env, a: _Shape(env[a[0].name])[enc.param(a[1], env)],
+    "rank": lambda enc, env, a: rank(env[a[0].name]),
+    "shape": lambda enc, env, a: _Shape(env[a[0].name]),
+    "len": lambda enc, env, a: _length(enc.param(a[0], env, IntSeq)),
+    "at": lambda enc, env, a: enc.param(a[0], env, IntSeq)[enc.param(a[1], env)],
+    **{op: (lambda f: lambda enc, env, a: f(enc.param(a[0], env), enc.param(a[1], env)))(f)
+       for op, f in _ARITH.items()},
+    "vec": lambda enc, env, a: _seq([enc.param(x, env) for x in a]),
+}, guards={
+    **dict.fromkeys(semantics.COMPARISONS, lambda enc, env, g: enc.compare(env, g)),
+    **dict.fromkeys(semantics.SCHEDULING_GUARDS, None),
+})
+
 
 def _shape_axiom(key: tuple, f: z3.FuncDeclRef):
     """The quantified shape axiom of operator function ``f`` (None when typing fixes

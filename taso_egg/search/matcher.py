@@ -7,6 +7,13 @@ needed. A multi-pattern rule matches its first pattern, then tries every root fo
 second one with the first's bindings in force (shared variables must bind the same
 tensor, shared parameter variables equal values). When the second pattern's root
 reads a tensor the first pattern bound, only that tensor's users are tried.
+
+Guards mean what ``rules/semantics.py`` says, evaluated by its Python evaluators;
+``weight`` and ``before`` read :func:`~taso_egg.rules.semantics.weight_ranges` of the
+graph, as the e-graph's ``wlo``/``whi`` analyses do. Parameters are compared as the
+e-graph stores them (concat and split axes in 0..rank-1, VALID padding as [0 0 0 0]),
+so a rule matches a node here when it matches the node's e-class there.
+:meth:`RuleMatcher.match_at` says why a rule does not match at given roots.
 """
 
 from __future__ import annotations
@@ -15,9 +22,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from taso_egg.errors import RuleError
 from taso_egg.graph import Graph, Node, Tensor
-from taso_egg.rules.instantiate import compare, evaluate_param
+from taso_egg.rules import semantics
+from taso_egg.rules.instantiate import guard_holds, why_guard_fails
 from taso_egg.rules.lang import App, Guard, Proj, Rule, Var, guard_vars, walk_vars
 
 
@@ -44,17 +51,11 @@ class GraphIndex:
             self.use_count[t.node] += 1
         for ids in self.by_op.values():
             ids.sort()
+        # what is free at run time (weights and constants, and work on them alone)
         self.weight_only = graph.weight_only_nodes()
-        # (smallest, largest) weight node id a weight-only node is computed from: the
-        # order `(before a b)` compares, as the e-graph's wlo/whi analyses do.
-        self.weight_range: dict[int, tuple[int, int]] = {}
-        for n in order:
-            if n.op == "weight":
-                self.weight_range[n.id] = (n.id, n.id)
-            elif n.id in self.weight_only and n.inputs:
-                ranges = [self.weight_range.get(t.node) for t in n.inputs]
-                if all(r is not None for r in ranges):
-                    self.weight_range[n.id] = (min(r[0] for r in ranges), max(r[1] for r in ranges))
+        # (smallest, largest) weight node id of each node computed from weights alone
+        # (constants are not weights): what `weight` and `before` read
+        self.weight_range: dict[int, tuple[int, int]] = semantics.weight_ranges(order)
 
 
 @dataclass(frozen=True)
@@ -69,16 +70,40 @@ class Match:
     nodes: frozenset[int]
 
 
-class _Binding:
-    __slots__ = ("nodes", "params", "tensors")
+@dataclass(frozen=True)
+class MatchResult:
+    """Whether a rule matches at given roots: the ``match``, or None and the ``reason``."""
 
-    def __init__(self, tensors=None, params=None, nodes=None):
+    match: Match | None
+    reason: str = ""
+
+    def __bool__(self) -> bool:
+        return self.match is not None
+
+
+class _Binding:
+    __slots__ = ("explain", "failure", "nodes", "params", "tensors")
+
+    def __init__(self, tensors=None, params=None, nodes=None, explain=False):
         self.tensors: dict[str, Tensor] = tensors or {}
         self.params: dict[str, Any] = params or {}
         self.nodes: set[int] = nodes or set()
+        self.explain = explain  # record why matching fails (match_at); not while searching
+        self.failure = ""
 
     def copy(self) -> _Binding:
-        return _Binding(dict(self.tensors), dict(self.params), set(self.nodes))
+        return _Binding(dict(self.tensors), dict(self.params), set(self.nodes), self.explain)
+
+    def fail(self, why) -> bool:
+        """False, having recorded ``why()`` when explaining."""
+        if self.explain:
+            self.failure = why()
+        return False
+
+
+# The matcher's reading of the guards: rules/semantics.py's evaluators, with the
+# weight ranges of the graph for the tensor guards.
+_MATCHER = semantics.backend("search matcher", guards=dict.fromkeys(semantics.GUARDS, guard_holds))
 
 
 class RuleMatcher:
@@ -121,6 +146,23 @@ class RuleMatcher:
                 if self._tensor(self.rule.lhs[1], root2, both, graph) and self._guards(1, both, index):
                     yield self._match((root, root2), both)
 
+    def match_at(self, index: GraphIndex, roots) -> MatchResult:
+        """Whether the rule matches with ``rule.lhs[i]`` rooted at tensor ``roots[i]``
+        (what :meth:`matches` would find there), and why not: the first node,
+        parameter or guard that fails."""
+        roots = tuple(roots)
+        if len(roots) != len(self.rule.lhs):
+            raise ValueError(f"{self.rule.where}: {len(self.rule.lhs)} root(s) wanted, got {len(roots)}")
+        if len(roots) == 2 and roots[0] == roots[1]:
+            return MatchResult(None, "both patterns of a multi rule at one tensor")
+        b = _Binding(explain=True)
+        for i, (pattern, root) in enumerate(zip(self.rule.lhs, roots)):
+            if not self._tensor(pattern, root, b, index.graph):
+                return MatchResult(None, f"{pattern} at {_where(index.graph, root)}: {b.failure}")
+            if not self._guards(i, b, index):
+                return MatchResult(None, f"guard {b.failure}")
+        return MatchResult(self._match(roots, b))
+
     def _match(self, roots, b: _Binding) -> Match:
         return Match(self.rule, roots, b.tensors, b.params, frozenset(b.nodes))
 
@@ -146,24 +188,32 @@ class RuleMatcher:
             if seen is None:
                 b.tensors[pattern.name] = t
                 return True
-            return seen == t
-        if isinstance(pattern, Proj):
-            return t.index == pattern.index and self._app(pattern.pattern, graph.nodes[t.node], b, graph)
-        return t.index == 0 and self._app(pattern, graph.nodes[t.node], b, graph)
+            return seen == t or b.fail(lambda: f"{pattern} is {_where(graph, seen)} already, "
+                                               f"not {_where(graph, t)}")
+        index = pattern.index if isinstance(pattern, Proj) else 0
+        if t.index != index:
+            return b.fail(lambda: f"{_where(graph, t)} is not output {index}")
+        app = pattern.pattern if isinstance(pattern, Proj) else pattern
+        return self._app(app, graph.nodes[t.node], b, graph)
 
     def _app(self, app: App, node: Node, b: _Binding, graph: Graph) -> bool:
-        if node.op != app.op or len(node.inputs) != len(app.inputs):
-            return False
+        if node.op != app.op:
+            return b.fail(lambda: f"node {node.id} is {node.op}, not {app.op}")
+        if len(node.inputs) != len(app.inputs):
+            return b.fail(lambda: f"node {node.id} ({node.op}) has {len(node.inputs)} inputs, "
+                                  f"{app} {len(app.inputs)}")
         for name, expr in app.param_dict().items():
-            value = node.params[name]
+            value = _param_value(node, name)
             if isinstance(expr, Var):
                 if expr.name in b.params:
-                    if not _same_value(b.params[expr.name], value):
-                        return False
+                    if not _same_value(b.params[expr.name], value, name):
+                        return b.fail(lambda: f"{name} of node {node.id} ({node.op}) is {value!r}, "
+                                              f"but {expr} is {b.params[expr.name]!r} already")
                 else:
                     b.params[expr.name] = value
-            elif not _same_value(expr.value, value):
-                return False
+            elif not _same_value(expr.value, value, name):
+                return b.fail(lambda: f"{name} of node {node.id} ({node.op}) is {value!r}, "
+                                      f"not {expr}")
         b.nodes.add(node.id)
         return all(self._tensor(p, t, b, graph) for p, t in zip(app.inputs, node.inputs))
 
@@ -173,25 +223,43 @@ class RuleMatcher:
         return all(self._guard(g, b, index) for g in self.guards_after[i])
 
     def _guard(self, g: Guard, b: _Binding, index: GraphIndex) -> bool:
-        if g.kind == "weight":
-            return b.tensors[g.args[0].name].node in index.weight_only
-        if g.kind == "before":
-            a, c = (index.weight_range.get(b.tensors[v.name].node) for v in g.args)
-            return a is not None and c is not None and a[1] < c[0]
-        try:
-            shape_of = lambda name: b.tensors[name].shape
-            x, y = (evaluate_param(e, b.params, shape_of, self.rule.where) for e in g.args)
-            return compare(g.kind, x, y)
-        except (RuleError, TypeError):
-            return False  # a guard that cannot be evaluated on this match does not hold
+        def shape_of(name):
+            return b.tensors[name].shape
+
+        def weight_range(name):
+            return index.weight_range.get(b.tensors[name].node)
+
+        if _MATCHER.guards[g.kind](g, b.params, shape_of, weight_range):
+            return True
+        return b.fail(lambda: why_guard_fails(g, b.params, shape_of, weight_range))
 
 
 def _root_app(pattern) -> App:
     return pattern.pattern if isinstance(pattern, Proj) else pattern
 
 
-def _same_value(a, b) -> bool:
-    """Parameter equality; a vector never equals a scalar."""
+def _where(graph: Graph, t: Tensor) -> str:
+    node = graph.nodes[t.node]
+    return f"node {node.id} ({node.op})" + (f" output {t.index}" if t.index else "")
+
+
+def _param_value(node: Node, name: str):
+    """Parameter ``name`` of ``node`` as the e-graph holds it: concat and split axes
+    in 0..rank-1 (the conversion writes them so)."""
+    value = node.params[name]
+    if name == "axis" and node.op in ("concat", "split") and isinstance(value, int):
+        return value % len(node.outputs[0].shape)
+    return value
+
+
+_VALID = (0, 0, 0, 0)
+
+
+def _same_value(a, b, name: str = "") -> bool:
+    """Parameter equality as in the e-graph: a vector never equals a scalar; a VALID
+    padding is the explicit padding [0 0 0 0] (the e-graph encodes both so)."""
+    if name == "padding":
+        a, b = (_VALID if v == "VALID" else v for v in (a, b))
     return isinstance(a, tuple) == isinstance(b, tuple) and a == b
 
 
@@ -207,4 +275,4 @@ def find_matches(graph: Graph | GraphIndex, matchers) -> Iterator[Match]:
         yield from m.matches(index)
 
 
-__all__ = ["GraphIndex", "Match", "RuleMatcher", "compile_rules", "find_matches"]
+__all__ = ["GraphIndex", "Match", "MatchResult", "RuleMatcher", "compile_rules", "find_matches"]
