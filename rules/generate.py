@@ -92,10 +92,6 @@ class Menu:
     ops: tuple
     max_weight_ops: int = 2
 
-    def describe(self) -> str:
-        return (f"menu {self.name!r}: {len(self.leaves)} inputs, {len(self.ops)} operator "
-                f"choices ({', '.join(sorted({c.op for c in self.ops}))})")
-
 
 def _leaves_2d(activations: int, weights: int) -> list:
     out = [LeafSpec(f"x{i}", (2, 4), "activation", "x") for i in range(activations)]
@@ -330,9 +326,6 @@ class Enumeration:
     fingerprints: dict  # term id -> fingerprint
     stats: dict
     seed: int
-
-    def tensor_terms(self):
-        return [t for t in self.terms if t.op not in ("split",)]
 
     def check_value(self, tid: int):
         """The term's value on the second, real-valued draw (real relu)."""

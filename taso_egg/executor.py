@@ -1,12 +1,7 @@
-"""Run a graph with the operator table's kernels, on NumPy or CuPy (``xp``).
-
-It can time every operator (synchronising the device when it has one), which is
-what the profiler builds on.
-"""
+"""Run a graph with the operator table's kernels, on NumPy or CuPy (``xp``)."""
 
 from __future__ import annotations
 
-import time
 from typing import Mapping
 
 import numpy as np
@@ -32,24 +27,18 @@ def random_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def run(graph: Graph, inputs: Mapping[str, np.ndarray] | None = None, xp=np,
-        op_seconds: dict[int, float] | None = None, float64: bool = False) -> dict[str, np.ndarray]:
+        float64: bool = False) -> dict[str, np.ndarray]:
     """Compute the graph's outputs (by output name). ``inputs`` defaults to
-    ``random_inputs(graph)``. When ``op_seconds`` is a dict it receives each
-    operator node's wall time (device-synchronised). ``float64`` computes every
-    floating-point tensor in double precision (for numerical checks)."""
+    ``random_inputs(graph)``. ``float64`` computes every floating-point tensor in
+    double precision (for numerical checks)."""
     if inputs is None:
         inputs = random_inputs(graph)
     values: dict[tuple[int, int], object] = {}
-    sync = _synchronizer(xp)
     for node in graph.topo_order():
         outs = leaf_value(graph, node, inputs, xp)
         if outs is None:
             args = [values[(t.node, t.index)] for t in node.inputs]
-            start = time.perf_counter() if op_seconds is not None else 0.0
             outs = call_kernel(xp, node, args, float64)
-            if op_seconds is not None:
-                sync()
-                op_seconds[node.id] = time.perf_counter() - start
         elif float64:
             outs = [_widen(o) for o in outs]
         for i, v in enumerate(outs):
@@ -89,9 +78,3 @@ def call_kernel(xp, node: Node, args, float64: bool = False):
     return [o if o.dtype == t.dtype or (float64 and o.dtype.kind == "f" and t.dtype.startswith("float"))
             else o.astype("float64" if float64 and t.dtype.startswith("float") else t.dtype, copy=False)
             for o, t in zip(outs, node.outputs)]
-
-
-def _synchronizer(xp):
-    if xp is np:
-        return lambda: None
-    return lambda: xp.cuda.Device().synchronize()

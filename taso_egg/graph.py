@@ -250,9 +250,6 @@ class Graph:
     def weights(self) -> list[Node]:
         return [n for n in self.nodes.values() if n.op == "weight"]
 
-    def type_of(self, t: Tensor) -> TensorType:
-        return self.nodes[t.node].outputs[t.index]
-
     def weight_array(self, node: Node) -> np.ndarray:
         data = self.weight_data.get(node.id)
         if data is None:

@@ -302,10 +302,23 @@ def test_averagepool(attrs, count_include_pad):
 
 
 def test_averagepool_ceil_mode_is_kept_correct():
+    """ceil_mode's border windows average fewer elements than the kernel holds, which
+    avgpool2d cannot state: the node stays opaque, and computes ONNX's result (the
+    extra border row and column of a 5x5 input, each window's mean of what it covers)."""
     node = helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[2, 2], strides=[2, 2],
                             ceil_mode=1)
-    roundtrip(make_model([node], [vi("x", [1, 2, 5, 5])], [vi("y", None)]),
-              opaque_ok={"AveragePool"})
+    g, _ = roundtrip(make_model([node], [vi("x", [1, 2, 5, 5])], [vi("y", None)]),
+                     opaque_ok={"AveragePool"})
+    assert ops_of(g) == {"opaque": 1}
+    (pool,) = [n for n in g.nodes.values() if n.op == "opaque"]
+    assert pool.params["op_type"] == "AveragePool"
+    feeds = taso_egg.random_inputs(g, 7)
+    (y,) = taso_egg.run(g, feeds).values()
+    x = feeds["x"]
+    expected = np.array([[[[x[0, c, 2 * i:2 * i + 2, 2 * j:2 * j + 2].mean() for j in range(3)]
+                           for i in range(3)] for c in range(2)]])
+    assert y.shape == (1, 2, 3, 3)
+    np.testing.assert_allclose(y, expected, rtol=1e-5)
 
 
 def test_global_average_pool():

@@ -31,12 +31,12 @@ def _no_kernel(name):
     return kernel
 
 
-INPUT = register(OpSpec(
+register(OpSpec(
     name="input", inputs=(0, 0), params=_LEAF_PARAMS, shape=_LEAF_SHAPE, in_rules=False,
     infer=_leaf_infer("input"), kernel=_no_kernel("input"), is_leaf=True,
     doc="A graph input, fed at run time."))
 
-WEIGHT = register(OpSpec(
+register(OpSpec(
     name="weight", inputs=(0, 0), params=_LEAF_PARAMS, shape=_LEAF_SHAPE, in_rules=False,
     egraph_params=(Param("id", "int", 0),) + _LEAF_PARAMS,  # the id orders weights (wlo/whi)
     infer=_leaf_infer("weight"), kernel=_no_kernel("weight"), is_leaf=True, is_constant=True,
