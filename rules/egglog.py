@@ -8,7 +8,7 @@ pattern; the ``commit`` analysis rule unions them once the new term's shape chec
 
 from __future__ import annotations
 
-from ..egraph.language import constructor, encode, op_params, tensor_arity
+from ..egraph.language import SORTS, constructor, egraph_params, encode, encode_param, tensor_arity
 from ..errors import RuleError
 from . import semantics
 from .lang import App, Guard, Lit, ParamOp, Proj, Rule, Var
@@ -32,21 +32,26 @@ class _Compiler:
         if isinstance(pat, Proj):
             return f"(Proj {self.tensor(pat.pattern)} {int(pat.index)})"
         if isinstance(pat, App):
-            kinds = op_params(pat.op)
-            if len(pat.params) > len(kinds):
-                self.fail(f"{pat.op} takes {len(kinds)} parameters, got {len(pat.params)}")
-            params = [self.param(p, kind, name) for p, (name, kind) in zip(pat.params, kinds)]
-            for name, kind in kinds[len(pat.params):]:  # omitted trailing defaults
-                from ..ops import OPS
-
-                params.append(encode(kind, OPS[pat.op].defaults[name], name))
+            spec = egraph_params(pat.op)
+            if len(pat.params) > len(spec):
+                self.fail(f"{pat.op} takes {len(spec)} parameters, got {len(pat.params)}")
+            params = [self.op_param(p, q) for p, q in zip(pat.params, spec)]
+            params += [encode_param(q, q.default) for q in spec[len(pat.params):]]  # omitted defaults
             if len(pat.inputs) != tensor_arity(pat.op):
                 self.fail(f"{pat.op} takes {tensor_arity(pat.op)} tensor inputs, got {len(pat.inputs)}")
             ins = [self.tensor(t) for t in pat.inputs]
             return f"({constructor(pat.op)} {' '.join(params + ins)})"
         self.fail(f"not a tensor pattern: {pat!r}")
 
-    def param(self, p, kind: str | None = None, name: str = "") -> str:
+    def op_param(self, p, param) -> str:
+        """Operator parameter ``param`` (ops.base.Param) given as ``p``."""
+        if isinstance(p, Lit):
+            return encode_param(param, p.value)
+        return self.param(p, SORTS[param.kind])
+
+    def param(self, p, kind: str | None = None) -> str:
+        """A parameter expression; ``kind`` is the egglog sort a literal takes (guessed
+        from the literal when None)."""
         if isinstance(p, Var):
             return f"p_{_ident(p.name)}"
         if isinstance(p, Lit):
@@ -54,7 +59,7 @@ class _Compiler:
             if kind is None:
                 kind = "IVec" if isinstance(v, tuple) else "i64" if isinstance(v, int) else \
                     "f64" if isinstance(v, float) else "String"
-            return encode(kind, v, name)
+            return encode(kind, v)
         if isinstance(p, ParamOp):
             return self.expr(p)
         self.fail(f"not a parameter: {p!r}")

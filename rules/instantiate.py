@@ -17,7 +17,7 @@ from taso_egg.graph import Graph, Tensor
 from taso_egg.ops import OPS
 
 from . import semantics
-from .lang import CONSTANT_OPS, App, Guard, Lit, ParamOp, Proj, Rule, Var, walk_vars
+from .lang import App, Guard, Lit, ParamOp, Proj, Rule, Var, walk_vars
 
 # The numeric checker's reading of the guards: comparisons as rules/semantics.py states
 # them; `weight` holds by construction (every (weight ?v) variable is built as a weight
@@ -271,8 +271,7 @@ def check_rule_numerically(rule: Rule, seed: int = 0, rtol: float = 1e-5,
 
 # Parameters that hold tensor dimensions: varied together with the shapes, so that a
 # variant keeps e.g. split sizes equal to the dims they cut.
-_DIMENSION_PARAMS = {("split", "sizes"), ("reshape", "shape"), ("maxpool2d", "kernel"),
-                     ("avgpool2d", "kernel")} | {(c, "shape") for c in CONSTANT_OPS}
+_DIMENSION_PARAMS = {(op, p.name) for op in OPS for p in OPS[op].params if p.kind == "dims"}
 
 
 def _dimension_param_vars(rule: Rule) -> set[str]:

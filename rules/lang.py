@@ -69,6 +69,7 @@ from typing import Any, Iterator, Union
 
 from taso_egg.errors import RuleError
 from taso_egg.ops import FLOAT_DTYPES, OPS
+from taso_egg.ops.base import PARAM_KINDS
 from taso_egg.ops.elementwise import ACTIVATIONS
 
 from . import semantics
@@ -350,11 +351,14 @@ GUARD_KINDS = tuple(semantics.GUARDS)
 KEYWORDS = (":lhs", ":rhs", ":if", ":example", ":doc", ":proof")
 _PROOF_KEYS = ("status", "found-by", "axioms", "seconds", "reason")
 
-EXCLUDED_OPS = ("input", "weight", "opaque")
-MULTI_OUTPUT_OPS = ("split",)
-CONSTANT_OPS = ("const_iconv", "const_imm", "const_one", "const_pool")
-# Trailing parameters that may be left out of a pattern (the AST holds the default).
-OPTIONAL_PARAMS = {**{c: ("dtype",) for c in CONSTANT_OPS}, "avgpool2d": ("count_include_pad",)}
+# What the operator table says about patterns: which operators may appear (leaves are
+# ?variables, opaque nodes are barriers), which have several outputs, which are
+# TASO's generated constants, and which trailing parameters a pattern may leave out
+# (the AST holds the default).
+EXCLUDED_OPS = tuple(op for op in OPS if not OPS[op].in_rules)
+MULTI_OUTPUT_OPS = tuple(op for op in OPS if OPS[op].multi_output and OPS[op].in_rules)
+CONSTANT_OPS = tuple(op for op in OPS if OPS[op].is_generated_constant)
+OPTIONAL_PARAMS = {op: tuple(p.name for p in OPS[op].params if p.optional) for op in OPS}
 
 
 def pattern_ops() -> list[str]:
@@ -363,13 +367,16 @@ def pattern_ops() -> list[str]:
 
 
 def param_names(op: str) -> tuple[str, ...]:
-    return tuple(OPS[op].defaults)
+    return tuple(p.name for p in OPS[op].params)
 
 
 def input_arity(op: str) -> tuple[int, int]:
-    if op == "concat":
-        return 2, 2
-    lo, hi = OPS[op].inputs
+    """Tensor inputs a pattern gives ``op``: the e-graph's arity where the table fixes
+    one (binary concat), else the operator's range."""
+    spec = OPS[op]
+    if spec.egraph_inputs is not None:
+        return spec.egraph_inputs, spec.egraph_inputs
+    lo, hi = spec.inputs
     return lo, hi if hi is not None else lo
 
 
@@ -380,6 +387,24 @@ def signature(op: str) -> str:
     lo, hi = input_arity(op)
     words += ["T"] * lo + ["[T]"] * (hi - lo)
     return "(" + " ".join([op] + words) + ")"
+
+
+# What a literal of each parameter kind (ops.base.PARAM_KINDS) must be in a rule.
+_LITERAL_FITS = {
+    "int": lambda v: isinstance(v, int),
+    "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "symbol": lambda v: isinstance(v, str),
+    "activation": lambda v: v in ACTIVATIONS,
+    "dtype": lambda v: v in FLOAT_DTYPES,
+    "ints": lambda v: isinstance(v, tuple),
+    "dims": lambda v: isinstance(v, tuple),
+    "padding": lambda v: v in ("SAME", "VALID") or isinstance(v, tuple) and len(v) == 4,
+}
+_LITERAL_WANTED = {"activation": f"one of {', '.join(ACTIVATIONS)}",
+                   "dtype": f"one of {', '.join(FLOAT_DTYPES)}"}
+_MISSING = {p.kind for op in OPS if OPS[op].in_rules for p in OPS[op].params} - set(_LITERAL_FITS)
+if _MISSING:
+    raise RuntimeError(f"rule literals of parameter kind(s) {sorted(_MISSING)} have no check")
 
 
 # --- reader: text -> S-expressions with line numbers -------------------------------
@@ -658,8 +683,6 @@ class _RuleParser:
 
     def _app(self, node, op: str, args) -> App:
         names = param_names(op)
-        if op == "concat":
-            names = ("axis",)
         optional = OPTIONAL_PARAMS.get(op, ())
         lo, hi = input_arity(op)
         n = len(args)
@@ -688,29 +711,9 @@ class _RuleParser:
         return expr
 
     def _check_literal(self, node, op: str, name: str, v) -> None:
-        default = OPS[op].defaults[name]
-        bad = None
-        if name == "activation":
-            if v not in ACTIVATIONS:
-                bad = f"one of {', '.join(ACTIVATIONS)}"
-        elif name == "padding":
-            if not (v in ("SAME", "VALID") or isinstance(v, tuple) and len(v) == 4):
-                bad = "SAME, VALID or [top left bottom right]"
-        elif name == "dtype":
-            if v not in FLOAT_DTYPES:
-                bad = f"one of {', '.join(FLOAT_DTYPES)}"
-        elif isinstance(default, tuple):
-            if not isinstance(v, tuple):
-                bad = "an int vector such as [1 1]"
-        elif isinstance(default, bool) or isinstance(default, int):
-            if not isinstance(v, int):
-                bad = "an integer"
-        elif isinstance(default, float):
-            if not isinstance(v, (int, float)) or isinstance(v, bool):
-                bad = "a number"
-        elif isinstance(default, str):
-            if not isinstance(v, str):
-                bad = "a symbol"
+        kind = OPS[op].param(name).kind
+        fits = _LITERAL_FITS[kind](v)
+        bad = None if fits else _LITERAL_WANTED.get(kind, PARAM_KINDS[kind])
         if bad:
             raise self.error(node, f"parameter {name!r} of {op} must be {bad}, got "
                                    f"{_format_value(v)}")

@@ -39,7 +39,7 @@ from pathlib import Path
 import z3
 
 from taso_egg.errors import RuleError, TasoEggError, VerificationError
-from taso_egg.ops import OPS
+from taso_egg.ops import OPS, shapes
 
 from . import semantics
 from .instantiate import check_rule_numerically, check_rule_on_other_shapes
@@ -114,32 +114,21 @@ def _past_rank_zero(s: _Shape):
     return z3.And(s.rank() >= 0, *[z3.Implies(i >= s.rank(), s[i] == 0) for i in range(_MAX_RANK)])
 
 
-def _shape_is(out: _Shape, dims) -> z3.BoolRef:
-    """``out`` has exactly the dimensions ``dims`` (a list of Z3 ints)."""
-    return z3.And(_rank_is(out, len(dims)), *[out[i] == d for i, d in enumerate(dims)])
-
-
-def _rank_is(out: _Shape, n: int) -> z3.BoolRef:
-    return z3.And(out.rank() == n, *[out[i] == 0 for i in range(n, _MAX_RANK)])
-
-
 _CMP = {"=": lambda a, b: a == b, "!=": lambda a, b: a != b, "<": lambda a, b: a < b,
         "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b}
 _ARITH = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
           "/": lambda a, b: a / b}  # Z3 int division floors for positive divisors
 
 
+# Z3 sort of each parameter kind (ops.base.PARAM_KINDS) a rule can use. Paddings are
+# symbols here (SAME, VALID): explicit pads are not modelled.
+_SORTS = {"int": z3.IntSort(), "float": z3.RealSort(), "symbol": z3.StringSort(),
+          "activation": z3.StringSort(), "dtype": z3.StringSort(), "ints": IntSeq, "dims": IntSeq,
+          "padding": z3.StringSort()}
+
+
 def _param_sort(op: str, name: str):
-    if op == "concat":
-        return z3.IntSort()
-    default = OPS[op].defaults[name]
-    if isinstance(default, tuple):
-        return IntSeq
-    if isinstance(default, str):
-        return z3.StringSort()
-    if isinstance(default, float):
-        return z3.RealSort()
-    return z3.IntSort()
+    return _SORTS[OPS[op].param(name).kind]
 
 
 def _seq(items) -> z3.SeqRef:
@@ -293,53 +282,134 @@ def _shape_axiom(key: tuple, f: z3.FuncDeclRef):
     return None if facts is None else z3.ForAll(params + ins, facts, patterns=[result])
 
 
-def _replaced(out: _Shape, x: _Shape, axis, value):
-    """``out`` is ``x`` with dimension ``axis`` replaced by ``value``."""
-    return z3.And(out.rank() == x.rank(),
-                  *[out[i] == z3.If(axis == i, value, x[i]) for i in range(_MAX_RANK)])
-
-
 def _shape_facts(op, params, ins, out, output):
     """What typing says about the shape ``out`` of ``op`` applied to ``params`` and
-    inputs of shapes ``ins`` (all _Shape); None when nothing useful is modelled."""
-    if op in ("relu", "sigmoid", "tanh", "smul", "batchnorm", "bn_factor", "bn_shift"):
-        return _same_shape(out, ins[0])
-    if op in ("ewadd", "ewmul"):  # broadcasting is not modelled
-        return z3.Implies(_same_shape(ins[0], ins[1]), _same_shape(out, ins[0]))
-    if op == "concat" and len(ins) == 2:
-        ax, (a, b) = params[0], ins
-        return z3.Implies(z3.And(0 <= ax, ax < a.rank()), _replaced(out, a, ax, a[ax] + b[ax]))
-    if op == "split":
-        ax, sizes = params
-        return z3.Implies(z3.And(0 <= ax, ax < ins[0].rank()), _replaced(out, ins[0], ax, sizes[output]))
-    if op == "transpose":
-        perm, x = params[0], ins[0]
-        return z3.And(out.rank() == z3.Length(perm), _past_rank_zero(out),
-                      *[z3.Implies(j < z3.Length(perm), out[j] == x[perm[j]]) for j in range(_MAX_RANK)])
-    if op == "matmul":
-        a, b = ins
-        ra, rb = a.rank(), b.rank()
-        r = z3.If(ra >= rb, ra, rb)
-        return z3.And(out.rank() == r, _past_rank_zero(out), out[r - 1] == b[rb - 1], out[r - 2] == a[ra - 2])
-    if op == "conv2d":
-        strides, padding = params[0], params[1]
-        x, w = ins[0], ins[1]
-        same_size = z3.Implies(z3.And(padding == z3.StringVal("SAME"), strides == _seq((1, 1))),
-                               z3.And(out[2] == x[2], out[3] == x[3]))
-        return z3.And(_rank_is(out, 4), out[0] == x[0], out[1] == w[0], same_size)
-    if op in ("maxpool2d", "avgpool2d"):
-        return z3.And(_rank_is(out, 4), out[0] == ins[0][0], out[1] == ins[0][1])
-    if op == "global_avgpool":
-        return _shape_is(out, [ins[0][0], ins[0][1], z3.IntVal(1), z3.IntVal(1)])
-    if op == "enlarge":
-        w, r = ins
-        return _shape_is(out, [w[0], w[1], r[2], r[3]])
-    if op == "merge_gconv":
-        w = ins[0]
-        return _shape_is(out, [w[0], w[1] * params[1], w[2], w[3]])
-    if op == "reshape" or OPS[op].is_leaf:
-        return _same_shape(out, params[0])
-    return None
+    inputs of shapes ``ins`` (all _Shape): the operator's shape cases (OpSpec.shape)
+    as ``when -> shape(out) = expression``; a case's ``requires`` are left out (the
+    terms are well-typed), and so are dimensions the encoding does not model (those
+    that depend on explicit pads). None when no case can be stated."""
+    spec = OPS[op]
+    values = dict(zip((p.name for p in spec.params), params))
+    facts = []
+    for case in spec.shape:
+        env = _ShapeEnv(values, ins, output)
+        when = [env.cond(c) for c in case.when]
+        if any(w is None for w in when):
+            continue
+        shape = env.value(case.out)
+        if not isinstance(shape, _Vec):
+            raise RuleError(f"{op}: a shape case gives a {type(shape).__name__}, not a vector")
+        fact = shape.equals_shape(out)
+        facts.append(z3.Implies(z3.And(*when), fact) if when else fact)
+    return z3.And(*facts) if facts else None
+
+
+class _Vec:
+    """A vector of Z3 ints: its length and element ``at(i)`` (``i`` a Python or Z3
+    int); ``at`` gives None for an element the encoding does not model."""
+
+    def __init__(self, length, at):
+        self.length, self.at = length, at
+
+    def equals_shape(self, out: _Shape):
+        dims = []
+        for i in range(_MAX_RANK):
+            d = self.at(i)
+            if d is not None:
+                dims.append(z3.If(i < self.length, out[i] == d, out[i] == 0))
+        return z3.And(out.rank() == self.length, *dims)
+
+    def equals(self, other: "_Vec"):
+        dims = []
+        for i in range(_MAX_RANK):
+            a, b = self.at(i), other.at(i)
+            if a is None or b is None:
+                return None
+            dims.append(z3.Implies(i < self.length, a == b))
+        return z3.And(self.length == other.length, *dims)
+
+
+def _pick(items, i):
+    """items[i] for a Z3 index: a chain of Ifs (0 past the end)."""
+    if isinstance(i, int):
+        return items[i] if 0 <= i < len(items) else z3.IntVal(0)
+    if any(x is None for x in items):
+        return None
+    out = z3.IntVal(0)
+    for k in reversed(range(len(items))):
+        out = z3.If(i == k, items[k], out)
+    return out
+
+
+def _if(c, a, b):
+    return None if a is None or b is None else z3.If(c, a, b)
+
+
+class _ShapeEnv:
+    """Shape expressions (ops.shapes) as Z3 terms over one operator application."""
+
+    def __init__(self, params: dict, ins: list, output):
+        self.params, self.ins, self.output = params, ins, output
+
+    def value(self, e):
+        if isinstance(e, shapes.Num):
+            return z3.IntVal(e.value)
+        if isinstance(e, shapes.In):
+            t = self.ins[e.index]
+            return _Vec(t.rank(), lambda i: t[i])
+        if isinstance(e, shapes.P):
+            v = self.params[e.name]
+            if v.sort() == IntSeq:
+                return _Vec(z3.Length(v), lambda i: v[i])
+            return v
+        if isinstance(e, shapes.OutIndex):
+            return z3.IntVal(self.output)
+        fn = e.fn
+        if fn == "pad":  # paddings are symbols here: explicit amounts are not modelled
+            return None
+        args = [self.value(a) for a in e.args]
+        if fn == "vec":
+            return _Vec(z3.IntVal(len(args)), lambda i: _pick(args, i))
+        if fn == "len":
+            return args[0].length
+        if fn == "get":
+            return args[0].at(args[1])
+        if fn == "set":
+            v, k, x = args
+            return _Vec(v.length, lambda i: _if(k == i, x, v.at(i)))
+        if fn == "pop":
+            return _Vec(args[0].length - 1, args[0].at)
+        if fn == "remove":
+            v, k = args
+            return _Vec(v.length - 1, lambda i: _if(i < k, v.at(i), v.at(i + 1)))
+        if any(a is None for a in args):
+            return None
+        a, b = args
+        if fn == "/":  # exact when b is 1, and linear there (stride-1 windows)
+            return z3.If(b == 1, a, a / b)
+        if fn == "%":
+            return z3.If(b == 1, z3.IntVal(0), a % b)
+        if fn == "max":
+            return z3.If(a >= b, a, b)
+        return {"+": lambda: a + b, "-": lambda: a - b, "*": lambda: a * b}[fn]()
+
+    def cond(self, c):
+        """The condition as a Z3 formula; None when it is not modelled."""
+        if c.kind == "pad-same":
+            return self.params[c.args[0].name] == z3.StringVal("SAME")
+        if c.kind == "pad-explicit":
+            return self.params[c.args[0].name] != z3.StringVal("SAME")
+        a, b = (self.value(x) for x in c.args)
+        if a is None or b is None:
+            return None
+        if isinstance(a, _Vec):
+            same = a.equals(b)
+            if same is None or c.kind not in ("=", "!="):
+                return None
+            return same if c.kind == "=" else z3.Not(same)
+        if c.kind == "bcast":
+            return z3.Or(a == b, a == 1, b == 1)
+        return _CMP[c.kind](a, b)
 
 
 def _encode_axiom(enc: _Encoder, axiom: Rule) -> list:

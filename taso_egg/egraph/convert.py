@@ -15,7 +15,7 @@ from ..graph import Graph, Node, Tensor
 from ..ops import OPS, TensorType
 from ..ops.shapes import evaluate
 from .language import (OP_OF_CONSTRUCTOR, constructor, decode_padding, egraph_params, encode,
-                       op_params, returns_tuple, tensor_arity)
+                       encode_param, returns_tuple, tensor_arity)
 
 
 # Operators the e-graph of any graph may hold beyond the graph's own: the conversion
@@ -116,8 +116,8 @@ def graph_to_program(graph: Graph) -> GraphProgram:
 
 
 def _params(op: str, p: dict, skip_first: bool = False) -> str:
-    params = op_params(op)[1:] if skip_first else op_params(op)
-    return " ".join(encode(kind, p[name], name) for name, kind in params)
+    params = egraph_params(op)[1:] if skip_first else egraph_params(op)
+    return " ".join(encode_param(q, p[q.name]) for q in params)
 
 
 def _match_rank(var: str, t: TensorType, rank: int, emit) -> str:

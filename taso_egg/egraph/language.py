@@ -78,20 +78,26 @@ _check_sorts()
 
 # --- literals ------------------------------------------------------------------------
 
-def encode(kind: str, value, name: str = "") -> str:
-    """An egglog literal of sort ``kind``; a parameter named padding is read as one."""
-    if name == "padding":
-        if value == "SAME":
-            return "(vec-empty)"
-        value = (0, 0, 0, 0) if value == "VALID" else tuple(value)
-    if kind == "IVec":
+def encode(sort: str, value) -> str:
+    """An egglog literal of sort ``sort`` (IVec, i64, f64, String)."""
+    if sort == "IVec":
         return "(vec-of " + " ".join(str(int(v)) for v in value) + ")" if value else "(vec-empty)"
-    if kind == "i64":
+    if sort == "i64":
         return str(int(value))
-    if kind == "f64":
+    if sort == "f64":
         text = repr(float(value))
         return text if ("." in text or "e" in text or "inf" in text or "nan" in text) else text + ".0"
     return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def encode_param(param: Param, value) -> str:
+    """The egglog literal of a value of operator parameter ``param``: a padding is its
+    explicit pads (SAME: the empty vector, VALID: four zeros)."""
+    if param.kind == "padding":
+        if value == "SAME":
+            return "(vec-empty)"
+        value = (0, 0, 0, 0) if value == "VALID" else tuple(value)
+    return encode(SORTS[param.kind], value)
 
 
 def decode_padding(pads: tuple):
