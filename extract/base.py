@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable
 from typing import ClassVar, NamedTuple
@@ -9,13 +10,16 @@ from typing import ClassVar, NamedTuple
 from ..errors import LimitError
 from .check import check_choice, used_classes
 from .egraph import EGraph
-from .result import ExtractionResult
+from .result import OPTIMAL, REJECTED, ExtractionResult, agrees
+
+log = logging.getLogger(__name__)
 
 
 class Solution(NamedTuple):
     choice: dict[int, int]
     status: str
     lower_bound: float | None = None
+    objective: float | None = None  # the cost the extractor believes its choice has
 
 
 class Extractor:
@@ -38,13 +42,24 @@ class Extractor:
         # Never trust an extractor's own bookkeeping: validate and recompute the cost.
         used = used_classes(egraph, sol.choice, root_idx)
         choice = {c: sol.choice[c] for c in used}
+        cost = check_choice(egraph, choice, root_idx)
+        status, lower = sol.status, sol.lower_bound
+        if sol.objective is not None and not agrees(sol.objective, cost):
+            log.warning("%s: %s reported objective %.9g, but its choice costs %.9g; status %r rejected",
+                        egraph.source, self.name, sol.objective, cost, status)
+            status, lower = REJECTED, None  # the bound came from the same wrong bookkeeping
+        if lower is not None and lower > cost and not agrees(lower, cost):
+            log.warning("%s: %s reported lower bound %.9g above the cost %.9g of its choice; bound dropped",
+                        egraph.source, self.name, lower, cost)
+            status, lower = (REJECTED if status == OPTIMAL else status), None
         return ExtractionResult(
             extractor=self.name,
             choice=choice,
-            dag_cost=check_choice(egraph, choice, root_idx),
+            dag_cost=cost,
             seconds=seconds,
-            status=sol.status,
-            lower_bound=sol.lower_bound,
+            status=status,
+            lower_bound=lower,
+            objective=sol.objective,
         )
 
     def solve(self, egraph: EGraph, roots: tuple[int, ...], time_limit: float | None) -> Solution:

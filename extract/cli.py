@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--extractor", choices=list(EXTRACTORS), default="greedy-dag")
     parser.add_argument(
         "--time-limit", type=float, default=None, metavar="S",
-        help="seconds for the ILP (default 60); the greedy extractors ignore it",
+        help="seconds for the ILP (default 60); tree and greedy-dag stop there with what they have",
     )
     parser.add_argument("--roots", nargs="+", metavar="ECLASS", help="root e-class ids (default: the file's)")
     parser.add_argument("-o", "--output", type=Path, help="write the choice as JSON (class id -> node id)")

@@ -4,6 +4,17 @@ The input is the egraph-serialize JSON that egglog writes: ``nodes`` maps a node
 to ``{op, children, eclass, cost}``, where a child names a *node* and stands for that
 node's e-class, and ``root_eclasses`` lists the roots. Extractors work on integer
 indices only; the string ids are kept to report results and errors.
+
+Costs are finite numbers, zero and negative ones included, as the format and
+extraction-gym allow, or +inf ("never extract this node"). The DAG cost of a choice
+(one node for each class reachable from the roots through chosen nodes) is the sum of
+the costs of those chosen nodes, each paid once however many nodes use its class.
+With negative costs that sum is what every extractor minimizes and what check.py
+computes; a node is paid for only if its class is in use, never for being picked.
+What is guaranteed then: the ILP is exact for this objective (its model only lets a
+class be chosen when a chosen node uses it, so unused negative nodes cannot lower
+it); tree and greedy DAG are heuristics on shifted costs (see tree.py) and return a
+valid choice, priced with the true costs.
 """
 
 from __future__ import annotations
@@ -158,11 +169,11 @@ def _from_dict(data: Mapping, src: str) -> EGraph:
 
 
 def _cost(value, nid: str, src: str) -> float:
-    # +inf is allowed and means "never extract this node"; NaN and negative costs are
-    # not, since a DAG cost that can go down by adding nodes has no meaning.
+    # +inf is allowed and means "never extract this node"; negative and zero costs are
+    # allowed (see the module docstring); NaN and -inf are not, having no sum.
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ExtractionError(f"{src}: node {nid!r} has non-numeric cost {value!r}")
     cost = float(value)
-    if math.isnan(cost) or cost < 0:
-        raise ExtractionError(f"{src}: node {nid!r} has invalid cost {value!r} (must be >= 0)")
+    if math.isnan(cost) or cost == -math.inf:
+        raise ExtractionError(f"{src}: node {nid!r} has invalid cost {value!r} (must be a number or +inf)")
     return cost

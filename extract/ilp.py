@@ -1,22 +1,34 @@
 """Exact DAG-cost extraction as an integer program, solved by HiGHS.
 
-1. Greedy DAG gives a first solution: an upper bound and the warm start.
+1. A first solution: greedy DAG (tree extraction if greedy cannot finish in its share
+   of the time): the upper bound and the warm start.
 2. The node set is shrunk (see shrink.py) with that bound.
-3. Neighbourhood search (lns.py) re-solves small sub-models around shared inputs,
+3. A short run of the full MIP (SCOUT_SHARE of the time): it proves small e-graphs
+   optimal at once, and then nothing else runs.
+4. Neighbourhood search (lns.py) re-solves small sub-models around shared inputs,
    each warm-started from the incumbent; this is where large e-graphs get their good
    solutions (on bert the full MIP alone stalls far above them). It gets at most
    LNS_SHARE of the time, and stops early once no region improves.
-4. The full MIP, warm-started from the best solution so far, runs for the rest of the
-   time: it proves optimality on small e-graphs, and its dual bound is the proven
-   lower bound.
-Every solution read back from HiGHS is checked to be complete and acyclic before it
-may replace the incumbent.
+5. The full MIP, warm-started from the best solution so far, runs for the rest of the
+   time: it proves optimality, and its dual bound is the proven lower bound.
+Every phase stops at the deadline.
+
+HiGHS's word is never taken. Each answer is read back and checked: the point must be
+a complete, acyclic choice; its recomputed DAG cost must match the objective HiGHS
+reports (no lower; no higher either, if it claims optimality); the bound may not lie
+above the cost of a known choice. A run that fails is logged and solved again in a
+safer configuration, first without the start point, then without presolve too (HiGHS
+1.16 with presolve and a start point has answered "optimal" with a wrong objective and
+bound and handed back the start point), while time is left. Only a run that passes
+the check may claim optimality or give the lower bound.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
+from typing import NamedTuple
 
 import highspy
 
@@ -24,17 +36,45 @@ from ..errors import ExtractionError
 from .base import Extractor, Solution
 from .check import check_choice, used_classes
 from .egraph import EGraph
-from .greedy_dag import GreedyDagExtractor
+from .greedy_dag import first_choice
 from .ilp_model import IlpModel
 from .lns import NeighbourhoodSearch
-from .result import NO_IMPROVEMENT, OPTIMAL, TIME_LIMIT
+from .result import NO_IMPROVEMENT, OPTIMAL, TIME_LIMIT, agrees
 from .shrink import shrink
 
+log = logging.getLogger(__name__)
+
 DEFAULT_TIME_LIMIT = 60.0
-LNS_SHARE = 0.7  # of the time limit, at most, for step 3
-SUB_MIP_SHARE = 0.1  # of the time limit, at most, for one sub-model of step 3
+WARM_SHARE = 0.2  # of the time limit, at most, for greedy DAG in step 1
+SCOUT_SHARE = 0.05  # of the time limit, at most, for step 3
+LNS_SHARE = 0.7  # of the time limit, at most, for steps 1-4 together
+SUB_MIP_SHARE = 0.1  # of the time limit, at most, for one sub-model of step 4
+# (warm start, presolve): the configurations a model is solved in, safest last.
+CONFIGS = ((True, "on"), (False, "on"), (False, "off"))
 _EPS = 1e-9
 _OPTIMAL = highspy.HighsModelStatus.kOptimal
+
+
+class Answer(NamedTuple):
+    """What one HiGHS run claims: its status, the objective and column values of its
+    point (None without one) and its dual bound (None if not finite)."""
+
+    status: highspy.HighsModelStatus
+    objective: float | None
+    point: list[float] | None
+    bound: float | None
+
+
+def read_answer(h: highspy.Highs) -> Answer:
+    info = h.getInfo()
+    feasible = info.primal_solution_status == 2  # a feasible point exists
+    bound = info.mip_dual_bound
+    return Answer(
+        h.getModelStatus(),
+        info.objective_function_value if feasible else None,
+        list(h.getSolution().col_value) if feasible else None,
+        bound if math.isfinite(bound) else None,
+    )
 
 
 class IlpExtractor(Extractor):
@@ -44,41 +84,100 @@ class IlpExtractor(Extractor):
         limit = DEFAULT_TIME_LIMIT if time_limit is None else time_limit
         start = time.perf_counter()
         deadline = start + limit
-        greedy = GreedyDagExtractor().solve(egraph, roots, None).choice
-        best = _Incumbent(egraph, roots, greedy)
-        nodes = shrink(egraph, roots, best.cost, protect=frozenset(best.choice.values()))
+        best = _Incumbent(egraph, roots, first_choice(egraph, roots, start + WARM_SHARE * limit))
+        nodes = shrink(egraph, roots, best.cost, protect=frozenset(best.choice.values()), deadline=deadline)
+        full = _Configs("full MIP", logging.WARNING)
+        scout = self._mip(IlpModel(egraph, nodes, roots), best, min(deadline, time.perf_counter() + SCOUT_SHARE * limit),
+                          full)
+        if scout is not None and scout.status == _OPTIMAL:
+            return Solution(best.choice, OPTIMAL, scout.bound, scout.objective)
+
+        subs = _Configs("sub-model", logging.DEBUG)
 
         def solve_sub(sub_nodes: list[int]) -> None:
             sub_deadline = min(deadline, time.perf_counter() + SUB_MIP_SHARE * limit)
-            self._mip(IlpModel(egraph, sub_nodes, roots), best, sub_deadline, log=False)
+            self._mip(IlpModel(egraph, sub_nodes, roots), best, sub_deadline, subs, log_solver=False)
 
-        NeighbourhoodSearch(egraph, nodes).run(best, solve_sub, min(deadline, start + LNS_SHARE * limit))
+        lns_deadline = min(deadline, start + LNS_SHARE * limit)
+        if time.perf_counter() < lns_deadline:
+            # Its tree and greedy picks only close sub-models: a short share will do.
+            picks_deadline = min(lns_deadline, time.perf_counter() + WARM_SHARE * limit)
+            NeighbourhoodSearch(egraph, nodes, deadline=picks_deadline).run(best, solve_sub, lns_deadline)
+        if subs.failed:
+            log.warning("%s: %d of %d sub-model answers failed the check and were solved again",
+                        egraph.source, subs.failed, subs.runs)
 
-        status, lower = self._mip(IlpModel(egraph, nodes, roots), best, deadline)
-        if status == _OPTIMAL:
-            return Solution(best.choice, OPTIMAL, lower)
-        return Solution(best.choice, TIME_LIMIT if best.improved else NO_IMPROVEMENT, lower)
+        answer = self._mip(IlpModel(egraph, nodes, roots), best, deadline, full)
+        lower = scout.bound if scout is not None else None
+        if answer is not None:
+            if answer.status == _OPTIMAL:
+                return Solution(best.choice, OPTIMAL, answer.bound, answer.objective)
+            if answer.bound is not None:
+                lower = answer.bound if lower is None else max(lower, answer.bound)
+        return Solution(best.choice, TIME_LIMIT if best.improved else NO_IMPROVEMENT, lower, best.cost)
 
-    def _mip(self, model: IlpModel, best: _Incumbent, deadline: float, log: bool = True):
-        """Solve ``model`` from the incumbent until the deadline; keep what improves it.
-        Returns HiGHS's model status and dual bound (None if it did not run or has none).
-        ``log``: show the solver's log if verbose (not for the many sub-models)."""
-        h = model.build(integer=True, order=True, verbose=self.verbose and log)
-        h.setSolution(model.start(best.choice, order=True))
-        if not self._run(h, deadline - time.perf_counter()):
-            return None, None
-        if h.getInfo().primal_solution_status == 2:  # a feasible point exists
-            best.offer(model.choice(h.getSolution().col_value))
-        bound = h.getInfo().mip_dual_bound
-        return h.getModelStatus(), bound if math.isfinite(bound) else None
+    def _mip(self, model: IlpModel, best: _Incumbent, deadline: float, configs: _Configs,
+             log_solver: bool = True) -> Answer | None:
+        """Solve ``model`` until the deadline, from the incumbent where the configuration
+        says so; keep every valid point that improves it. Returns the first answer that
+        passes the check, or None (no time, or no configuration gave a sound answer).
+        ``log_solver``: show the solver's log if verbose (not for the many sub-models)."""
+        for i in range(configs.first, len(CONFIGS)):
+            warm, presolve = CONFIGS[i]
+            seconds = deadline - time.perf_counter()
+            if seconds <= 0.05:
+                return None
+            h = model.build(integer=True, order=True, verbose=self.verbose and log_solver)
+            h.setOptionValue("presolve", presolve)
+            if warm:
+                h.setSolution(model.start(best.choice, order=True))
+            seconds = deadline - time.perf_counter()
+            if seconds <= 0.05:
+                return None
+            h.setOptionValue("time_limit", seconds)
+            h.run()
+            configs.runs += 1
+            answer = read_answer(h)
+            fault = _check(model, best, answer)
+            if fault is None:
+                return answer
+            configs.failed += 1
+            configs.first = max(configs.first, i + 1)  # this model family misleads HiGHS here
+            log.log(configs.level, "%s: %s (start point %s, presolve %s): %s", best.egraph.source,
+                    configs.what, "given" if warm else "not given", presolve, fault)
+        return None
 
-    @staticmethod
-    def _run(h: highspy.Highs, seconds: float) -> bool:
-        if seconds <= 0.05:
-            return False
-        h.setOptionValue("time_limit", seconds)
-        h.run()
-        return True
+
+class _Configs:
+    """Which configuration a family of models (the full MIP, the sub-models) starts in,
+    and how many of its runs failed the check."""
+
+    def __init__(self, what: str, level: int):
+        self.what, self.level = what, level
+        self.first = 0
+        self.runs = self.failed = 0
+
+
+def _check(model: IlpModel, best: _Incumbent, answer: Answer) -> str | None:
+    """Why ``answer`` cannot be believed, or None. Offers its point to the incumbent
+    (a valid point is a valid choice, whatever HiGHS said about it)."""
+    optimal = answer.status == _OPTIMAL
+    if answer.point is None:
+        return "claims optimality without a point" if optimal else None
+    try:
+        cost = best.offer(model.choice(answer.point))
+    except ExtractionError as e:
+        return f"its point is not a valid choice ({e})"
+    obj = answer.objective
+    if obj < cost and not agrees(obj, cost):
+        return f"reports objective {obj:.9g} for a point that costs {cost:.9g}"
+    if optimal and obj > cost and not agrees(obj, cost):
+        return f"reports optimal objective {obj:.9g} for a point that costs less, {cost:.9g}"
+    if optimal and best.cost < obj and not agrees(obj, best.cost):
+        return f"reports optimal objective {obj:.9g}, but a choice in the model costs {best.cost:.9g}"
+    if answer.bound is not None and answer.bound > best.cost and not agrees(answer.bound, best.cost):
+        return f"reports lower bound {answer.bound:.9g} above the cost {best.cost:.9g} of a known choice"
+    return None
 
 
 class _Incumbent:
@@ -89,13 +188,13 @@ class _Incumbent:
         self.choice, self.cost = self._used(choice), check_choice(egraph, choice, roots)
         self.improved = False
 
-    def offer(self, choice: dict[int, int]) -> None:
-        try:
-            cost = check_choice(self.egraph, choice, self.roots)
-        except ExtractionError:
-            return  # HiGHS's point violates a row within tolerance; not a valid choice
-        if cost < self.cost - _EPS * max(1.0, self.cost):
+    def offer(self, choice: dict[int, int]) -> float:
+        """The choice's recomputed cost (ExtractionError if it is not a valid choice);
+        it becomes the incumbent if it is cheaper."""
+        cost = check_choice(self.egraph, choice, self.roots)
+        if cost < self.cost - _EPS * max(1.0, abs(self.cost)):
             self.choice, self.cost, self.improved = self._used(choice), cost, True
+        return cost
 
     def _used(self, choice: dict[int, int]) -> dict[int, int]:
         # Only the classes in use: the rest may name nodes the shrunk model dropped.

@@ -9,6 +9,12 @@ graph. Rows:
 - each node n of class c with a child class d in the same strongly connected component
   (size M): t_c - t_d >= 1 - M (1 - x_n), so chosen edges strictly descend in t.
   Edges between components can never close a cycle and get no order row.
+- only where some node of the model costs less than zero: each non-root class c:
+  sum of c's nodes <= sum of the nodes that have c as a child (a class is chosen only
+  if a chosen node uses it). With the order rows no chosen set of classes can hold
+  itself up in a cycle, so every chosen node is reachable from the roots and the
+  objective is exactly the DAG cost; without negative costs an unused chosen node
+  can only cost more, and the rows are left out.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ class IlpModel:
         self.component_size = Counter(self.component)
         cyclic = [c for c in range(len(classes)) if self.component_size[self.component[c]] > 1]
         self.order_col = {c: len(nodes) + i for i, c in enumerate(cyclic)}
+        self.negative = bool((egraph.node_cost[nodes] < 0).any()) if nodes else False
 
     @property
     def n_cols(self) -> int:
@@ -81,6 +88,15 @@ class IlpModel:
                 if order and self.component[child] == self.component[cls] and cls in self.order_col:
                     big = float(self.component_size[self.component[cls]])
                     yield 1.0 - big, inf, [self.order_col[cls], self.order_col[child], col], [1.0, -1.0, -big]
+        if self.negative:
+            users: list[list[int]] = [[] for _ in self.members]
+            for col, children in enumerate(self.col_children):
+                for child in children:
+                    users[child].append(col)
+            roots = {self.class_pos[r] for r in self.roots}
+            for cls, m in enumerate(self.members):
+                if cls not in roots:
+                    yield -inf, 0.0, m + users[cls], [1.0] * len(m) + [-1.0] * len(users[cls])
 
     def start(self, choice: dict[int, int], order: bool) -> highspy.HighsSolution:
         """Column values of a valid choice whose nodes are all in the model."""

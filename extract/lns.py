@@ -36,14 +36,18 @@ UPWARD_DEPTH = 6  # zero-cost levels above the readers: nested binary splits of 
 class NeighbourhoodSearch:
     """Sub-models of one e-graph restricted to ``nodes`` (the shrunk node set)."""
 
-    def __init__(self, egraph: EGraph, nodes: list[int], max_readers: int = MAX_READERS):
+    def __init__(
+        self, egraph: EGraph, nodes: list[int], max_readers: int = MAX_READERS, deadline: float | None = None
+    ):
+        """``deadline``: the tree and greedy-DAG picks that close sub-models stop there
+        (they are then valid, not best: a sub-model may hold dearer nodes than it could)."""
         self.egraph = egraph
         self.max_readers = max_readers
         self.allowed = [False] * egraph.n_nodes
         for n in nodes:
             self.allowed[n] = True
-        self.tree_cost, tree_pick = tree_costs(egraph, self.allowed)
-        self.picks = (tree_pick, greedy_dag_picks(egraph, self.allowed))
+        self.tree_cost, tree_pick = tree_costs(egraph, self.allowed, deadline)
+        self.picks = (tree_pick, greedy_dag_picks(egraph, self.allowed, deadline))
         self.has_leaf = [any(not egraph.child_sets[n] for n in members) for members in egraph.class_nodes]
 
     def run(self, best, solve: Callable[[list[int]], None], deadline: float) -> int:

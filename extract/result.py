@@ -9,6 +9,12 @@ OPTIMAL = "optimal"  # proven optimal DAG cost (within the solver's tolerance)
 HEURISTIC = "heuristic"  # no claim of optimality
 TIME_LIMIT = "time-limit"  # stopped by the clock; lower_bound says how far off it may be
 NO_IMPROVEMENT = "time-limit, greedy kept"  # the ILP found nothing better than its warm start
+REJECTED = "claim rejected"  # the solver's objective or bound disagreed with the recomputed cost
+
+
+def agrees(a: float, b: float) -> bool:
+    """Two costs equal within the solver's tolerance (relative 1e-6, absolute 1e-9)."""
+    return abs(a - b) <= 1e-6 * max(abs(a), abs(b)) + 1e-9
 
 
 @dataclass(frozen=True)
@@ -19,12 +25,15 @@ class ExtractionResult:
     seconds: float
     status: str
     lower_bound: float | None = None  # proven bound on the optimum, when there is one
+    objective: float | None = None  # the extractor's own claim of the cost, which dag_cost was checked against
 
     @property
     def gap(self) -> float | None:
         """Relative distance to the proven bound: 0 means optimal, None means unknown."""
         if self.lower_bound is None:
             return None
-        if self.dag_cost <= 0:
+        diff = self.dag_cost - self.lower_bound
+        if diff <= 0 or agrees(self.dag_cost, self.lower_bound):
             return 0.0
-        return max(0.0, (self.dag_cost - self.lower_bound) / self.dag_cost)
+        # Relative to the cost's size, as HiGHS measures it (negative costs too).
+        return diff / abs(self.dag_cost) if self.dag_cost != 0 else 1.0

@@ -10,32 +10,52 @@ Every rule keeps at least one optimal solution (or the incumbent, for the bound 
 - a node that cannot be grounded (a child class with no kept node, or only nodes that
   lead back into cycles) can never be completed.
 Nodes listed in ``protect`` (a known solution, used as the solver's warm start) stay.
+
+With negative costs neither the bound rule nor domination holds (a dropped child
+class may have held a negative node), so only the other rules run. Past ``deadline``
+shrinking stops where it is: every rule only removes nodes, so the set kept so far
+still holds an optimal solution.
 """
 
 from __future__ import annotations
+
+import math
+import time
 
 from .egraph import EGraph
 
 
 def shrink(
-    egraph: EGraph, roots: tuple[int, ...], upper_bound: float, protect: frozenset[int] = frozenset()
+    egraph: EGraph, roots: tuple[int, ...], upper_bound: float, protect: frozenset[int] = frozenset(),
+    deadline: float | None = None,
 ) -> list[int]:
     """Indices of the nodes to keep, in increasing order."""
     cost = egraph.node_cost
     child_sets = egraph.child_sets
     node_class = egraph.node_class.tolist()
+    negative = bool((cost < 0).any())
+    if negative:
+        upper_bound = math.inf
     alive = [
         n in protect or (cost[n] <= upper_bound and node_class[n] not in child_sets[n])
         for n in range(egraph.n_nodes)
     ]
-    for members in egraph.class_nodes:
-        _drop_dominated(members, alive, cost, child_sets, protect)
-    while True:
+
+    def late() -> bool:
+        return deadline is not None and time.perf_counter() > deadline
+
+    if not negative:
+        for i, members in enumerate(egraph.class_nodes):
+            if i % 1024 == 0 and late():
+                break
+            _drop_dominated(members, alive, cost, child_sets, protect)
+    while not late():
         before = sum(alive)
         _keep_groundable(egraph, alive)
         _keep_reachable(egraph, roots, alive)
         if sum(alive) == before:
-            return [n for n in range(egraph.n_nodes) if alive[n]]
+            break
+    return [n for n in range(egraph.n_nodes) if alive[n]]
 
 
 def _drop_dominated(members, alive, cost, child_sets, protect) -> None:
