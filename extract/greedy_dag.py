@@ -164,7 +164,9 @@ class GreedyDagExtractor(Extractor):
     name = "greedy-dag"
 
     def solve(self, egraph: EGraph, roots: tuple[int, ...], time_limit: float | None) -> Solution:
-        deadline = None if time_limit is None else time.perf_counter() + time_limit
+        # Stop the worklist at 80 % of the limit: releasing its shared sets afterwards
+        # takes time too (on a 4,000-class chain, about 15 % of the time spent).
+        deadline = None if time_limit is None else time.perf_counter() + 0.8 * time_limit
         return Solution(first_choice(egraph, roots, deadline), HEURISTIC)
 
 
