@@ -18,7 +18,7 @@ def _model(batch=1):
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["c"], ["r"]),
              helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
-             helper.make_node("Softmax", ["p"], ["y"], axis=1)]
+             helper.make_node("LogSoftmax", ["p"], ["y"], axis=1)]  # opaque here
     return make_model(nodes, [vi("x", [batch, 2, 6, 6])], [vi("y", None)],
                       [init("w", rng.standard_normal((3, 2, 3, 3)).astype(np.float32))])
 
@@ -47,7 +47,7 @@ def test_inspect(model_path, capsys):
     assert "weights: 1" in out
     for op in ("conv2d", "relu", "maxpool2d", "opaque"):
         assert op in out
-    assert "Softmax x1" in out
+    assert "LogSoftmax x1" in out
     assert "Traceback" not in err
 
 

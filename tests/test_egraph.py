@@ -171,6 +171,11 @@ def opaque_softmax(g):
 
 
 @case
+def softmax(g):
+    g.mark_output(g.add_node("softmax", (_x(g, (2, 3, 4)),), axis=1)[0], "y0")
+
+
+@case
 def conv_same_stride1(g):
     g.mark_output(g.conv2d(_x(g, (1, 4, 6, 6)), _w(g, (6, 4, 3, 3)), padding="SAME"), "y0")
 

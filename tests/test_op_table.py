@@ -48,6 +48,7 @@ def _hand_graph() -> Graph:
     g.add(g.new_input((4, 1, 3)), g.new_input((5, 1)))  # ranks differ: reshaped first
     g.concat(-1, [v, g.new_input((3, 2))])
     g.transpose(g.new_input((1, 2, 3, 4, 5, 6)), (5, 4, 3, 2, 1, 0))
+    g.add_node("softmax", [x], axis=1)
     return g
 
 

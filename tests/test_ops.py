@@ -288,6 +288,16 @@ def test_global_avgpool(shape):
     check_against_ort(g)
 
 
+@pytest.mark.parametrize("shape,axis", [((2, 7), 1), ((3, 4, 5), 0), ((2, 3, 4, 5), 2)])
+def test_softmax_matches_onnxruntime(shape, axis):
+    g = taso_egg.new_graph()
+    x = g.new_input(shape, name="x")
+    (y,) = g.add_node("softmax", (x,), axis=axis)
+    g.mark_output(y, "y")
+    ours, _ = check_against_ort(g)
+    assert np.allclose(ours["y"].sum(axis=axis), 1, atol=1e-6)
+
+
 # --- batchnorm ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("shape,eps", [((2, 3, 4, 4), 1e-5), ((4, 3), 1e-3), ((1, 5, 6), 0.1)])
@@ -609,6 +619,7 @@ TESTED = {
     "const_one": "test_const_one_is_identity_for_ewmul",
     "const_pool": "test_const_pool_conv_equals_avgpool",
     "opaque": "test_opaque_node_runs_and_exports",
+    "softmax": "test_softmax_matches_onnxruntime",
 }
 
 

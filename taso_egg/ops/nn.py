@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import ExportError
 from .base import (FLOAT_DTYPES, OpSpec, Param, TensorType, broadcast_shapes, fail, onnx_importer,
                    register)
 from .shapes import Case, In, P, eq, ge, gt, pad, pad_explicit, pad_same, rank, vec
@@ -414,6 +415,39 @@ register(OpSpec(
     doc="bias - mean * scale / sqrt(var + epsilon): batchnorm's per-channel offset."))
 
 
+# --- softmax -----------------------------------------------------------------------
+
+def _softmax_infer(p, ins):
+    (x,) = ins
+    if not 0 <= p["axis"] < len(x.shape):
+        fail("softmax", f"axis {p['axis']} out of range for rank {len(x.shape)} (the builder "
+                        f"makes axes non-negative)", ins)
+    if x.dtype not in FLOAT_DTYPES:
+        fail("softmax", "input must be a float tensor", ins)
+    return [x]
+
+
+def _softmax_kernel(xp, p, x):
+    # shifted by the max along the axis, so exp never overflows
+    e = xp.exp(x - x.max(axis=p["axis"], keepdims=True))
+    return [e / e.sum(axis=p["axis"], keepdims=True)]
+
+
+def _softmax_export(ctx, p, in_types, ins, outs):
+    if ctx.opsets[""] < 13 and p["axis"] != len(in_types[0].shape) - 1:
+        raise ExportError(f"softmax over axis {p['axis']} of a rank-{len(in_types[0].shape)} tensor "
+                          f"needs opset 13 or later (the graph has opset {ctx.opsets['']})")
+    ctx.node("Softmax", ins, outs, axis=p["axis"])
+
+
+register(OpSpec(
+    name="softmax", inputs=(1, 1), params=(Param("axis", "int", 0),), infer=_softmax_infer,
+    shape=(Case(In(0), requires=(ge(P("axis"), 0), gt(rank(In(0)), P("axis")))),),
+    kernel=_softmax_kernel, export=_softmax_export,
+    flops=lambda p, ins, outs: 5.0 * outs[0].size,  # max, subtract, exp, sum, divide
+    doc="exp(x) / sum(exp(x)) along a non-negative axis (ONNX Softmax, opset 13)."))
+
+
 # --- ONNX import -------------------------------------------------------------------
 
 def _float_input(ctx, node) -> bool:
@@ -563,3 +597,12 @@ def _import_bn(ctx, node, attrs):
         return None
     x, scale, bias, mean, var = (ctx.tensor(n) for n in node.input)
     return [ctx.g.batchnorm(x, scale, bias, mean, var, epsilon=float(attrs.get("epsilon", 1e-5)))]
+
+
+@onnx_importer("Softmax")
+def _import_softmax(ctx, node, attrs):
+    x = ctx.tensor(node.input[0])
+    if ctx.g.opset < 13 or x.dtype not in FLOAT_DTYPES or not x.shape:
+        return None  # opset < 13 flattens to 2-D first: another operator
+    axis = int(attrs.get("axis", -1)) % len(x.shape)
+    return [ctx.g.add_node("softmax", [x], axis=axis)[0]]
