@@ -167,7 +167,7 @@ def test_failed_new_input_does_not_burn_its_name():
 def test_add_node_checks():
     g, a, _ = _g()
     with pytest.raises(GraphError, match="unknown operator"):
-        g.add_node("softmax", (a,))
+        g.add_node("hardmax", (a,))
     with pytest.raises(ShapeError, match="relu.*1..1 inputs, got 2"):
         g.add_node("relu", (a, a))
     with pytest.raises(ShapeError, match="unknown parameter"):
