@@ -20,7 +20,7 @@ search matcher            the evaluators; ``weight``/``before`` over the graph's
 numeric checker           the evaluators; ``weight`` and ``before`` hold: it builds each
                           ``(weight ?v)`` variable as a weight leaf (``rules/instantiate.py``)
 egglog compiler           query facts over the ``shape``, ``wlo`` and ``whi`` analyses
-                          (``rules/egglog.py``)
+                          (``egraph/rule_compiler.py``)
 Z3 verifier               Z3 terms; ``weight``/``before`` ignored (``rules/verify.py``)
 ========================  =============================================================
 

@@ -39,11 +39,12 @@ from pathlib import Path
 import z3
 
 from taso_egg.errors import RuleError, TasoEggError, VerificationError
+from taso_egg.files import write_atomically
 from taso_egg.ops import OPS, shapes
 
 from . import semantics
 from .instantiate import check_rule_numerically, check_rule_on_other_shapes
-from .lang import App, Guard, Lit, ParamOp, Proj, Rule, Var, load_rule_file
+from .lang import App, Guard, Lit, ParamOp, Proj, Proof, Rule, Var, load_rule_file, parse_rules, with_proof_records
 from .workers import check_jobs, map_in_order, worker_pool
 
 AXIOM_FILE = Path(__file__).with_name("axioms.rules")
@@ -613,6 +614,25 @@ def verify_rules(rules, timeout_s: float = 10.0, progress=None, jobs: int = 1,
     return results
 
 
+def verify_file(path, timeout_s: float = 10.0, progress=None, jobs: int = 1) -> list:
+    """Prove every rule of ``path`` (in ``jobs`` processes), float-check the proved
+    ones, and rewrite the file with the records, all at once at the end (an
+    interrupted run leaves the file as it was). Returns ``[(rule, Proof)]``."""
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    rules = parse_rules(text, str(path))
+    results = verify_rules(rules, timeout_s, progress=progress, jobs=jobs)
+    proofs, out = {}, []
+    for rule, res in zip(rules, results):
+        found_by = rule.proof.found_by if rule.proof and rule.proof.found_by else "hand"
+        proof = Proof(res.status, found_by, tuple(res.axioms_used), round(res.seconds, 4), res.reason)
+        proofs[rule.name] = proof
+        out.append((rule, proof))
+    write_atomically(path, lambda tmp: Path(tmp).write_text(with_proof_records(text, proofs, str(path)),
+                                                            encoding="utf-8"), RuleError)
+    return out
+
+
 def float_check(rule: Rule, trials: int = 3, seed: int = 0) -> tuple[bool, str]:
     """True when both sides agree on random float data on the rule's :example and on
     up to ``trials`` other shapes (its dimension values re-mapped consistently into
@@ -623,4 +643,4 @@ def float_check(rule: Rule, trials: int = 3, seed: int = 0) -> tuple[bool, str]:
 
 
 __all__ = ["ProofResult", "STATUSES", "load_axioms", "prove_rule", "prove_and_check",
-           "verify_rules", "float_check", "AXIOM_FILE"]
+           "verify_rules", "verify_file", "float_check", "AXIOM_FILE"]

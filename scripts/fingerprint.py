@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     from taso_egg.cost import load_cost_model
     from taso_egg.egraph.language import declarations
     from taso_egg.egraph.saturate import saturate
-    from taso_egg.rules.egglog import compile_rules
+    from taso_egg.egraph.rule_compiler import compile_rules
     from taso_egg.rules.lang import corpus_files, load_corpus
     from taso_egg.rules.verify import AXIOM_FILE
 

@@ -199,7 +199,7 @@ PLUGGED_COMMANDS = [
     ("profile", "taso_egg.profiling.cli", "time each operator configuration of models into a profile"),
     ("search", "taso_egg.search.cli", "TASO's backtracking search (same rules and cost model)"),
     ("compare", "taso_egg.compare", "equality saturation vs backtracking search on the zoo, measured"),
-    ("rules", "taso_egg.rules.cli", "generate rewrite rules, prove them, report (TASO's generator)"),
+    ("rules", "taso_egg.generator.cli", "generate rewrite rules, prove them, report (TASO's generator)"),
 ]
 
 

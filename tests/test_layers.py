@@ -20,18 +20,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Import edges that still close a cycle, each to be deleted as it goes. rules/ holds the
-# rule language (which egraph/ reads) beside the egglog compiler and the generator (which
-# use egraph/), so the two folders import each other; moving rules/egglog.py and the
-# generator files out of rules/ removes these (issue 15). The test below fails on an
-# entry whose import no longer exists, so the list cannot outlive its reason.
-KNOWN_UNTIL_RULES_SPLIT = {
-    ("taso_egg.rules.egglog", "taso_egg.egraph.language"),  # the compiler: the language's sorts
-    ("taso_egg.rules.derive", "taso_egg.egraph.saturate"),  # the generator saturates to derive
-    ("taso_egg.egraph.saturate", "taso_egg.rules.egglog"),  # saturation compiles the rules
-}
-
-
 # --- the walk ------------------------------------------------------------------------
 
 
@@ -217,37 +205,29 @@ def describe(cycle: list[str], edges) -> str:
 def walk():
     modules = find_modules(package_dirs())
     edges = import_edges(modules)
-    allowed = {k: v for k, v in edges.items() if k not in KNOWN_UNTIL_RULES_SPLIT}
-    return modules, edges, allowed
+    return modules, edges
 
 
 def test_the_walk_covers_every_installed_folder(walk):
-    modules, _, _ = walk
+    modules, _ = walk
     assert {"taso_egg.cli", "taso_egg.rules.lang", "taso_egg.extract.base", "taso_egg.profiles",
             "taso_egg.cost.model"} <= set(modules)
     assert not any(".rules." in m and not m.startswith("taso_egg.rules.") for m in modules)
 
 
 def test_no_module_imports_itself_in_a_circle(walk):
-    _, _, edges = walk
+    _, edges = walk
     cycles = find_cycles(edges)
     assert not cycles, "modules import each other in a circle:\n" + \
         "\n".join(describe(c, edges) for c in cycles)
 
 
 def test_no_folder_imports_itself_in_a_circle(walk):
-    modules, _, edges = walk
+    modules, edges = walk
     folders = folder_edges(edges, modules)
     cycles = find_cycles(folders)
     assert not cycles, "folders import each other in a circle:\n" + \
         "\n".join(describe(c, folders) for c in cycles)
-
-
-def test_the_known_exceptions_still_exist(walk):
-    """Delete an entry of KNOWN_UNTIL_RULES_SPLIT when its import goes."""
-    _, edges, _ = walk
-    gone = sorted(KNOWN_UNTIL_RULES_SPLIT - set(edges))
-    assert not gone, f"these imports are gone; delete them from KNOWN_UNTIL_RULES_SPLIT: {gone}"
 
 
 # --- the checker itself --------------------------------------------------------------

@@ -4,7 +4,7 @@ Every corpus rule is matched, in one graph holding every rule's left side on its
 ``:example``, at its own example and at the example of the next rule with the same
 root operator (where it mostly fails, on structure, parameters or guards), by
 
-- egglog: the rule compiled by rules/egglog.py with no actions, its roots pinned to
+- egglog: the rule compiled by egraph/rule_compiler.py with no actions, its roots pinned to
   the example's e-classes, run once over the e-graph of the whole graph;
 - the search matcher (``RuleMatcher.match_at``, whose failure reason the messages show);
 - the Python evaluators of rules/semantics.py on the structural match's binding;
@@ -38,7 +38,7 @@ from taso_egg.errors import RuleError, TasoEggError
 from taso_egg.graph import Graph
 from taso_egg.rules import semantics
 from taso_egg.rules import verify as zv
-from taso_egg.rules.egglog import _Compiler
+from taso_egg.egraph.rule_compiler import _Compiler
 from taso_egg.rules.instantiate import PatternBuilder, evaluate_param, example_values, guard_holds
 from taso_egg.rules.lang import Proj, load_corpus, parse_rules
 from taso_egg.search.matcher import GraphIndex, RuleMatcher
@@ -393,7 +393,7 @@ def test_every_back_end_translates_the_whole_table():
     with pytest.raises(RuleError, match=r"unknown parameter function\(s\) max"):
         semantics.backend("extra", param_fns={**{k: None for k in semantics.PARAM_FNS}, "max": None},
                           guards=dict.fromkeys(semantics.GUARDS))
-    from taso_egg.rules import egglog as eg
+    from taso_egg.egraph import rule_compiler as eg
     from taso_egg.rules import instantiate
     from taso_egg.search import matcher
 

@@ -1,4 +1,4 @@
-"""The rule generator (rules/generate.py), pruning (rules/prune.py), proof records in
+"""The rule generator (generator/enumerate.py), pruning (generator/prune.py), proof records in
 the rule language, and the `taso-egg rules` commands, on tiny menus (seconds each)."""
 
 from __future__ import annotations
@@ -8,14 +8,14 @@ import json
 import pytest
 
 from taso_egg.cli import main
+from taso_egg.egraph.rule_compiler import compile_rules
 from taso_egg.errors import RuleError
-from taso_egg.rules import generate
-from taso_egg.rules.egglog import compile_rules
-from taso_egg.rules.generate import LeafSpec, Menu, choice, enumerate_terms, matrix_menu
+from taso_egg.generator import enumerate as generate
+from taso_egg.generator.enumerate import LeafSpec, Menu, choice, enumerate_terms, matrix_menu
+from taso_egg.generator.prune import canonical, prune as prune_candidates, rules_from
 from taso_egg.rules.instantiate import check_rule_numerically
 from taso_egg.rules.lang import (Proof, corpus_files, load_corpus, load_rule_file, parse_rules,
                                  with_proof_records)
-from taso_egg.rules.prune import canonical, prune as prune_candidates, rules_from
 
 
 def _run(menu, size):
@@ -187,7 +187,7 @@ def test_generated_corpus_loads_by_default_proved_and_compiles():
 def test_default_generated_corpus_is_the_size3_one_without_derivable_rules():
     generated = load_corpus(["generated"])
     assert all(r.proof.found_by == "generator-3" for r in generated)
-    from taso_egg.rules.cli import SHIPPED_GENERATED, stats_path
+    from taso_egg.generator.cli import SHIPPED_GENERATED, stats_path
 
     stats = json.loads(stats_path(SHIPPED_GENERATED).read_text())
     assert stats["size"] == 3 and stats["pruned"]["derivable"] > 0
@@ -249,7 +249,7 @@ ASSOC_CANDIDATES = parse_rules("""
 
 
 def test_candidate_derivable_from_smaller_rules_is_recognized():
-    from taso_egg.rules.derive import check_derivable
+    from taso_egg.generator.derive import check_derivable
 
     d = check_derivable(ASSOC_CANDIDATES, _hand("ewadd-commutative"))
     assert d.derived == [True, False]  # commutativity alone never reassociates
@@ -260,7 +260,7 @@ def test_candidate_derivable_from_smaller_rules_is_recognized():
 
 
 def test_derivation_by_a_shape_pinned_rule_covers_only_its_shapes():
-    from taso_egg.rules.derive import check_derivable
+    from taso_egg.generator.derive import check_derivable
 
     pinned = parse_rules("""(rule comm-2x3 :lhs (ewadd ?a ?b) :rhs (ewadd ?b ?a)
       :if ((= (shape ?a) [2 3]) (= (shape ?b) [2 3])) :example ((?a [2 3]) (?b [2 3])))""")
@@ -269,7 +269,7 @@ def test_derivation_by_a_shape_pinned_rule_covers_only_its_shapes():
 
 
 def test_generation_drops_derivable_rules_level_by_level():
-    from taso_egg.rules.cli import generate_rules
+    from taso_egg.generator.pipeline import generate_rules
 
     def sides(rules):
         return {(str(r.lhs[0]), str(r.rhs[0])) for r in rules}
@@ -291,7 +291,7 @@ def test_generation_drops_derivable_rules_level_by_level():
 
 
 def test_generation_in_worker_processes_matches_one_process():
-    from taso_egg.rules.cli import generate_rules
+    from taso_egg.generator.pipeline import generate_rules
 
     serial, s1 = generate_rules(2, _adds_menu(), base=_hand("ewadd-commutative"), jobs=1)
     parallel, s2 = generate_rules(2, _adds_menu(), base=_hand("ewadd-commutative"), jobs=2)
@@ -304,7 +304,7 @@ def test_generation_in_worker_processes_matches_one_process():
 
 
 def test_sizes_no_other_shape_can_vary_are_pinned():
-    from taso_egg.rules.prune import generalize_or_pin, pinned_to_example
+    from taso_egg.generator.prune import generalize_or_pin, pinned_to_example
     from taso_egg.rules.verify import prove_rule
 
     identity, commutes = parse_rules("""
@@ -333,7 +333,7 @@ def test_check_draw_is_the_same_in_every_process():
     import subprocess
     import sys
 
-    code = ("from taso_egg.rules.generate import enumerate_terms, matrix_menu; "
+    code = ("from taso_egg.generator.enumerate import enumerate_terms, matrix_menu; "
             "e = enumerate_terms(matrix_menu(), 1); print(e.check_value(0).ravel()[:4].tolist())")
     runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={**os.environ, "PYTHONHASHSEED": seed}).stdout

@@ -22,6 +22,7 @@ from ..errors import LimitError
 from ..graph import Graph
 from .convert import CONVERSION_OPS, GraphProgram, TensorEGraph, graph_to_program, read_serialized
 from .language import declarations
+from .rule_compiler import compile_probe, compile_rules
 
 # Functions that are analyses, not e-nodes of the tensor language.
 _ANALYSES = {"shape", "dtype", "wlo", "whi", "pending"}
@@ -169,8 +170,6 @@ _recounts = count()     # recount rulesets are named apart, for e-graphs that ou
 
 
 def _probes(rules) -> str:
-    from ..rules.egglog import compile_probe
-
     return (f"(ruleset {_PROBE}rewrites)\n(ruleset {_PROBE}multi)\n" + "\n".join(
         compile_probe(r, _PROBE + ("multi" if r.multi else "rewrites"), _PROBE + r.name) for r in rules) + "\n")
 
@@ -214,8 +213,6 @@ def _step(egraph, ruleset: str, rules: dict, per_match: dict[str, int], room: in
        are new too, and count as the recount's) applies every match of the rules
        with at most a cut-off's matches and none of the others'. The cut-off is the
        largest whose rules fit."""
-    from ..rules.egglog import compile_probe
-
     probe = _run(egraph, f"(run {_PROBE}{ruleset})")
     counts = {name[len(_PROBE):]: n for name, n in probe.num_matches_per_rule.items() if n}
     if sum(n * per_match[r] for r, n in counts.items()) <= max(room, 0):
@@ -257,8 +254,6 @@ def rules_egraph(rules):
     with it, so callers that saturate many graphs with one corpus reuse this one,
     between egglog's ``(push)`` and ``(pop)``."""
     import egglog.bindings as eb
-
-    from ..rules.egglog import compile_rules
 
     egraph = eb.EGraph(num_threads=1)
     egraph.parse_and_run_program(declarations() + compile_rules(rules) + _probes(rules))

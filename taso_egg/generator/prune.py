@@ -39,8 +39,8 @@ import numpy as np
 from taso_egg.errors import RuleError, TasoEggError
 from taso_egg.ops import OPS
 
-from .generate import Enumeration, Evaluator, fingerprint
-from .lang import App, Guard, Lit, ParamOp, Proj, Rule, Var
+from ..rules.lang import App, Guard, Lit, ParamOp, Proj, Rule, Var
+from .enumerate import Enumeration, Evaluator, fingerprint
 
 REASONS = ("transitive", "weight-only", "renamed duplicate", "false match", "implied in context",
            "common subgraph", "unbound variables", "decomposes")
@@ -462,7 +462,7 @@ def generalize_or_pin(rule: Rule) -> Rule:
     (:func:`~.instantiate.unchecked_dimensions`): the parameters found on small shapes
     generalize only where checked. A rule that fails on its own example is a
     RuleError."""
-    from .instantiate import check_rule_numerically, check_rule_on_other_shapes, unchecked_dimensions
+    from ..rules.instantiate import check_rule_numerically, check_rule_on_other_shapes, unchecked_dimensions
 
     try:
         check_rule_numerically(rule)

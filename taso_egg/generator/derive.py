@@ -29,9 +29,9 @@ from taso_egg.egraph.saturate import Limits, rules_egraph, saturate
 from taso_egg.errors import RuleError, TasoEggError
 from taso_egg.graph import Graph
 
-from .instantiate import add_rule_sides, builds_on, other_examples
-from .lang import Rule
-from .workers import map_in_order
+from ..rules.instantiate import add_rule_sides, builds_on, other_examples
+from ..rules.lang import Rule
+from ..rules.workers import map_in_order
 
 # A handful of rewrites reach what smaller rules imply for a candidate; the node and
 # time limits keep one exploding candidate from starving its batch. Multi-pattern

@@ -1,4 +1,5 @@
-"""``taso-egg rules generate | verify | stats``: discover rules, prove them, report.
+"""``taso-egg rules generate | verify | stats``: discover rules, prove them, report
+(parsing and printing; the work is the generator's pipeline and the verifier's).
 
 generate  enumerate graphs, fingerprint, prune, then size level by size level: drop the
           candidates smaller proved rules derive, prove the rest; write them with their
@@ -9,27 +10,26 @@ verify    prove each rule of the named files with the Z3 verifier, float-check t
 stats     the table: graphs enumerated, candidates, pruned by reason, proved, rejected
           by reason, seconds (of the shipped corpus unless files are named).
 
-The shipped corpus (this folder's ``*.rules``) changes only when its files are named
+The shipped corpus (the ``taso_egg.rules`` package's ``*.rules``) changes only when its files are named
 as the output: ``-o`` for generate, the file arguments for verify.
 """
 
 from __future__ import annotations
 
-import gc
 import json
 import sys
 import time
 from collections import Counter
-from contextlib import contextmanager
 from pathlib import Path
 
-from taso_egg.errors import RuleError, TasoEggError
+from taso_egg.errors import RuleError
 from taso_egg.files import write_atomically
 
-from .lang import Proof, Rule, load_rule_file, parse_rules, with_proof_records
-from .workers import map_in_order, worker_pool
+from ..rules.lang import Proof, load_rule_file, parse_rules
+from ..rules.verify import AXIOM_FILE, verify_file
+from .pipeline import generate_rules
 
-RULES_DIR = Path(__file__).parent
+RULES_DIR = AXIOM_FILE.parent
 # Rule files of the shipped corpus (not the axioms): what `stats` reads by default.
 DEFAULT_FILES = ("taso_hand.rules", "generated.rules")
 SHIPPED_GENERATED = RULES_DIR / "generated.rules"
@@ -67,7 +67,7 @@ def _shipped_names() -> str:
 def _jobs_argument(parser) -> None:
     import argparse
 
-    from .workers import default_jobs
+    from ..rules.workers import default_jobs
 
     def positive(text: str) -> int:
         if not text.isdigit() or int(text) < 1:
@@ -99,157 +99,6 @@ def write_text_atomically(path, text: str) -> None:
 
 
 # --- generate ------------------------------------------------------------------------
-
-
-def generate_rules(size: int = 3, menu=None, seed: int = 0, progress_bars: bool = False,
-                   timeout_s: float = 5.0, jobs: int = 1, base=None):
-    """Enumerate, prune, and emit rules one level at a time (by size, then by number
-    of input variables, most first). A level's candidate rules that follow from
-    ``base`` (default: the proved hand rules) and the rules proved at the levels before
-    are dropped as ``derivable`` (:mod:`.derive`); the rest pass the float check on
-    their example (and are pinned to it where they do not generalize), then Z3 with
-    ``timeout_s`` per rule, and the proved ones join the
-    derivation corpus of the next level. Derivation, checks and proofs run in ``jobs``
-    processes. Returns ``(rules, stats)``; every rule
-    carries its proof record. Derivable rules are not emitted: saturation derives
-    them from the emitted ones."""
-    from .generate import MENUS, enumerate_terms
-    from .lang import load_corpus
-    from .prune import prune, sized_rules
-    from .verify import STATUSES
-
-    if menu is None:
-        menu = MENUS["taso" if size <= 3 else "reduced"]()
-    elif isinstance(menu, str):
-        if menu not in MENUS:
-            raise TasoEggError(f"unknown menu {menu!r}; choose from {', '.join(MENUS)}")
-        menu = MENUS[menu]()
-    start = time.perf_counter()
-    with _cycle_collector_paused():
-        bar = _bar(size * len(menu.ops), f"enumerating size {size}") if progress_bars else None
-        e = enumerate_terms(menu, size, seed,
-                            progress=(lambda d, n: bar.update(d - bar.n)) if bar else None)
-        if bar:
-            bar.close()
-        bar = _bar(len([c for c in e.classes.values() if len(c) > 1]), "pruning") if progress_bars else None
-        pruned = prune(e, progress=(lambda d, n: bar.update(d - bar.n)) if bar else None)
-        if bar:
-            bar.close()
-        # Levels: by size, then most variables first. A candidate that reuses an input is a
-        # special case of the same-size rule with distinct inputs, proved one level before.
-        by_level: dict[tuple, list] = {}
-        for k, rule in sized_rules(e, pruned, f"gen{size}"):
-            by_level.setdefault((k, -len(rule.tensor_vars())), []).append(rule)
-    enumeration_stats = dict(e.stats)
-    del e  # the terms and their values (gigabytes at size 4) are done with
-    found_by = f"generator-{size}"
-    known = list(load_corpus(["taso_hand"]) if base is None else base)
-    emitted, failed, levels = [], [], []
-    proving_seconds = 0.0
-    with worker_pool(jobs) as pool:
-        for k, minus_vars in sorted(by_level):
-            rules, level, seconds = _generate_level(by_level[k, minus_vars], known, found_by, timeout_s,
-                                                    (pool, jobs), progress_bars, failed)
-            proving_seconds += seconds
-            emitted += rules
-            known += [r for r in rules if r.proved]
-            levels.append({"size": k, "variables": -minus_vars, **level})
-    counts = Counter(r.proof.status for r in emitted)
-    stats = enumeration_stats
-    stats.update({
-        "candidates": pruned.candidates, "multi_candidates": pruned.multi_candidates,
-        "pruned": {**pruned.dropped, "derivable": sum(lv["derivable"] for lv in levels)},
-        "kept_candidates": len(pruned.kept),
-        "candidate_rules": sum(lv["candidate_rules"] for lv in levels),
-        "rules_emitted": len(emitted), "multi_rules": sum(r.multi for r in emitted),
-        "shapes_pinned": sum(lv["pinned"] for lv in levels), "failed_example_check": len(failed),
-        "failed_example_check_first": failed[:5], "pruning_seconds": pruned.seconds,
-        "derivation_seconds": round(sum(lv["derivation_seconds"] for lv in levels), 3),
-        "levels": levels,
-        "generation_seconds": round(time.perf_counter() - start - proving_seconds, 3),
-        "verification": {"rules": len(emitted), **{s: counts.get(s, 0) for s in STATUSES},
-                         "timeout_s": timeout_s, "jobs": jobs, "seconds": round(proving_seconds, 2)},
-    })
-    return emitted, stats
-
-
-@contextmanager
-def _cycle_collector_paused():
-    """Enumeration and pruning build about a million long-lived objects without cycles;
-    Python's cycle collector would walk them again and again as they grow (a third of
-    the enumeration's time). Paused meanwhile, it runs again afterwards."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
-def _generate_level(candidates, known, found_by, timeout_s, workers, progress_bars, failed):
-    """One size level of :func:`generate_rules`: derivability, numeric check, proof,
-    each spread over ``workers`` (a worker pool or None, and its size). Returns
-    ``(rules, stats, seconds proving)``; numeric failures go to ``failed``."""
-    from .derive import check_derivable
-    from .prune import pinned_to_example
-    from .verify import verify_rules
-
-    pool, jobs = workers
-    bar = _bar(len(candidates), "derivable?") if progress_bars else None
-    derivation = check_derivable(candidates, known, pool=pool, jobs=jobs,
-                                 progress=(lambda d, n: bar.update(d - bar.n)) if bar else None)
-    if bar:
-        bar.close()
-    start = time.perf_counter()
-    checked, derivable, pinned = [], sum(derivation.derived), 0
-    todo = [(r, ex) for r, d, ex in zip(candidates, derivation.derived, derivation.example_only) if not d]
-    bar = _bar(len(todo), "checking on other shapes") if progress_bars else None
-    for (r, example_only), (g, error) in zip(todo, map_in_order(pool, _generalize, [r for r, _ in todo], jobs)):
-        if bar:
-            bar.update()
-        if g is None:  # both draws agreed, yet the float32 example does not
-            failed.append(f"{r.lhs[0]} => {r.rhs[0]}: {error}")
-            continue
-        if g.guards != r.guards:
-            if example_only and pinned_to_example(g):  # where smaller rules derive it
-                derivable += 1
-                continue
-            pinned += 1
-        checked.append(g)
-    if bar:
-        bar.close()
-    check_seconds = time.perf_counter() - start
-    start = time.perf_counter()
-    bar = _bar(len(checked), f"proving ({jobs} jobs)") if progress_bars else None
-    results = verify_rules(checked, timeout_s, progress=(lambda i, n, res: bar.update()) if bar else None,
-                           jobs=jobs, float_checked=True, pool=pool)  # _generalize ran the float checks
-    if bar:
-        bar.close()
-    rules = [_with_proof(r, Proof(res.status, found_by, tuple(res.axioms_used), round(res.seconds, 4),
-                                  res.reason)) for r, res in zip(checked, results)]
-    proving_seconds = time.perf_counter() - start
-    return rules, {"candidate_rules": len(candidates), "derivable": derivable,
-                   "derivation_seconds": derivation.seconds, "derivation_stops": derivation.stop_reasons,
-                   "pinned": pinned, "emitted": len(rules), "proved": sum(r.proved for r in rules),
-                   "check_seconds": round(check_seconds, 3),
-                   "proving_seconds": round(proving_seconds, 3)}, proving_seconds
-
-
-def _generalize(rule: Rule) -> tuple[Rule | None, str]:
-    """:func:`~.prune.generalize_or_pin` for a worker: ``(rule, "")``, or ``(None, why)``
-    when the rule fails on its own example."""
-    from .prune import generalize_or_pin
-
-    try:
-        return generalize_or_pin(rule), ""
-    except RuleError as err:
-        return None, str(err)
-
-
-def _with_proof(rule: Rule, proof: Proof) -> Rule:
-    return Rule(rule.name, rule.lhs, rule.rhs, rule.guards, rule.example, rule.doc, rule.source,
-                rule.multi, proof)
 
 
 def rules_text(rules, header: str) -> str:
@@ -285,26 +134,6 @@ def _generate(args) -> int:
 
 
 # --- verify --------------------------------------------------------------------------
-
-
-def verify_file(path, timeout_s: float = 10.0, progress=None, jobs: int = 1) -> list:
-    """Prove every rule of ``path`` (in ``jobs`` processes), float-check the proved
-    ones, and rewrite the file with the records, all at once at the end (an
-    interrupted run leaves the file as it was). Returns ``[(rule, Proof)]``."""
-    from .verify import verify_rules
-
-    path = Path(path)
-    text = path.read_text(encoding="utf-8")
-    rules = parse_rules(text, str(path))
-    results = verify_rules(rules, timeout_s, progress=progress, jobs=jobs)
-    proofs, out = {}, []
-    for rule, res in zip(rules, results):
-        found_by = rule.proof.found_by if rule.proof and rule.proof.found_by else "hand"
-        proof = Proof(res.status, found_by, tuple(res.axioms_used), round(res.seconds, 4), res.reason)
-        proofs[rule.name] = proof
-        out.append((rule, proof))
-    write_text_atomically(path, with_proof_records(text, proofs, str(path)))
-    return out
 
 
 def _verify(args) -> int:

@@ -1,4 +1,4 @@
-"""Compile parsed rules (rules/lang.py) to egglog rules over the tensor language.
+"""Compile parsed rules (taso_egg.rules.lang) to egglog rules over the tensor language.
 
 A rule's source patterns become query facts, its guards more facts (shapes are read
 through the ``shape`` analysis, weight-only-ness and anchoring order through
@@ -8,10 +8,10 @@ pattern; the ``commit`` analysis rule unions them once the new term's shape chec
 
 from __future__ import annotations
 
-from ..egraph.language import SORTS, constructor, egraph_params, encode, encode_param, tensor_arity
+from .language import SORTS, constructor, egraph_params, encode, encode_param, tensor_arity
 from ..errors import RuleError
-from . import semantics
-from .lang import App, Guard, Lit, ParamOp, Proj, Rule, Var
+from ..rules import semantics
+from ..rules.lang import App, Guard, Lit, ParamOp, Proj, Rule, Var
 
 
 class _Compiler:

@@ -1,0 +1,5 @@
+"""The rule generator, TASO's way: enumerate small graphs over an operator menu
+(``enumerate``), fingerprint them on random inputs and pair up the equal ones
+(``prune``), drop candidates that smaller proved rules already derive by saturation
+(``derive``, which is why this package sits above ``egraph``), and prove the rest
+with the verifier, level by level (``pipeline``). ``cli`` is ``taso-egg rules``."""
