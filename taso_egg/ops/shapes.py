@@ -134,28 +134,15 @@ def pad(padding: P, index: int) -> Expr:
     return Fn("pad", (padding, Num(index)))
 
 
-def eq(a, b) -> Cond:
-    return Cond("=", (lift(a), lift(b)))
+def _comparison(kind: str):
+    def compare(a, b) -> Cond:
+        return Cond(kind, (lift(a), lift(b)))
+
+    compare.__name__ = compare.__qualname__ = {"=": "eq", "<": "lt", ">": "gt", ">=": "ge"}[kind]
+    return compare
 
 
-def ne(a, b) -> Cond:
-    return Cond("!=", (lift(a), lift(b)))
-
-
-def lt(a, b) -> Cond:
-    return Cond("<", (lift(a), lift(b)))
-
-
-def le(a, b) -> Cond:
-    return Cond("<=", (lift(a), lift(b)))
-
-
-def gt(a, b) -> Cond:
-    return Cond(">", (lift(a), lift(b)))
-
-
-def ge(a, b) -> Cond:
-    return Cond(">=", (lift(a), lift(b)))
+eq, lt, gt, ge = (_comparison(k) for k in ("=", "<", ">", ">="))
 
 
 def broadcastable(a, b) -> Cond:
