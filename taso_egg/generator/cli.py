@@ -25,11 +25,12 @@ from pathlib import Path
 from taso_egg.errors import RuleError
 from taso_egg.files import write_atomically
 
+from .. import rules as _rules_package
 from ..rules.lang import Proof, load_rule_file, parse_rules
-from ..rules.verify import AXIOM_FILE, verify_file
-from .pipeline import generate_rules
 
-RULES_DIR = AXIOM_FILE.parent
+# The verifier (Z3) and the pipeline load when a subcommand runs, not whenever
+# `taso-egg` builds its parser.
+RULES_DIR = Path(_rules_package.__file__).parent
 # Rule files of the shipped corpus (not the axioms): what `stats` reads by default.
 DEFAULT_FILES = ("taso_hand.rules", "generated.rules")
 SHIPPED_GENERATED = RULES_DIR / "generated.rules"
@@ -107,6 +108,8 @@ def rules_text(rules, header: str) -> str:
 
 
 def _generate(args) -> int:
+    from .pipeline import generate_rules
+
     if args.output is None:
         args.output = str(GENERATE_OUTPUT)
         for path in (GENERATE_OUTPUT, stats_path(GENERATE_OUTPUT)):
@@ -137,6 +140,8 @@ def _generate(args) -> int:
 
 
 def _verify(args) -> int:
+    from ..rules.verify import verify_file
+
     if not args.files:
         raise RuleError("rules verify writes the proof records into the files it proves: name "
                         f"the rule files (the shipped corpus is {_shipped_names()})")
