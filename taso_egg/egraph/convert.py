@@ -64,8 +64,8 @@ def _egraph_supported(node: Node) -> bool:
 
 def graph_to_program(graph: Graph) -> GraphProgram:
     lines: list[str] = []
-    multi = {n.id for n in graph.nodes.values()
-             if len(n.outputs) > 1 or OPS[n.op].multi_output or not _egraph_supported(n)}
+    barriers = {n.id for n in graph.nodes.values() if not _egraph_supported(n)}
+    multi = barriers | {n.id for n in graph.nodes.values() if len(n.outputs) > 1 or OPS[n.op].multi_output}
     opaque: dict[str, Node] = {}
     weight_ids = {n.id: i for i, n in enumerate(graph.weights())}
     fresh = iter(range(1 << 62))
@@ -78,7 +78,7 @@ def graph_to_program(graph: Graph) -> GraphProgram:
     for node in graph.topo_order():
         ins = [_var(t, multi) for t in node.inputs]
         op, p = node.op, node.params
-        if op == "opaque" or not _egraph_supported(node):
+        if op == "opaque" or node.id in barriers:
             key = f"{op}#{node.id}"
             opaque[key] = node
             tlist = "(TNil)"
