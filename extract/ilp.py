@@ -87,8 +87,8 @@ class IlpExtractor(Extractor):
         best = _Incumbent(egraph, roots, first_choice(egraph, roots, start + WARM_SHARE * limit))
         nodes = shrink(egraph, roots, best.cost, protect=frozenset(best.choice.values()), deadline=deadline)
         full = _Configs("full MIP", logging.WARNING)
-        scout = self._mip(IlpModel(egraph, nodes, roots), best, min(deadline, time.perf_counter() + SCOUT_SHARE * limit),
-                          full)
+        model = IlpModel(egraph, nodes, roots)  # the scout's and the last phase's
+        scout = self._mip(model, best, min(deadline, time.perf_counter() + SCOUT_SHARE * limit), full)
         if scout is not None and scout.status == _OPTIMAL:
             return Solution(best.choice, OPTIMAL, scout.bound, scout.objective)
 
@@ -107,7 +107,7 @@ class IlpExtractor(Extractor):
             log.warning("%s: %d of %d sub-model answers failed the check and were solved again",
                         egraph.source, subs.failed, subs.runs)
 
-        answer = self._mip(IlpModel(egraph, nodes, roots), best, deadline, full)
+        answer = self._mip(model, best, deadline, full)
         lower = scout.bound if scout is not None else None
         if answer is not None:
             if answer.status == _OPTIMAL:
