@@ -171,6 +171,19 @@ def opaque_softmax(g):
 
 
 @case
+def sub_div_erf(g):
+    a, b = _x(g, (2, 3, 4), "a"), _x(g, (3, 1), "b")
+    g.mark_output(g.add_node("ewsub", (a, b))[0], "y0")
+    g.mark_output(g.add_node("erf", (g.add_node("ewdiv", (a, b))[0],))[0], "y1")
+
+
+@case
+def layernorm(g):
+    x = _x(g, (2, 3, 8))
+    g.mark_output(g.add_node("layernorm", (x, _w(g, (8,), "s"), _w(g, (8,), "b")))[0], "y0")
+
+
+@case
 def softmax(g):
     g.mark_output(g.add_node("softmax", (_x(g, (2, 3, 4)),), axis=1)[0], "y0")
 

@@ -49,6 +49,12 @@ def _hand_graph() -> Graph:
     g.concat(-1, [v, g.new_input((3, 2))])
     g.transpose(g.new_input((1, 2, 3, 4, 5, 6)), (5, 4, 3, 2, 1, 0))
     g.add_node("softmax", [x], axis=1)
+    for op in ("ewsub", "ewdiv"):
+        g.add_node(op, [g.new_input((4, 1, 3)), g.new_input((5, 1))])
+        g.add_node(op, [v, g.new_input((3, 5))])
+    g.add_node("erf", [x])
+    g.add_node("layernorm", [v, g.new_weight((5,)), g.new_weight((5,))])
+    g.add_node("layernorm", [x, g.new_weight((6,)), g.new_weight((6,))])
     return g
 
 

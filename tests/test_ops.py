@@ -4,6 +4,8 @@ TASO's generated constants and weight transforms."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx
 import pytest
@@ -286,6 +288,34 @@ def test_global_avgpool(shape):
     assert y.shape == shape[:2] + (1, 1)
     g.mark_output(y, "y")
     check_against_ort(g)
+
+
+@pytest.mark.parametrize("a_shape,b_shape", [((2, 3), (2, 3)), ((4, 1, 5), (3, 1)), ((2, 3), ())])
+def test_sub_div_erf_match_onnxruntime(a_shape, b_shape):
+    g = taso_egg.new_graph()
+    a, b = g.new_input(a_shape, name="a"), g.new_input(b_shape, name="b")
+    g.mark_output(g.add_node("ewsub", (a, b))[0], "sub")
+    g.mark_output(g.add_node("ewdiv", (a, b))[0], "div")
+    g.mark_output(g.add_node("erf", (a,))[0], "erf")
+    feeds = {"a": np.linspace(-6, 6, int(np.prod(a_shape))).reshape(a_shape).astype(np.float32),
+             "b": np.linspace(0.5, 2, int(np.prod(b_shape))).reshape(b_shape).astype(np.float32)}
+    ours, _ = check_against_ort(g, feeds)
+    assert np.isfinite(ours["div"]).all()
+    ref = np.vectorize(math.erf)(feeds["a"].astype(np.float64))
+    assert np.abs(ours["erf"] - ref).max() < 1e-6
+
+
+@pytest.mark.parametrize("shape", [(7,), (2, 5), (2, 3, 16)])
+def test_layernorm_matches_onnxruntime(shape, rng):
+    g = taso_egg.new_graph()
+    x = g.new_input(shape, name="x")
+    scale = g.new_weight(shape[-1:], data=rng.standard_normal(shape[-1:]).astype(np.float32))
+    bias = g.new_weight(shape[-1:], data=rng.standard_normal(shape[-1:]).astype(np.float32))
+    (y,) = g.add_node("layernorm", (x, scale, bias), epsilon=1e-3)
+    g.mark_output(y, "y")
+    check_against_ort(g)
+    with pytest.raises(ShapeError, match="last axis"):
+        g.add_node("layernorm", (x, bias, g.new_weight((shape[-1] + 1,))))
 
 
 @pytest.mark.parametrize("shape,axis", [((2, 7), 1), ((3, 4, 5), 0), ((2, 3, 4, 5), 2)])
@@ -620,6 +650,10 @@ TESTED = {
     "const_pool": "test_const_pool_conv_equals_avgpool",
     "opaque": "test_opaque_node_runs_and_exports",
     "softmax": "test_softmax_matches_onnxruntime",
+    "ewsub": "test_sub_div_erf_match_onnxruntime",
+    "ewdiv": "test_sub_div_erf_match_onnxruntime",
+    "erf": "test_sub_div_erf_match_onnxruntime",
+    "layernorm": "test_layernorm_matches_onnxruntime",
 }
 
 

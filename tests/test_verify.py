@@ -111,4 +111,4 @@ def test_every_operator_declares_a_known_scaling():
     from taso_egg.ops import OPS
 
     assert {spec.scaling for spec in OPS.values()} <= {"", "multilinear", "additive", "first"}
-    assert {n for n, s in OPS.items() if s.scaling == "additive"} == {"ewadd", "concat"}
+    assert {n for n, s in OPS.items() if s.scaling == "additive"} == {"ewadd", "ewsub", "concat"}

@@ -1,6 +1,9 @@
-"""Element-wise operators: ewadd, ewmul (NumPy broadcasting), smul, relu, sigmoid, tanh."""
+"""Element-wise operators: ewadd, ewmul, ewsub, ewdiv (NumPy broadcasting), smul, relu,
+sigmoid, tanh, erf."""
 
 from __future__ import annotations
+
+import math
 
 from .base import (FLOAT_DTYPES, OpSpec, TensorType, broadcast_shapes, elementwise_flops,
                    fail, onnx_importer, register)
@@ -63,7 +66,8 @@ def _broadcast_case(r: int) -> Case:
 BROADCAST = per_rank(_broadcast_case)
 
 
-def _binary_export(onnx_type):
+def _node_export(onnx_type):
+    """Export as one ONNX node of ``onnx_type`` on the same inputs."""
     def export(ctx, p, in_types, ins, outs):
         ctx.node(onnx_type, ins, outs)
 
@@ -73,14 +77,27 @@ def _binary_export(onnx_type):
 register(OpSpec(
     name="ewadd", scaling="additive", inputs=(2, 2), params=(), infer=_binary_infer("ewadd"),
     shape=BROADCAST, commutative=True, broadcasts=True,
-    kernel=lambda xp, p, a, b: [a + b], export=_binary_export("Add"), flops=elementwise_flops,
+    kernel=lambda xp, p, a, b: [a + b], export=_node_export("Add"), flops=elementwise_flops,
     doc="Element-wise add with NumPy broadcasting."))
 
 register(OpSpec(
     name="ewmul", scaling="multilinear", inputs=(2, 2), params=(), infer=_binary_infer("ewmul"),
     shape=BROADCAST, commutative=True, broadcasts=True,
-    kernel=lambda xp, p, a, b: [a * b], export=_binary_export("Mul"), flops=elementwise_flops,
+    kernel=lambda xp, p, a, b: [a * b], export=_node_export("Mul"), flops=elementwise_flops,
     doc="Element-wise multiply with NumPy broadcasting."))
+
+
+register(OpSpec(
+    name="ewsub", scaling="additive", inputs=(2, 2), params=(), infer=_binary_infer("ewsub"),
+    shape=BROADCAST, broadcasts=True,
+    kernel=lambda xp, p, a, b: [a - b], export=_node_export("Sub"), flops=elementwise_flops,
+    doc="Element-wise subtract with NumPy broadcasting."))
+
+register(OpSpec(
+    name="ewdiv", inputs=(2, 2), params=(), infer=_binary_infer("ewdiv"),
+    shape=BROADCAST, broadcasts=True,
+    kernel=lambda xp, p, a, b: [a / b], export=_node_export("Div"), flops=elementwise_flops,
+    doc="Element-wise divide with NumPy broadcasting."))
 
 
 def _smul_infer(p, ins):
@@ -95,19 +112,16 @@ def _smul_infer(p, ins):
 register(OpSpec(
     name="smul", scaling="multilinear", inputs=(2, 2), params=(), infer=_smul_infer,
     shape=(Case(In(0), requires=(eq(rank(In(1)), 0),)),),
-    kernel=lambda xp, p, x, s: [x * s], export=_binary_export("Mul"), flops=elementwise_flops,
+    kernel=lambda xp, p, x, s: [x * s], export=_node_export("Mul"), flops=elementwise_flops,
     doc="Scalar multiply: x times a 0-d tensor."))
 
 
 def _unary(name, onnx_type, fn):
-    def export(ctx, p, in_types, ins, outs):
-        ctx.node(onnx_type, ins, outs)
-
     return register(OpSpec(
         name=name, inputs=(1, 1), params=(), infer=lambda p, ins: [ins[0]], shape=same_as(0),
         activation=name.upper(),
         scaling="multilinear" if name == "relu" else "",  # relu(2^a x) = 2^a relu(x)
-        kernel=lambda xp, p, x: [fn(xp, x)], export=export, flops=elementwise_flops,
+        kernel=lambda xp, p, x: [fn(xp, x)], export=_node_export(onnx_type), flops=elementwise_flops,
         doc=f"Element-wise {name}."))
 
 
@@ -116,19 +130,47 @@ _unary("sigmoid", "Sigmoid", lambda xp, x: sigmoid(xp, x).astype(x.dtype, copy=F
 _unary("tanh", "Tanh", lambda xp, x: xp.tanh(x))
 
 
+def erf(xp, x):
+    """The error function on NumPy and CuPy alike (NumPy has none), in float64
+    whatever x's dtype: a Taylor series below |x| = 4 (60 terms; error below 1e-10),
+    the asymptotic series of erfc above."""
+    v = x.astype(xp.float64)
+    a = xp.abs(v)
+    small = xp.minimum(a, 4.0)
+    term, total, sq = small, small, small * small
+    for n in range(1, 60):
+        term = term * (-sq) / n
+        total = total + term / (2 * n + 1)
+    big = xp.maximum(a, 4.0)
+    inv = 1 / (big * big)
+    tail = xp.exp(-big * big) / (big * math.sqrt(math.pi)) * (
+        1 - inv / 2 + 0.75 * inv * inv - 1.875 * inv ** 3 + 6.5625 * inv ** 4)
+    out = xp.where(a < 4.0, total * (2 / math.sqrt(math.pi)), 1 - tail)
+    return (xp.sign(v) * out).astype(x.dtype, copy=False)
+
+
+register(OpSpec(
+    name="erf", inputs=(1, 1), params=(), infer=lambda p, ins: [ins[0]], shape=same_as(0),
+    kernel=lambda xp, p, x: [erf(xp, x)], export=_node_export("Erf"),
+    flops=lambda p, ins, outs: 20.0 * outs[0].size,  # a polynomial, as runtimes evaluate it
+    doc="Element-wise error function (GELU's exact form uses it)."))
+
+
 # --- ONNX import -------------------------------------------------------------------
 
 def _all_float(ctx, node) -> bool:
     return all(ctx.type(n).dtype in FLOAT_DTYPES for n in node.input)
 
 
-@onnx_importer("Add", "Mul")
+@onnx_importer("Add", "Mul", "Sub", "Div")
 def _import_binary(ctx, node, attrs):
     if len(node.input) != 2 or not _all_float(ctx, node):
         return None
     a, b = (ctx.tensor(n) for n in node.input)
     if node.op_type == "Add":
         return [ctx.g.add(a, b)]
+    if node.op_type in ("Sub", "Div"):
+        return ctx.g.add_node({"Sub": "ewsub", "Div": "ewdiv"}[node.op_type], (a, b))
     # A 0-d operand is TASO's scalar multiply; anything else broadcasts.
     if b.shape == () and a.shape != ():
         return [ctx.g.scalar_mul(a, b)]
@@ -137,9 +179,12 @@ def _import_binary(ctx, node, attrs):
     return [ctx.g.mul(a, b)]
 
 
-@onnx_importer("Relu", "Sigmoid", "Tanh")
+@onnx_importer("Relu", "Sigmoid", "Tanh", "Erf")
 def _import_unary(ctx, node, attrs):
     if not _all_float(ctx, node):
         return None
+    x = ctx.tensor(node.input[0])
+    if node.op_type == "Erf":
+        return ctx.g.add_node("erf", (x,))
     fn = {"Relu": ctx.g.relu, "Sigmoid": ctx.g.sigmoid, "Tanh": ctx.g.tanh}[node.op_type]
-    return [fn(ctx.tensor(node.input[0]))]
+    return [fn(x)]

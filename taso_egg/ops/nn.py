@@ -448,6 +448,42 @@ register(OpSpec(
     doc="exp(x) / sum(exp(x)) along a non-negative axis (ONNX Softmax, opset 13)."))
 
 
+# --- layer normalization -----------------------------------------------------------
+
+def _layernorm_infer(p, ins):
+    x, scale, bias = ins
+    if not x.shape:
+        fail("layernorm", "input needs at least one axis", ins)
+    if scale.shape != x.shape[-1:] or bias.shape != x.shape[-1:]:
+        fail("layernorm", f"scale and bias must have shape ({x.shape[-1]},): the last axis", ins)
+    if len({t.dtype for t in ins}) > 1 or x.dtype not in FLOAT_DTYPES:
+        fail("layernorm", "input, scale and bias must be floats of one dtype", ins)
+    return [x]
+
+
+def _layernorm_kernel(xp, p, x, scale, bias):
+    mean = x.mean(axis=-1, keepdims=True)
+    centred = x - mean
+    var = (centred * centred).mean(axis=-1, keepdims=True)
+    return [centred / xp.sqrt(var + xp.asarray(p["epsilon"], dtype=x.dtype)) * scale + bias]
+
+
+def _layernorm_export(ctx, p, in_types, ins, outs):
+    if ctx.opsets[""] < 17:
+        raise ExportError(f"layernorm needs opset 17 or later (the graph has opset {ctx.opsets['']})")
+    ctx.node("LayerNormalization", ins, outs, axis=-1, epsilon=float(p["epsilon"]))
+
+
+_LAST = rank(In(0)) - 1
+register(OpSpec(
+    name="layernorm", inputs=(3, 3), params=(_EPSILON,), infer=_layernorm_infer,
+    shape=(Case(In(0), requires=(gt(rank(In(0)), 0), eq(In(1), vec(In(0)[_LAST])), eq(In(2), vec(In(0)[_LAST])))),),
+    kernel=_layernorm_kernel, export=_layernorm_export,
+    flops=lambda p, ins, outs: 8.0 * outs[0].size,  # mean, centre, square, mean, scale, shift
+    doc="Layer normalization over the last axis: (x - mean) / sqrt(var + epsilon) * scale + bias "
+        "(ONNX LayerNormalization, opset 17, axis -1)."))
+
+
 # --- ONNX import -------------------------------------------------------------------
 
 def _float_input(ctx, node) -> bool:
@@ -606,3 +642,18 @@ def _import_softmax(ctx, node, attrs):
         return None  # opset < 13 flattens to 2-D first: another operator
     axis = int(attrs.get("axis", -1)) % len(x.shape)
     return [ctx.g.add_node("softmax", [x], axis=axis)[0]]
+
+
+@onnx_importer("LayerNormalization")
+def _import_layernorm(ctx, node, attrs):
+    x_t = ctx.type(node.input[0])
+    rank = len(x_t.shape)
+    if (len([o for o in node.output if o]) != 1 or not rank or int(attrs.get("axis", -1)) % rank != rank - 1
+            or not _float_input(ctx, node) or len(ctx.type(node.input[1]).shape) != 1):
+        return None  # the mean/inverse-deviation outputs, or more than the last axis: opaque
+    x, scale = ctx.tensor(node.input[0]), ctx.tensor(node.input[1])
+    if len(node.input) > 2 and node.input[2]:
+        bias = ctx.tensor(node.input[2])
+    else:
+        bias = ctx.g.new_weight(scale.shape, data=np.zeros(scale.shape, dtype=scale.dtype))
+    return ctx.g.add_node("layernorm", (x, scale, bias), epsilon=float(attrs.get("epsilon", 1e-5)))
