@@ -352,12 +352,10 @@ KEYWORDS = (":lhs", ":rhs", ":if", ":example", ":doc", ":proof")
 _PROOF_KEYS = ("status", "found-by", "axioms", "seconds", "reason")
 
 # What the operator table says about patterns: which operators may appear (leaves are
-# ?variables, opaque nodes are barriers), which have several outputs, which are
-# TASO's generated constants, and which trailing parameters a pattern may leave out
-# (the AST holds the default).
+# ?variables, opaque nodes are barriers), which have several outputs, and which
+# trailing parameters a pattern may leave out (the AST holds the default).
 EXCLUDED_OPS = tuple(op for op in OPS if not OPS[op].in_rules)
 MULTI_OUTPUT_OPS = tuple(op for op in OPS if OPS[op].multi_output and OPS[op].in_rules)
-CONSTANT_OPS = tuple(op for op in OPS if OPS[op].is_generated_constant)
 OPTIONAL_PARAMS = {op: tuple(p.name for p in OPS[op].params if p.optional) for op in OPS}
 
 

@@ -24,7 +24,7 @@ from functools import lru_cache
 
 from ..ops import OPS
 from ..ops.base import Param
-from ..ops.shapes import MAX_RANK, Case, Cond, Fn, In, Num, OutIndex, P
+from ..ops.shapes import Case, Cond, Fn, In, Num, OutIndex, P
 
 # Egglog sort of each parameter kind (ops.base.PARAM_KINDS); "data" never enters.
 SORTS = {"int": "i64", "float": "f64", "symbol": "String", "activation": "String",

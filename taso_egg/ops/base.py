@@ -124,11 +124,6 @@ class OpSpec:
                 return p
         raise KeyError(f"{self.name} has no parameter {name!r}")
 
-    @property
-    def is_generated_constant(self) -> bool:
-        """A leaf whose value follows from its shape alone (TASO's constants)."""
-        return self.is_leaf and self.is_constant and self.in_rules
-
     def check_input_count(self, n: int, where: str = "") -> None:
         lo, hi = self.inputs
         if n < lo or (hi is not None and n > hi):

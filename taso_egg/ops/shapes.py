@@ -280,6 +280,3 @@ class _Env:
 
 _COMPARE = {"=": lambda a, b: a == b, "!=": lambda a, b: a != b, "<": lambda a, b: a < b,
             "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b}
-
-FUNCTIONS = ("+", "-", "*", "/", "%", "max", "len", "vec", "get", "set", "pop", "remove", "pad")
-CONDITIONS = tuple(_COMPARE) + ("bcast", "pad-same", "pad-explicit")
