@@ -77,8 +77,8 @@ IntSeq = z3.SeqSort(z3.IntSort())
 rank = z3.Function("rank", Tensor, z3.IntSort())
 dim = z3.Function("dim", Tensor, z3.IntSort(), z3.IntSort())
 
-# Shapes are compared, and transpose perms unrolled, up to this rank.
-_MAX_RANK = 6
+# Shapes are compared up to the rank the operator table's shape cases are unrolled to.
+_MAX_RANK = shapes.MAX_RANK
 
 
 class _Shape:
