@@ -137,13 +137,6 @@ def declarations() -> str:
     return "\n".join(lines) + "\n" + "\n".join(_analysis_rules()) + "\n"
 
 
-def term_pattern(op: str, out: str = "x") -> tuple[str, list[str], list[str]]:
-    """``(= x (Op p_a p_b t0 t1))`` and the names of its param and tensor variables."""
-    params = [f"p_{name}" for name, _ in op_params(op)]
-    tensors = [f"t{i}" for i in range(tensor_arity(op))]
-    return f"(= {out} ({constructor(op)} {' '.join(params + tensors)}))", params, tensors
-
-
 def _rule(facts: list[str], actions: list[str]) -> str:
     return f"(rule ({' '.join(facts)}) ({' '.join(actions)}) :ruleset analysis)"
 
@@ -202,10 +195,10 @@ def _cond(c: Cond) -> str:
 def _output_pattern(op: str) -> tuple[str, list[str]]:
     """The pattern binding ``x`` to an output of ``op`` (through Proj for a
     multi-output operator, output index ``i``) and its tensor variables."""
-    pattern, _, tensors = term_pattern(op, "tup")
-    if returns_tuple(op):
-        return f"(= x (Proj {pattern[len('(= tup '):-1]} i))", tensors
-    return pattern.replace("(= tup ", "(= x ", 1), tensors
+    params = [f"p_{p.name}" for p in egraph_params(op)]
+    tensors = [f"t{i}" for i in range(tensor_arity(op))]
+    term = f"({constructor(op)} {' '.join(params + tensors)})"
+    return (f"(= x (Proj {term} i))" if returns_tuple(op) else f"(= x {term})"), tensors
 
 
 def _typed_ops() -> list[str]:
