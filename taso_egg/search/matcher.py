@@ -193,7 +193,7 @@ class RuleMatcher:
         index = pattern.index if isinstance(pattern, Proj) else 0
         if t.index != index:
             return b.fail(lambda: f"{_where(graph, t)} is not output {index}")
-        app = pattern.pattern if isinstance(pattern, Proj) else pattern
+        app = _root_app(pattern)
         return self._app(app, graph.nodes[t.node], b, graph)
 
     def _app(self, app: App, node: Node, b: _Binding, graph: Graph) -> bool:
