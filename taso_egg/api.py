@@ -67,11 +67,18 @@ class OptimizeStats:
     extracted_cost: float           # the extracted graph
     input_cost: float               # the input, every operator priced alone, no fusions
     kept_input: str                 # why the input is returned; "" when the result is
-    measured_ms: dict[str, float] | None = None   # onnxruntime, "original" and "optimized"
+    # onnxruntime, median ms of each candidate timed: "original", "re-export", "result"
+    measured_ms: dict[str, float] | None = None
     # the returned graph, exported, against the input in onnxruntime (float32); None
     # when not run (the input returned, verify=False) or the outputs overflow float32
     ort_check_error: float | None = None
     cost_lookups: dict[str, int] | None = None    # a profiled model: measured vs estimated
+    # which candidate is returned: "original" (the model as given: ``reference``, or the
+    # input graph when there is none), "re-export" (the input graph exported: the
+    # importer's clean-up) or "result" (the extracted graph)
+    chosen: str = "result"
+    # candidates that differ from the original and were not timed (measure=0)
+    not_measured: tuple[str, ...] = ()
 
 
 @dataclass
@@ -83,7 +90,8 @@ class OptimizeResult:
     cost_model: str
     stats: OptimizeStats
     saturation: Saturation | None = None
-    # ``graph`` exported to ONNX, as checked in onnxruntime; None when it is the input
+    # ``graph`` exported to ONNX, as checked in onnxruntime (the input graph's export when
+    # the re-export is chosen); None when the original is returned or verify is off
     exported: onnx.ModelProto | None = None
 
     @property
@@ -174,11 +182,22 @@ def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: 
     in onnxruntime (``measure`` interleaved runs each); a result measured slower than
     the input is not returned.
 
+    Three candidates are weighed (``OptimizeStats.chosen``): the original model as
+    given (``reference``, or ``graph`` exported when None), the re-export (``graph``
+    exported: the importer's clean-up, constants folded, Shape/Expand/CastLike chains
+    gone; a candidate only when ``reference`` is given) and the extracted result. The
+    cost model prices the first two alike, so only measurement can tell them apart:
+    with ``measure`` > 0 every candidate is timed (interleaved, median; one that computes
+    node for node what an earlier one does is left out) and the fastest is returned,
+    whatever the prediction said; with ``measure`` = 0 the result is
+    returned on its predicted gain and the re-export is listed in
+    ``OptimizeStats.not_measured``.
+
     With ``verify`` (the default) the extracted graph is compared with the input on
     random inputs in our executor (float64, tracked exponents), and a returned result
-    is exported and run in onnxruntime against ``reference`` (the ONNX model ``graph``
-    was read from; ``graph`` exported when None) wherever the float32 outputs stay
-    finite; the exported model is ``OptimizeResult.exported``.
+    or a returned re-export is exported and run in onnxruntime against ``reference``
+    (the ONNX model ``graph`` was read from; ``graph`` exported when None) wherever the
+    float32 outputs stay finite; the exported model is ``OptimizeResult.exported``.
 
     ``extract_time_limit`` bounds the extractor in seconds (the ILP's default,
     ILP_TIME_LIMIT, when None). ``progress(iteration_stats)`` is called after each
@@ -197,10 +216,12 @@ def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: 
     ext = extract_graph(sat, extractor, model, extract_time_limit)
     before, after = runtime_cost(graph, rules, model), graph_cost(ext.graph, model)
     check_error, check_seconds = _check_numerically(graph, ext.graph, verify, seed, phase)
-    decision = _decide(graph, ext.graph, before, after, min_gain, measure, phase, measure_progress)
+    decision = _decide(graph, ext.graph, before, after, min_gain, measure, phase, measure_progress,
+                       reference)
     exported, ort_error = None, None
-    if verify and decision.graph is not graph:
-        exported, ort_error = _check_in_onnxruntime(graph, decision.graph, reference, phase)
+    if verify and decision.chosen != "original":
+        exported, ort_error = _check_in_onnxruntime(graph, decision.graph, reference, phase,
+                                                    decision.exported)
     stats = OptimizeStats(
         saturation_seconds=sat.seconds,
         extraction_seconds=ext.seconds,
@@ -222,6 +243,8 @@ def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: 
         measured_ms=decision.measured_ms,
         ort_check_error=ort_error,
         cost_lookups=model.lookups() if hasattr(model, "lookups") else None,
+        chosen=decision.chosen,
+        not_measured=decision.not_measured,
     )
     cost_after = after if decision.graph is ext.graph else before
     return OptimizeResult(decision.graph, graph, before, cost_after, getattr(model, "name", "cost model"),
@@ -242,34 +265,106 @@ def _check_numerically(graph: Graph, result: Graph, verify: bool, seed: int,
 
 @dataclass
 class Decision:
-    """The decide stage's outcome: the graph ``optimize`` returns, and why when it is the input."""
+    """The decide stage's outcome: the graph ``optimize`` returns, which candidate it is
+    ("original", "re-export", "result"), and why when it is not the result."""
 
     graph: Graph
     kept_input: str = ""                         # "" when the result is returned
     measured_ms: dict[str, float] | None = None  # when timed in onnxruntime
+    chosen: str = "result"
+    not_measured: tuple[str, ...] = ()
+    exported: onnx.ModelProto | None = None      # the chosen candidate's ONNX, when timed
+
+
+CANDIDATES = ("original", "re-export", "result")
 
 
 def _decide(graph: Graph, result: Graph, before: float, after: float, min_gain: float, measure: int,
-            phase, measure_progress) -> Decision:
-    """Keep the input unless the predicted cost falls by more than ``min_gain`` and,
-    with ``measure``, the result does not measure slower in onnxruntime."""
-    if after >= before * (1 - min_gain):
-        return Decision(graph, f"predicted gain {1 - after / before:+.2%} is not above min_gain "
-                               f"{min_gain:.2%}" if before > 0 else "the input costs nothing")
+            phase, measure_progress, reference=None) -> Decision:
+    """Without ``measure``: the result when its predicted cost falls by more than
+    ``min_gain``, else the original. With ``measure``: every candidate timed in
+    onnxruntime, the fastest returned (ties go to the original); measurement overrides
+    the prediction both ways. A candidate that computes node for node what an earlier
+    one does (the result what the re-export does, say) is not timed apart."""
+    if before <= 0:
+        predicted = "the input costs nothing"
+    elif after >= before * (1 - min_gain):
+        predicted = f"predicted gain {1 - after / before:+.2%} is not above min_gain {min_gain:.2%}"
+    else:
+        predicted = ""
     if not measure:
-        return Decision(result)
-    phase(f"timing input and result in onnxruntime ({measure} interleaved runs each)")
-    best, measured, kept = keep_unless_faster(graph, result, measure, measure_progress)
-    return Decision(best, kept, measured)
+        unmeasured = ("re-export",) if reference is not None else ()
+        if predicted:
+            return Decision(graph, predicted, chosen="original", not_measured=unmeasured)
+        return Decision(result, not_measured=unmeasured)
+    from . import timing
+    from .executor import random_inputs
+    from .onnx_io.exporter import export_onnx
+
+    models = {"original": reference if reference is not None else export_onnx(graph)}
+    if reference is not None:
+        models["re-export"] = export_onnx(graph)
+    models["result"] = export_onnx(result)
+    # a candidate that computes node for node what an earlier one does is not timed
+    # (the earlier one stands for it), so that noise does not choose between twins
+    seen: dict[tuple, str] = {}
+    twins: dict[str, str] = {}
+    for name in list(models):
+        twin = seen.setdefault(_computation(models[name]), name)
+        if twin != name:
+            twins[name] = twin
+            del models[name]
+    if len(models) == 1:
+        return Decision(graph, "every candidate computes node for node what the original does",
+                        chosen="original")
+    names = " and ".join(", ".join(models).rsplit(", ", 1))
+    phase(f"timing {names} in onnxruntime ({measure} interleaved runs each)")
+    times = timing.ort_ms(models, random_inputs(graph), measure, measure_progress)
+    best = min(models, key=lambda k: times[k])  # the first of equals: the original first
+    if best == "result":
+        return Decision(result, "", times, "result", exported=models["result"])
+    why = (f"the result measured slower than the {best} in onnxruntime" if "result" in models else
+           f"the result computes node for node what the {twins['result']} does")
+    if predicted:
+        why += f" ({predicted})"
+    return Decision(graph, why, times, best, exported=models[best] if best == "re-export" else None)
 
 
-def _check_in_onnxruntime(graph: Graph, result: Graph, reference, phase):
-    """The returned graph exported, and its relative error against ``reference`` (or
-    ``graph`` exported) in onnxruntime; None when the float32 outputs overflow."""
+def _computation(model) -> tuple:
+    """What an ONNX graph computes, node for node, names aside: a digest of each output
+    over its operators, attributes, graph inputs and weight values (constants by value)."""
+    import hashlib
+
+    from onnx import TensorProto, helper, numpy_helper
+
+    def tensor_key(t) -> str:
+        a = numpy_helper.to_array(t)
+        return hashlib.sha1(f"{a.dtype}{a.shape}".encode() + a.tobytes()).hexdigest()
+
+    g = model.graph
+    key = {"": ""}
+    key.update({t.name: tensor_key(t) for t in g.initializer})
+    key.update({i.name: "input " + i.name for i in g.input if i.name not in key})
+    for node in g.node:
+        attrs = []
+        for a in sorted(node.attribute, key=lambda a: a.name):
+            v = helper.get_attribute_value(a)
+            attrs.append((a.name, tensor_key(v) if isinstance(v, TensorProto) else repr(v)))
+        digest = hashlib.sha1(repr((node.domain, node.op_type, attrs,
+                                    [key.get(i, "?" + i) for i in node.input])).encode()).hexdigest()
+        for j, out in enumerate(node.output):
+            key[out] = f"{digest}:{j}"
+    return tuple(key.get(o.name, "?" + o.name) for o in g.output)
+
+
+def _check_in_onnxruntime(graph: Graph, result: Graph, reference, phase, exported=None):
+    """The returned graph exported (``exported`` when given), and its relative error
+    against ``reference`` (or ``graph`` exported) in onnxruntime; None when the float32
+    outputs overflow."""
     from .onnx_io.exporter import export_onnx
 
     phase("checking the written model in onnxruntime against the input")
-    exported = export_onnx(result)
+    exported = export_onnx(result) if exported is None else exported
     error = check_onnx_model(export_onnx(graph) if reference is None else reference, exported, graph,
                              note=phase)
     return exported, error

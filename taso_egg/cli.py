@@ -108,15 +108,22 @@ def _cmd_optimize(args) -> int:
                           profile=args.profile, min_gain=args.min_gain, measure=args.measure,
                           extract_time_limit=args.extract_time_limit, phase=say,
                           measure_progress=rounds.update, reference=reference)
-    # nothing worth changing: hand back the model as it came; else the result as
-    # optimize exported it and checked it in onnxruntime against the input
-    model = original if result.graph is g else result.exported
+    # the original's bytes only when it measured fastest (or nothing paid and nothing
+    # was measured); else the re-export or the result, as optimize exported it and
+    # checked it in onnxruntime against the input
+    chosen = result.stats.chosen
+    model = original if chosen == "original" else result.exported
     _print_summary(result)
     print(format_table(operator_counts(original), operator_counts(model)))
     save_atomically(model, args.output, external_data=external)
     print(f"wrote {args.output}: {describe(model)}"
-          + (" (the input, unchanged)" if model is original else ""))
+          + {"original": " (the input, unchanged)",
+             "re-export": " (the input, re-exported: the importer's clean-up)"}.get(chosen, ""))
     return 0
+
+
+_CANDIDATE_NAMES = {"original": "the input, unchanged", "re-export": "the input, re-exported",
+                    "result": "the extracted graph"}
 
 
 def _print_summary(result) -> None:
@@ -126,13 +133,20 @@ def _print_summary(result) -> None:
     before, extracted = result.cost_before, st.extracted_cost  # as a runtime runs each
     predicted = before / extracted if extracted > 0 else math.inf
     if ms:
-        print(f"speedup: measured {ms['original'] / ms['optimized']:.3f}x in onnxruntime "
-              f"(ORT_ENABLE_ALL, 1 thread, median CPU time: input {ms['original']:.3f} ms, "
-              f"result {ms['optimized']:.3f} ms); predicted {predicted:.3f}x ({result.cost_model})")
+        print(f"speedup: measured {ms['original'] / ms[st.chosen]:.3f}x in onnxruntime "
+              f"(the written {st.chosen} against the original; ORT_ENABLE_ALL, 1 thread, "
+              f"median CPU time); the result predicted {predicted:.3f}x ({result.cost_model})")
+        print(f"  {'candidate':<10} {'ms':>10} {'vs original':>12}")
+        for name, t in ms.items():
+            print(f"  {name:<10} {t:>10.3f} {ms['original'] / t:>11.3f}x"
+                  + ("  <- written" if name == st.chosen else ""))
     else:
         print(f"speedup: not measured; predicted {predicted:.3f}x ({result.cost_model})")
+    if st.not_measured:
+        print(f"note: not measured: {', '.join(st.not_measured)} (the re-exported input, "
+              f"the importer's clean-up, may run faster than the original; --measure N times it)")
     if kept:
-        print(f"result: the input is written unchanged: {kept}; the extracted graph was "
+        print(f"result: {_CANDIDATE_NAMES[st.chosen]} is written: {kept}; the extracted graph was "
               f"predicted at {extracted * 1e3:.4g} ms against the input's {before * 1e3:.4g} ms")
     else:
         print(f"result: the extracted graph replaces the input (predicted "
@@ -229,11 +243,13 @@ def build_parser() -> argparse.ArgumentParser:
                         f"then keeps its best graph so far)")
     p.add_argument("--rules", action="append", metavar="FILE", help="extra .rules file (repeatable)")
     p.add_argument("--measure", type=int, default=5, metavar="N",
-                   help="time original and result N times in onnxruntime (at most 200); keep the "
-                        "original if the result is slower (0: skip)")
+                   help="time the original, its re-export and the result N times each in "
+                        "onnxruntime (interleaved, at most 200) and write the fastest (0: skip; the "
+                        "result is then written on its predicted gain, else the original)")
     p.add_argument("--min-gain", type=float, default=MIN_GAIN, metavar="F",
-                   help=f"keep the original unless the predicted cost drops by more than this "
-                        f"fraction (default {MIN_GAIN}: the cost model's measured error on speedups)")
+                   help=f"without --measure, keep the original unless the predicted cost drops by "
+                        f"more than this fraction (default {MIN_GAIN}: the cost model's measured "
+                        f"error on speedups)")
     p.add_argument("--profile", default="cpu-ort",
                    help="cost profile: a shipped name (cpu-ort, cpu-numpy), a file, or 'analytic'")
     p.set_defaults(func=_cmd_optimize)

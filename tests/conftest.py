@@ -72,3 +72,42 @@ def init(name, array):
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+def cluttered_conv_model():
+    """relu(conv(x) + b), as exporters write such things: Identity nodes around the conv
+    and the bias a Constant taken through Shape/Expand/CastLike. The importer folds it
+    all, so its re-export is Conv, Add, Relu."""
+    from onnx import helper
+
+    rng = np.random.default_rng(5)
+    bias = onnx.numpy_helper.from_array(rng.standard_normal((1, 4, 1, 1)).astype(np.float32), "b")
+    nodes = [helper.make_node("Identity", ["x"], ["x1"]),
+             helper.make_node("Conv", ["x1", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Identity", ["c"], ["c1"]),
+             helper.make_node("Constant", [], ["b"], value=bias),
+             helper.make_node("Shape", ["c1"], ["s"]),
+             helper.make_node("Expand", ["b", "s"], ["be"]),
+             helper.make_node("CastLike", ["be", "c1"], ["bc"]),
+             helper.make_node("Add", ["c1", "bc"], ["a"]),
+             helper.make_node("Relu", ["a"], ["y"])]
+    return make_model(nodes, [vi("x", [1, 3, 8, 8])], [vi("y", [1, 4, 8, 8])],
+                      [init("w", rng.standard_normal((4, 3, 3, 3)).astype(np.float32))])
+
+
+@pytest.fixture
+def fake_timer(monkeypatch):
+    """Replace onnxruntime timing with fixed milliseconds per candidate name: set
+    ``fake_timer.ms`` to a dict; ``fake_timer.timed`` lists the names timed per call."""
+    from types import SimpleNamespace
+
+    from taso_egg import timing
+
+    state = SimpleNamespace(ms={}, timed=[])
+
+    def ort_ms(models, feeds, repeats, progress=None):
+        state.timed.append(list(models))
+        return {name: state.ms[name] for name in models}
+
+    monkeypatch.setattr(timing, "ort_ms", ort_ms)
+    return state

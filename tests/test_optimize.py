@@ -201,22 +201,99 @@ def test_a_predicted_gain_below_min_gain_returns_the_input():
     assert taken.graph is not taken.original
 
 
-def test_a_result_measured_slower_in_onnxruntime_returns_the_input(monkeypatch):
-    from taso_egg import timing
-
-    timings = {"original": 1.0, "optimized": 2.0}
-    monkeypatch.setattr(timing, "ort_ms", lambda models, feeds, repeats, progress=None: dict(timings))
+def test_a_result_measured_slower_in_onnxruntime_returns_the_input(fake_timer):
+    fake_timer.ms = {"original": 1.0, "result": 2.0}
     slower = optimize(_nas1(), extractor="greedy-dag", limits=Limits(multi_iterations=2), measure=3)
     assert slower.graph is slower.original and "measured slower" in slower.stats.kept_input
-    assert slower.stats.measured_ms == timings
-    timings["optimized"] = 0.5
+    assert slower.stats.measured_ms == fake_timer.ms and slower.stats.chosen == "original"
+    assert fake_timer.timed == [["original", "result"]]  # no reference: no re-export to time
+    fake_timer.ms["result"] = 0.5
     faster = optimize(_nas1(), extractor="greedy-dag", limits=Limits(multi_iterations=2), measure=3)
     assert faster.graph is not faster.original and faster.stats.kept_input == ""
+    assert faster.stats.chosen == "result"
+
+
+# --- the three candidates: the original, its re-export, the result -----------------------
+
+
+def _cluttered():
+    from conftest import cluttered_conv_model
+
+    from taso_egg.onnx_io.importer import load_onnx
+
+    model = cluttered_conv_model()
+    return load_onnx(model), model
+
+
+def test_without_measurement_the_re_export_is_named_and_not_taken():
+    g, model = _cluttered()
+    r = optimize(g, reference=model)
+    assert r.graph is g and r.stats.chosen == "original" and r.exported is None
+    assert r.stats.not_measured == ("re-export",) and r.stats.measured_ms is None
+    # no reference, no re-export: the input graph is the original
+    assert optimize(_cluttered()[0]).stats.not_measured == ()
+
+
+def test_the_original_measured_fastest_is_returned(fake_timer):
+    g, model = _cluttered()
+    fake_timer.ms = {"original": 1.0, "re-export": 1.2, "result": 1.1}
+    r = optimize(g, reference=model, measure=3)
+    # the result is Conv, Add, Relu as the re-export is: one stands for both
+    assert fake_timer.timed == [["original", "re-export"]]
+    assert r.graph is g and r.stats.chosen == "original" and r.exported is None
+    assert "computes node for node what the re-export does" in r.stats.kept_input
+    assert r.stats.measured_ms == {"original": 1.0, "re-export": 1.2}
+    fake_timer.ms = {"original": 1.0, "re-export": 1.0, "result": 1.0}  # ties: the original
+    assert optimize(g, reference=model, measure=3).stats.chosen == "original"
+
+
+def test_the_re_export_measured_fastest_is_returned_checked(fake_timer):
+    g, model = _cluttered()
+    fake_timer.ms = {"original": 1.3, "re-export": 1.0, "result": 1.1}
+    r = optimize(g, reference=model, measure=3)
+    assert r.graph is g and r.stats.chosen == "re-export" and r.stats.not_measured == ()
+    assert [n.op_type for n in r.exported.graph.node] == ["Conv", "Add", "Relu"]
+    assert r.stats.ort_check_error is not None and r.stats.ort_check_error < 1e-5
+    # a re-export that computes something else fails the onnxruntime check
+    other = _one_weight_changed(model)
+    with pytest.raises(VerificationError, match="onnxruntime"):
+        optimize(g, reference=other, measure=3)
+
+
+def _one_weight_changed(model):
+    from onnx import numpy_helper
+
+    other = type(model)()
+    other.CopyFrom(model)
+    w = other.graph.initializer[0]
+    w.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(w) * 2 + 1, w.name))
+    return other
+
+
+def test_measurement_overrides_the_prediction_both_ways(fake_timer):
+    from taso_egg.onnx_io.exporter import export_onnx
+
+    limits = Limits(multi_iterations=2)
+    predicted = optimize(_nas1(), extractor="greedy-dag", limits=limits)
+    assert predicted.stats.chosen == "result"  # predicted better than min_gain
+    reference = export_onnx(_nas1())  # its re-export is the same graph: not timed apart
+    fake_timer.ms = {"original": 1.0, "re-export": 0.9, "result": 1.5}
+    slower = optimize(_nas1(), extractor="greedy-dag", limits=limits, measure=3, reference=reference)
+    assert fake_timer.timed == [["original", "result"]]
+    assert slower.graph is slower.original and slower.stats.chosen == "original"
+    assert "the result measured slower than the original" in slower.stats.kept_input
+    assert slower.cost_after == slower.cost_before and slower.exported is None
+    # predicted below min_gain, measured fastest: the result
+    fake_timer.ms = {"original": 1.0, "re-export": 1.0, "result": 0.5}
+    faster = optimize(_nas1(), extractor="greedy-dag", limits=limits, measure=3, reference=reference,
+                      min_gain=0.99)
+    assert faster.stats.chosen == "result" and faster.graph is not faster.original
+    assert faster.exported is not None and faster.stats.ort_check_error is not None
 
 
 def test_optimize_measures_for_real_in_onnxruntime():
     r = optimize(_nas1(), extractor="greedy-dag", limits=Limits(multi_iterations=2), measure=2)
-    assert set(r.stats.measured_ms) == {"original", "optimized"}
+    assert set(r.stats.measured_ms) == {"original", "result"}
     assert all(ms > 0 for ms in r.stats.measured_ms.values())
 
 
