@@ -10,6 +10,7 @@ A mismatch in either check raises VerificationError. ``OptimizeStats`` records t
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -283,8 +284,9 @@ def _decide(graph: Graph, result: Graph, before: float, after: float, min_gain: 
             phase, measure_progress, reference=None) -> Decision:
     """Without ``measure``: the result when its predicted cost falls by more than
     ``min_gain``, else the original. With ``measure``: every candidate timed in
-    onnxruntime, the fastest returned (ties go to the original); measurement overrides
-    the prediction both ways. A candidate that computes node for node what an earlier
+    onnxruntime; the fastest that beats the original beyond noise (in more interleaved
+    runs than chance allows, so at least five) is returned, else the original;
+    measurement overrides the prediction both ways. A candidate that computes node for node what an earlier
     one does (the result what the re-export does, say) is not timed apart."""
     if before <= 0:
         predicted = "the input costs nothing"
@@ -319,12 +321,22 @@ def _decide(graph: Graph, result: Graph, before: float, after: float, min_gain: 
                         chosen="original")
     names = " and ".join(", ".join(models).rsplit(", ", 1))
     phase(f"timing {names} in onnxruntime ({measure} interleaved runs each)")
-    times = timing.ort_ms(models, random_inputs(graph), measure, measure_progress)
-    best = min(models, key=lambda k: times[k])  # the first of equals: the original first
+    runs = timing.ort_runs(models, random_inputs(graph), measure, measure_progress)
+    times = {k: statistics.median(v) for k, v in runs.items()}
+    # The fastest candidate that beat the original in more interleaved rounds than
+    # chance allows; the original otherwise (a changed file must pay for itself).
+    best = next((k for k in sorted(models, key=times.get) if k != "original" and times[k] < times["original"]
+                 and timing.faster_beyond_noise(runs[k], runs["original"])), "original")
     if best == "result":
         return Decision(result, "", times, "result", exported=models["result"])
-    why = (f"the result measured slower than the {best} in onnxruntime" if "result" in models else
-           f"the result computes node for node what the {twins['result']} does")
+    if "result" not in models:
+        why = f"the result computes node for node what the {twins['result']} does"
+    elif times["result"] >= times[best]:
+        why = f"the result measured slower than the {best} in onnxruntime"
+    else:
+        wins = sum(r < o for r, o in zip(runs["result"], runs["original"]))
+        why = (f"the result measured faster than the original, but in only {wins} of {measure} "
+               f"interleaved runs: not beyond noise (a one-sided sign test at 5 %)")
     if predicted:
         why += f" ({predicted})"
     return Decision(graph, why, times, best, exported=models[best] if best == "re-export" else None)

@@ -244,8 +244,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rules", action="append", metavar="FILE", help="extra .rules file (repeatable)")
     p.add_argument("--measure", type=int, default=5, metavar="N",
                    help="time the original, its re-export and the result N times each in "
-                        "onnxruntime (interleaved, at most 200) and write the fastest (0: skip; the "
-                        "result is then written on its predicted gain, else the original)")
+                        "onnxruntime (interleaved, at most 200) and write the fastest that beats the "
+                        "original in more runs than chance allows (a sign test: N >= 5 for any to "
+                        "replace it; default 5); 0: skip, and the result is written on its predicted "
+                        "gain, else the original")
     p.add_argument("--min-gain", type=float, default=MIN_GAIN, metavar="F",
                    help=f"without --measure, keep the original unless the predicted cost drops by "
                         f"more than this fraction (default {MIN_GAIN}: the cost model's measured "

@@ -5,6 +5,7 @@ graphs with these; the profiling back ends build their sessions with ``make_sess
 
 from __future__ import annotations
 
+import math
 import time
 from contextlib import contextmanager
 
@@ -52,6 +53,14 @@ def make_session(model, disabled_optimizers=(), profile_prefix: str | None = Non
 def median_times(runs: dict, repeats: int, progress=None) -> dict[str, tuple[float, float]]:
     """Interleaved samples of each callable (so load drifts hit all alike): median CPU
     and wall seconds per call. ``progress(done, repeats)`` follows each round."""
+    cpu, wall = interleaved_runs(runs, repeats, progress)
+    return {k: (float(np.median(cpu[k])), float(np.median(wall[k]))) for k in runs}
+
+
+def interleaved_runs(runs: dict, repeats: int, progress=None) -> tuple[dict, dict]:
+    """CPU and wall seconds of each callable, round by round: one warm-up call each,
+    then ``repeats`` rounds calling each once. ``progress(done, repeats)`` follows
+    each round."""
     cpu = {k: [] for k in runs}
     wall = {k: [] for k in runs}
     for fn in runs.values():  # warm-up
@@ -64,7 +73,17 @@ def median_times(runs: dict, repeats: int, progress=None) -> dict[str, tuple[flo
             wall[name].append(time.perf_counter() - w0)
         if progress is not None:
             progress(done, repeats)
-    return {k: (float(np.median(cpu[k])), float(np.median(wall[k]))) for k in runs}
+    return cpu, wall
+
+
+def faster_beyond_noise(candidate: list[float], baseline: list[float], alpha: float = 0.05) -> bool:
+    """Whether ``candidate`` ran faster than ``baseline`` in more interleaved rounds
+    than chance allows: a one-sided sign test on the paired rounds (ties left out) at
+    level ``alpha``. Five rounds are the fewest that can pass (five wins of five)."""
+    wins = sum(c < b for c, b in zip(candidate, baseline))
+    n = sum(c != b for c, b in zip(candidate, baseline))
+    p = sum(math.comb(n, k) for k in range(wins, n + 1)) / 2 ** n if n else 1.0
+    return p < alpha
 
 
 def exported_graph(graph: Graph) -> Graph:
@@ -97,8 +116,14 @@ def measure(original: Graph, results: dict[str, Graph], repeats: int,
 def ort_ms(models: dict, feeds, repeats: int, progress=None) -> dict[str, float]:
     """Median CPU milliseconds per run of each ONNX model in onnxruntime
     (ORT_ENABLE_ALL, one thread), timed interleaved."""
+    return {k: float(np.median(v)) for k, v in ort_runs(models, feeds, repeats, progress).items()}
+
+
+def ort_runs(models: dict, feeds, repeats: int, progress=None) -> dict[str, list[float]]:
+    """CPU milliseconds of each ONNX model in onnxruntime (ORT_ENABLE_ALL, one thread),
+    round by round, the models interleaved."""
     with pinned_threads(), np.errstate(all="ignore"):
         sessions = {k: make_session(m) for k, m in models.items()}
-        times = median_times({k: (lambda s=s: s.run(None, feeds)) for k, s in sessions.items()}, repeats,
-                             progress)
-    return {k: cpu * 1e3 for k, (cpu, _) in times.items()}
+        cpu, _ = interleaved_runs({k: (lambda s=s: s.run(None, feeds)) for k, s in sessions.items()}, repeats,
+                                  progress)
+    return {k: [c * 1e3 for c in v] for k, v in cpu.items()}

@@ -98,16 +98,19 @@ def cluttered_conv_model():
 @pytest.fixture
 def fake_timer(monkeypatch):
     """Replace onnxruntime timing with fixed milliseconds per candidate name: set
-    ``fake_timer.ms`` to a dict; ``fake_timer.timed`` lists the names timed per call."""
+    ``fake_timer.ms`` to a dict (every round the same), or ``fake_timer.runs`` to lists
+    (round by round); ``fake_timer.timed`` lists the names timed per call."""
     from types import SimpleNamespace
 
     from taso_egg import timing
 
-    state = SimpleNamespace(ms={}, timed=[])
+    state = SimpleNamespace(ms={}, timed=[], runs=None)
 
-    def ort_ms(models, feeds, repeats, progress=None):
+    def ort_runs(models, feeds, repeats, progress=None):
         state.timed.append(list(models))
-        return {name: state.ms[name] for name in models}
+        if state.runs is not None:  # round by round, as given
+            return {name: state.runs[name][:repeats] for name in models}
+        return {name: [state.ms[name]] * repeats for name in models}
 
-    monkeypatch.setattr(timing, "ort_ms", ort_ms)
+    monkeypatch.setattr(timing, "ort_runs", ort_runs)
     return state

@@ -208,7 +208,7 @@ def test_a_result_measured_slower_in_onnxruntime_returns_the_input(fake_timer):
     assert slower.stats.measured_ms == fake_timer.ms and slower.stats.chosen == "original"
     assert fake_timer.timed == [["original", "result"]]  # no reference: no re-export to time
     fake_timer.ms["result"] = 0.5
-    faster = optimize(_nas1(), extractor="greedy-dag", limits=Limits(multi_iterations=2), measure=3)
+    faster = optimize(_nas1(), extractor="greedy-dag", limits=Limits(multi_iterations=2), measure=5)
     assert faster.graph is not faster.original and faster.stats.kept_input == ""
     assert faster.stats.chosen == "result"
 
@@ -250,14 +250,14 @@ def test_the_original_measured_fastest_is_returned(fake_timer):
 def test_the_re_export_measured_fastest_is_returned_checked(fake_timer):
     g, model = _cluttered()
     fake_timer.ms = {"original": 1.3, "re-export": 1.0, "result": 1.1}
-    r = optimize(g, reference=model, measure=3)
+    r = optimize(g, reference=model, measure=5)
     assert r.graph is g and r.stats.chosen == "re-export" and r.stats.not_measured == ()
     assert [n.op_type for n in r.exported.graph.node] == ["Conv", "Add", "Relu"]
     assert r.stats.ort_check_error is not None and r.stats.ort_check_error < 1e-5
     # a re-export that computes something else fails the onnxruntime check
     other = _one_weight_changed(model)
     with pytest.raises(VerificationError, match="onnxruntime"):
-        optimize(g, reference=other, measure=3)
+        optimize(g, reference=other, measure=5)
 
 
 def _one_weight_changed(model):
@@ -285,10 +285,37 @@ def test_measurement_overrides_the_prediction_both_ways(fake_timer):
     assert slower.cost_after == slower.cost_before and slower.exported is None
     # predicted below min_gain, measured fastest: the result
     fake_timer.ms = {"original": 1.0, "re-export": 1.0, "result": 0.5}
-    faster = optimize(_nas1(), extractor="greedy-dag", limits=limits, measure=3, reference=reference,
+    faster = optimize(_nas1(), extractor="greedy-dag", limits=limits, measure=5, reference=reference,
                       min_gain=0.99)
     assert faster.stats.chosen == "result" and faster.graph is not faster.original
     assert faster.exported is not None and faster.stats.ort_check_error is not None
+
+
+def test_a_candidate_must_be_faster_beyond_noise(fake_timer):
+    g, model = _cluttered()
+    # faster by the median, but in only 3 of 5 interleaved runs: the original stays
+    fake_timer.runs = {"original": [1.0, 1.0, 1.0, 1.0, 1.0], "re-export": [0.9, 0.9, 0.9, 1.1, 1.2]}
+    r = optimize(g, reference=model, measure=5)
+    assert r.stats.chosen == "original" and r.graph is g and r.exported is None
+    assert r.stats.measured_ms["re-export"] < r.stats.measured_ms["original"]
+    # 5 of 5: beyond chance (p = 1/32), it is written
+    fake_timer.runs["re-export"] = [0.9, 0.95, 0.99, 0.9, 0.8]
+    assert optimize(g, reference=model, measure=5).stats.chosen == "re-export"
+    # 3 runs can never show it (p = 1/8): the original
+    assert optimize(g, reference=model, measure=3).stats.chosen == "original"
+    # the result, faster by the median but not beyond noise, says so
+    fake_timer.runs = {"original": [1.0] * 5, "result": [0.5, 0.5, 0.5, 2.0, 2.0]}
+    slow = optimize(_nas1(), extractor="greedy-dag", limits=Limits(multi_iterations=2), measure=5)
+    assert slow.stats.chosen == "original" and "in only 3 of 5 interleaved runs" in slow.stats.kept_input
+
+
+def test_sign_test():
+    from taso_egg.timing import faster_beyond_noise
+
+    assert faster_beyond_noise([1] * 5, [2] * 5) and not faster_beyond_noise([1] * 4, [2] * 4)
+    assert not faster_beyond_noise([1, 1, 1, 1, 3], [2] * 5)  # 4 of 5: p = 6/32
+    assert faster_beyond_noise([1] * 9 + [3], [2] * 10)       # 9 of 10: p = 11/1024
+    assert not faster_beyond_noise([2] * 8, [2] * 8)          # ties say nothing
 
 
 def test_optimize_measures_for_real_in_onnxruntime():
