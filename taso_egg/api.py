@@ -15,15 +15,17 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from . import timing
 from .cost import DEFAULT_PROFILE, MIN_GAIN, CostModel, graph_cost, load_cost_model
 from .egraph.convert import build_graph
 from .egraph.pricing import ENodeConfigs, node_cost
 from .egraph.saturate import Limits, Saturation, saturate
 from .errors import ExtractionError, LimitError, TasoEggError
+from .executor import random_inputs
 from .extract.ilp import DEFAULT_TIME_LIMIT as ILP_TIME_LIMIT
 from .graph import Graph
+from .onnx_io.exporter import export_onnx
 from .rules.lang import load_corpus
-from .timing import measure as measure_runs
 from .verify import check_graphs_equivalent, check_onnx_model
 
 if TYPE_CHECKING:
@@ -299,10 +301,6 @@ def _decide(graph: Graph, result: Graph, before: float, after: float, min_gain: 
         if predicted:
             return Decision(graph, predicted, chosen="original", not_measured=unmeasured)
         return Decision(result, not_measured=unmeasured)
-    from . import timing
-    from .executor import random_inputs
-    from .onnx_io.exporter import export_onnx
-
     models = {"original": reference if reference is not None else export_onnx(graph)}
     if reference is not None:
         models["re-export"] = export_onnx(graph)
@@ -373,8 +371,6 @@ def _check_in_onnxruntime(graph: Graph, result: Graph, reference, phase, exporte
     """The returned graph exported (``exported`` when given), and its relative error
     against ``reference`` (or ``graph`` exported) in onnxruntime; None when the float32
     outputs overflow."""
-    from .onnx_io.exporter import export_onnx
-
     phase("checking the written model in onnxruntime against the input")
     exported = export_onnx(result) if exported is None else exported
     error = check_onnx_model(export_onnx(graph) if reference is None else reference, exported, graph,
@@ -384,14 +380,19 @@ def _check_in_onnxruntime(graph: Graph, result: Graph, reference, phase, exporte
 
 def keep_unless_faster(graph: Graph, candidate: Graph, repeats: int,
                        progress=None) -> tuple[Graph, dict[str, float], str]:
-    """Time ``graph`` and ``candidate`` in onnxruntime (``repeats`` interleaved runs,
-    median); ``(graph, times, why)`` when the candidate measured slower, else
-    ``(candidate, times, "")``. Times are milliseconds under "original" and
-    "optimized". Every command that writes an optimized graph applies this guard."""
-    times = measure_runs(graph, {"optimized": candidate}, repeats, runtimes=("ort",),
-                         progress=progress)["ort"]
-    if times["optimized"] > times["original"]:
+    """Time ``graph`` and ``candidate`` in onnxruntime (``repeats`` interleaved runs);
+    ``(candidate, times, "")`` when the candidate beats the graph beyond noise (the
+    sign test ``optimize`` applies), else ``(graph, times, why)``. Times are median
+    milliseconds under "original" and "optimized". Every command that writes an
+    optimized graph applies this guard."""
+    runs = timing.ort_runs({"original": export_onnx(graph), "optimized": export_onnx(candidate)},
+                           random_inputs(graph), repeats, progress)
+    times = {k: statistics.median(v) for k, v in runs.items()}
+    if times["optimized"] >= times["original"]:
         return graph, times, "the result measured slower than the input in onnxruntime"
+    if not timing.faster_beyond_noise(runs["optimized"], runs["original"]):
+        return graph, times, (f"the result measured faster, but not in more of the {repeats} interleaved "
+                              f"runs than chance allows (a sign test at 5 %)")
     return candidate, times, ""
 
 
