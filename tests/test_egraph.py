@@ -639,3 +639,21 @@ def test_merge_matmul_anchoring_terminates(k, expected_enodes):
     # and the merged graphs still compute the same outputs
     out = extract_graph(sat, extractor="greedy-dag").graph
     check_graphs_equivalent(g, out)
+
+
+def test_batched_q_k_v_projections_merge():
+    """Transformers' q/k/v: three matmuls of one rank-3 activation (batch, sequence,
+    hidden) with 2-D weights merge as the rank-2 ones do, splitting the last axis;
+    the rank-2 rule does not apply to them."""
+    rules = [r for r in load_corpus() if r.name.startswith("merge-matmul-shared-input")]
+    assert {r.name for r in rules} == {"merge-matmul-shared-input", "merge-matmul-shared-input-batched"}
+    g = new_graph()
+    x = _x(g, (2, 5, 4))
+    for i, n in enumerate((4, 4, 4)):
+        g.mark_output(g.matmul(x, _w(g, (4, n), f"w{i}")), f"y{i}")
+    sat = saturate(g, rules=rules, limits=Limits(multi_iterations=2))
+    matches = [s.matches for s in sat.iterations]
+    assert matches[0].get("merge-matmul-shared-input-batched") == 3
+    assert "merge-matmul-shared-input" not in matches[0]
+    merged = extract_graph(sat, extractor="greedy-dag").graph
+    check_graphs_equivalent(g, merged)
