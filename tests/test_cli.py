@@ -178,12 +178,18 @@ def cluttered_path(tmp_path):
     return path
 
 
+def _optimize_measured(path, out, fake_timer, ms: dict, capsys) -> str:
+    """``taso-egg optimize`` on ``path`` with 5 measured runs at the fake times ``ms``."""
+    fake_timer.ms = ms
+    assert main(["optimize", str(path), "-o", str(out), "--measure", "5"]) == 0
+    return capsys.readouterr().out
+
+
 def test_optimize_writes_the_original_bytes_when_it_measures_fastest(cluttered_path, tmp_path,
                                                                      fake_timer, capsys):
-    fake_timer.ms = {"original": 1.0, "re-export": 1.1, "result": 1.2}
     out = tmp_path / "o.onnx"
-    assert main(["optimize", str(cluttered_path), "-o", str(out), "--measure", "3"]) == 0
-    text = capsys.readouterr().out
+    text = _optimize_measured(cluttered_path, out, fake_timer,
+                              {"original": 1.0, "re-export": 1.1, "result": 1.2}, capsys)
     assert "original        1.000       1.000x  <- written" in text
     assert "(the input, unchanged)" in text
     assert out.read_bytes() == cluttered_path.read_bytes()
@@ -191,10 +197,9 @@ def test_optimize_writes_the_original_bytes_when_it_measures_fastest(cluttered_p
 
 def test_optimize_writes_the_re_export_when_it_measures_fastest(cluttered_path, tmp_path, fake_timer,
                                                                 capsys):
-    fake_timer.ms = {"original": 1.5, "re-export": 1.0, "result": 1.2}
     out = tmp_path / "o.onnx"
-    assert main(["optimize", str(cluttered_path), "-o", str(out), "--measure", "5"]) == 0
-    text = capsys.readouterr().out
+    text = _optimize_measured(cluttered_path, out, fake_timer,
+                              {"original": 1.5, "re-export": 1.0, "result": 1.2}, capsys)
     assert "speedup: measured 1.500x in onnxruntime (the written re-export" in text
     assert "re-export       1.000       1.500x  <- written" in text
     assert "(the input, re-exported: the importer's clean-up)" in text
