@@ -18,6 +18,10 @@ from .onnx_io.exporter import export_onnx
 from .onnx_io.importer import load_onnx
 
 
+# The shortest sample: faster callables are called repeatedly within one sample.
+MIN_SAMPLE_SECONDS = 0.005
+
+
 @contextmanager
 def pinned_threads():
     """One BLAS / OpenMP thread while profiling or timing end to end, so that profiles
@@ -58,19 +62,27 @@ def median_times(runs: dict, repeats: int, progress=None) -> dict[str, tuple[flo
 
 
 def interleaved_runs(runs: dict, repeats: int, progress=None) -> tuple[dict, dict]:
-    """CPU and wall seconds of each callable, round by round: one warm-up call each,
-    then ``repeats`` rounds calling each once. ``progress(done, repeats)`` follows
-    each round."""
+    """CPU and wall seconds per call of each callable, round by round: warm-up calls
+    first, then ``repeats`` rounds timing each in turn. A sample of a callable faster
+    than ``MIN_SAMPLE_SECONDS`` times that many seconds' worth of calls and divides,
+    so that a model of a few microseconds is not measured at the clock's resolution
+    and scheduler noise. ``progress(done, repeats)`` follows each round."""
     cpu = {k: [] for k in runs}
     wall = {k: [] for k in runs}
-    for fn in runs.values():  # warm-up
+    calls = {}
+    for name, fn in runs.items():  # warm-up, and how many calls make one sample
         fn()
+        w0 = time.perf_counter()
+        fn()
+        calls[name] = max(1, min(10_000, math.ceil(MIN_SAMPLE_SECONDS / max(time.perf_counter() - w0, 1e-7))))
     for done in range(1, repeats + 1):
         for name, fn in runs.items():
+            n = calls[name]
             c0, w0 = time.process_time(), time.perf_counter()
-            fn()
-            cpu[name].append(time.process_time() - c0)
-            wall[name].append(time.perf_counter() - w0)
+            for _ in range(n):
+                fn()
+            cpu[name].append((time.process_time() - c0) / n)
+            wall[name].append((time.perf_counter() - w0) / n)
         if progress is not None:
             progress(done, repeats)
     return cpu, wall
