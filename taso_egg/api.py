@@ -196,8 +196,9 @@ def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: 
     returned on its predicted gain and the re-export is listed in
     ``OptimizeStats.not_measured``.
 
-    With ``verify`` (the default) the extracted graph is compared with the input on
-    random inputs in our executor (float64, tracked exponents), and a returned result
+    With ``verify`` (the default) a returned result is compared with the input on
+    random inputs in our executor (float64, tracked exponents; a result that is not
+    returned is not checked, ``OptimizeStats.check_error`` None), and a returned result
     or a returned re-export is exported and run in onnxruntime against ``reference``
     (the ONNX model ``graph`` was read from; ``graph`` exported when None) wherever the
     float32 outputs stay finite; the exported model is ``OptimizeResult.exported``.
@@ -218,9 +219,12 @@ def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: 
           + (f", time limit {extract_time_limit:g} s)" if extract_time_limit else ")"))
     ext = extract_graph(sat, extractor, model, extract_time_limit)
     before, after = runtime_cost(graph, rules, model), graph_cost(ext.graph, model)
-    check_error, check_seconds = _check_numerically(graph, ext.graph, verify, seed, phase)
+    # Decide first, check what is returned: a result that is not returned needs no
+    # check (timing an unchecked candidate writes nothing).
     decision = _decide(graph, ext.graph, before, after, min_gain, measure, phase, measure_progress,
                        reference)
+    check_error, check_seconds = _check_numerically(graph, ext.graph, verify and decision.chosen == "result",
+                                                    seed, phase)
     exported, ort_error = None, None
     if verify and decision.chosen != "original":
         exported, ort_error = _check_in_onnxruntime(graph, decision.graph, reference, phase,
@@ -257,7 +261,8 @@ def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: 
 def _check_numerically(graph: Graph, result: Graph, verify: bool, seed: int,
                        phase) -> tuple[float | None, float]:
     """The check stage: the relative error of ``result`` against ``graph`` in our
-    executor (None when not verifying), and its seconds."""
+    executor (None when not checking: not verifying, or the result not returned), and
+    its seconds."""
     t_check = time.perf_counter()
     if not verify:
         return None, time.perf_counter() - t_check

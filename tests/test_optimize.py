@@ -137,8 +137,9 @@ def test_renamed_input_raises():
         check_graphs_equivalent(_mlp("relu"), _mlp("relu", input_name="z"))
 
 
-def test_optimize_rejects_a_wrong_extraction(monkeypatch):
-    """optimize must check the extracted graph: feed it one with relu -> sigmoid."""
+def test_optimize_rejects_a_wrong_extraction(monkeypatch, fake_timer):
+    """optimize must check the extracted graph it returns: feed it one with relu ->
+    sigmoid, measured faster so that it would be returned."""
     import taso_egg.api as api
 
     wrong = _mlp("sigmoid")
@@ -147,9 +148,14 @@ def test_optimize_rejects_a_wrong_extraction(monkeypatch):
         return Extraction(wrong, 0.0, 0.0, extractor, "fake")
 
     monkeypatch.setattr(api, "extract_graph", fake_extract)
+    fake_timer.ms = {"original": 2.0, "result": 1.0}
     with pytest.raises(VerificationError):
-        api.optimize(_mlp("relu"), rules=[])
-    api.optimize(_mlp("relu"), rules=[], verify=False)  # the check is what raised
+        api.optimize(_mlp("relu"), rules=[], measure=5)
+    api.optimize(_mlp("relu"), rules=[], verify=False, measure=5)  # the check is what raised
+    # not returned (measured slower), it is not checked: decide first, check what is returned
+    fake_timer.ms = {"original": 1.0, "result": 2.0}
+    kept = api.optimize(_mlp("relu"), rules=[], measure=5)
+    assert kept.stats.chosen == "original" and kept.stats.check_error is None
 
 
 def test_optimize_conv_with_bias():
