@@ -173,28 +173,26 @@ def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: 
              seed: int = 0, profile: str = DEFAULT_PROFILE, min_gain: float = MIN_GAIN,
              measure: int = 0, extract_time_limit: float | None = None, phase=None,
              measure_progress=None, reference=None) -> OptimizeResult:
-    """Saturate, extract, check numerically, keep the better of input and result, and
-    check the result in onnxruntime.
+    """Saturate, extract, decide what to return, and check what is returned.
 
     Costs come from ``cost_model`` when given, else from ``profile`` (a shipped profile's
     name, a profile path, or "analytic"; see ``taso_egg.cost.load_cost_model``).
-    ``rules`` default to the proved corpus. The result replaces the input only when its
-    predicted cost is lower by more than ``min_gain`` (a fraction): smaller predicted
-    gains are within the cost model's error and measured as often slower as faster.
-    With ``measure`` > 0 (at most MAX_MEASURE) both graphs are also exported and timed
-    in onnxruntime (``measure`` interleaved runs each); a result measured slower than
-    the input is not returned.
+    ``rules`` default to the proved corpus. Without measurement the result replaces the
+    input only when its predicted cost is lower by more than ``min_gain`` (a fraction):
+    smaller predicted gains are within the cost model's error and measured as often
+    slower as faster. With ``measure`` > 0 (at most MAX_MEASURE) the candidates below are
+    exported and timed in onnxruntime (``measure`` interleaved runs each) instead.
 
     Three candidates are weighed (``OptimizeStats.chosen``): the original model as
     given (``reference``, or ``graph`` exported when None), the re-export (``graph``
     exported: the importer's clean-up, constants folded, Shape/Expand/CastLike chains
     gone; a candidate only when ``reference`` is given) and the extracted result. The
     cost model prices the first two alike, so only measurement can tell them apart:
-    with ``measure`` > 0 every candidate is timed (interleaved, median; one that computes
-    node for node what an earlier one does is left out) and the fastest is returned,
-    whatever the prediction said; with ``measure`` = 0 the result is
-    returned on its predicted gain and the re-export is listed in
-    ``OptimizeStats.not_measured``.
+    with ``measure`` > 0 every candidate is timed (one that computes node for node what
+    an earlier one does is left out), and the fastest that beats the original beyond
+    noise (``timing.faster_beyond_noise``) is returned, whatever the prediction said;
+    else the original. With ``measure`` = 0 the result is returned on its predicted gain
+    and the re-export is listed in ``OptimizeStats.not_measured``.
 
     With ``verify`` (the default) a returned result is compared with the input on
     random inputs in our executor (float64, tracked exponents; a result that is not
@@ -284,17 +282,15 @@ class Decision:
     exported: onnx.ModelProto | None = None      # the chosen candidate's ONNX, when timed
 
 
-CANDIDATES = ("original", "re-export", "result")
-
-
 def _decide(graph: Graph, result: Graph, before: float, after: float, min_gain: float, measure: int,
             phase, measure_progress, reference=None) -> Decision:
     """Without ``measure``: the result when its predicted cost falls by more than
     ``min_gain``, else the original. With ``measure``: every candidate timed in
     onnxruntime; the fastest that beats the original beyond noise (in more interleaved
     runs than chance allows, so at least five) is returned, else the original;
-    measurement overrides the prediction both ways. A candidate that computes node for node what an earlier
-    one does (the result what the re-export does, say) is not timed apart."""
+    measurement overrides the prediction both ways. A candidate that computes node for
+    node what an earlier one does (the result what the re-export does, say) is not
+    timed apart."""
     if before <= 0:
         predicted = "the input costs nothing"
     elif after >= before * (1 - min_gain):
@@ -328,8 +324,8 @@ def _decide(graph: Graph, result: Graph, before: float, after: float, min_gain: 
     times = {k: statistics.median(v) for k, v in runs.items()}
     # The fastest candidate that beat the original in more interleaved rounds than
     # chance allows; the original otherwise (a changed file must pay for itself).
-    best = next((k for k in sorted(models, key=times.get) if k != "original" and times[k] < times["original"]
-                 and timing.faster_beyond_noise(runs[k], runs["original"])), "original")
+    best = next((k for k in sorted(models, key=times.get)
+                 if k != "original" and timing.faster_beyond_noise(runs[k], runs["original"])), "original")
     if best == "result":
         return Decision(result, "", times, "result", exported=models["result"])
     if "result" not in models:

@@ -89,13 +89,14 @@ def interleaved_runs(runs: dict, repeats: int, progress=None) -> tuple[dict, dic
 
 
 def faster_beyond_noise(candidate: list[float], baseline: list[float], alpha: float = 0.05) -> bool:
-    """Whether ``candidate`` ran faster than ``baseline`` in more interleaved rounds
-    than chance allows: a one-sided sign test on the paired rounds (ties left out) at
-    level ``alpha``. Five rounds are the fewest that can pass (five wins of five)."""
+    """Whether ``candidate`` ran faster than ``baseline``: a lower median, and faster in
+    more interleaved rounds than chance allows (a one-sided sign test on the paired
+    rounds, ties left out, at level ``alpha``). Five rounds are the fewest that can
+    pass (five wins of five)."""
     wins = sum(c < b for c, b in zip(candidate, baseline))
     n = sum(c != b for c, b in zip(candidate, baseline))
     p = sum(math.comb(n, k) for k in range(wins, n + 1)) / 2 ** n if n else 1.0
-    return p < alpha
+    return p < alpha and float(np.median(candidate)) < float(np.median(baseline))
 
 
 def exported_graph(graph: Graph) -> Graph:
