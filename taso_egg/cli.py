@@ -117,12 +117,12 @@ def _cmd_optimize(args) -> int:
     print(format_table(operator_counts(original), operator_counts(model)))
     save_atomically(model, args.output, external_data=external)
     print(f"wrote {args.output}: {describe(model)}"
-          + {"original": " (the input, unchanged)",
-             "re-export": " (the input, re-exported: the importer's clean-up)"}.get(chosen, ""))
+          + (f" ({_CANDIDATE_NAMES[chosen]})" if chosen != "result" else ""))
     return 0
 
 
-_CANDIDATE_NAMES = {"original": "the input, unchanged", "re-export": "the input, re-exported",
+_CANDIDATE_NAMES = {"original": "the input, unchanged",
+                    "re-export": "the input, re-exported: the importer's clean-up",
                     "result": "the extracted graph"}
 
 
