@@ -32,16 +32,17 @@ def pinned_threads():
         yield
 
 
-def make_session(model, disabled_optimizers=(), profile_prefix: str | None = None):
-    """An onnxruntime CPU session pinned to one thread, all graph optimizations on
-    (with ``profile_prefix``, onnxruntime's per-node profiler writes there)."""
+def make_session(model, disabled_optimizers=(), profile_prefix: str | None = None, threads: int = 1):
+    """An onnxruntime CPU session pinned to ``threads`` intra-op threads (one by
+    default), all graph optimizations on (with ``profile_prefix``, onnxruntime's
+    per-node profiler writes there)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     if profile_prefix:
         options.enable_profiling = True
         options.profile_file_prefix = profile_prefix
-    options.intra_op_num_threads = 1
+    options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -132,11 +133,12 @@ def ort_ms(models: dict, feeds, repeats: int, progress=None) -> dict[str, float]
     return {k: float(np.median(v)) for k, v in ort_runs(models, feeds, repeats, progress).items()}
 
 
-def ort_runs(models: dict, feeds, repeats: int, progress=None) -> dict[str, list[float]]:
-    """CPU milliseconds of each ONNX model in onnxruntime (ORT_ENABLE_ALL, one thread),
-    round by round, the models interleaved."""
+def ort_runs(models: dict, feeds, repeats: int, progress=None, threads: int = 1) -> dict[str, list[float]]:
+    """Milliseconds of each ONNX model in onnxruntime (ORT_ENABLE_ALL), round by round,
+    the models interleaved: CPU time on one thread (other processes' load does not
+    count), wall time with more (CPU time would add the threads up)."""
     with pinned_threads(), np.errstate(all="ignore"):
-        sessions = {k: make_session(m) for k, m in models.items()}
-        cpu, _ = interleaved_runs({k: (lambda s=s: s.run(None, feeds)) for k, s in sessions.items()}, repeats,
-                                  progress)
-    return {k: [c * 1e3 for c in v] for k, v in cpu.items()}
+        sessions = {k: make_session(m, threads=threads) for k, m in models.items()}
+        cpu, wall = interleaved_runs({k: (lambda s=s: s.run(None, feeds)) for k, s in sessions.items()},
+                                     repeats, progress)
+    return {k: [c * 1e3 for c in v] for k, v in (cpu if threads == 1 else wall).items()}

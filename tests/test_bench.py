@@ -1,0 +1,47 @@
+"""The optimization benchmark's tables (python -m taso_egg.bench): rows for zoo models
+and for a folder of ONNX files; figures are this run's, so only their form is checked."""
+
+from __future__ import annotations
+
+import onnx
+
+from taso_egg import bench
+
+from conftest import cluttered_conv_model
+
+
+def _rows(text: str, first: str) -> list[list[str]]:
+    return [line.split() for line in text.splitlines() if line.startswith(first)]
+
+
+def test_zoo_row_has_phases_memory_and_tensat_ratio(capsys):
+    assert bench.main(["--models", "squeezenet-small", "--bert-layers", "1", "--extractors", "greedy-dag"]) == 0
+    out = capsys.readouterr().out
+    assert "tensat s" in out.splitlines()[0] and "RSS MB" in out.splitlines()[0]
+    (row,) = _rows(out, "squeezenet-small")
+    nodes, enodes = int(row[2]), int(row[3])
+    load, sat, ext, check, total = map(float, row[5:10])
+    assert enodes >= nodes > 0
+    assert total >= sat + ext + check - 0.05 and load > 0
+    assert row[10] == "-" and row[11] == "-"  # Tensat published no -small figures
+    assert float(row[12]) > 50  # a Python process with egglog and numpy loaded
+    (layer,) = _rows(out, "bert-L1")
+    assert int(layer[2]) < 40  # one layer of TASO's BERT, not eight
+
+
+def test_onnx_folder_table(tmp_path, capsys):
+    onnx.save(cluttered_conv_model(), tmp_path / "conv.onnx")
+    (tmp_path / "broken.onnx").write_bytes(b"not a model")
+    assert bench.main(["--onnx", str(tmp_path), "--measure", "5", "--extractors", "greedy-dag"]) == 0
+    out = capsys.readouterr().out
+    (broken,) = _rows(out, "broken.onnx")
+    assert "failed:" in broken
+    (row,) = _rows(out, "conv.onnx")
+    assert row[1] == "9"  # the file's nodes, clutter included
+    assert row[-1] in ("original", "re-export", "result")
+    assert row[4].endswith("x") and float(row[5].rstrip("x")) > 0 and float(row[6].rstrip("x")) > 0
+
+
+def test_onnx_folder_without_models(tmp_path, capsys):
+    assert bench.main(["--onnx", str(tmp_path)]) == 2
+    assert "no *.onnx files" in capsys.readouterr().err
