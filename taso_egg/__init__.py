@@ -6,8 +6,23 @@ from .executor import random_inputs, run
 from .graph import Graph, Node, Tensor, new_graph
 from .onnx_io.exporter import export_onnx
 from .onnx_io.importer import load_onnx
-from .api import Extraction, OptimizeResult, extract_graph, optimize
-from .egraph.saturate import Limits, Saturation, saturate
+
+# Saturation and extraction need egglog and HiGHS; they load when first named, so that
+# the graph IR, the executor and the profiler run where those are not installed (the
+# GPU machine: scripts/gpu_run.sh).
+_LAZY = {"optimize": "api", "OptimizeResult": "api", "extract_graph": "api", "Extraction": "api",
+         "saturate": "egraph.saturate", "Saturation": "egraph.saturate", "Limits": "egraph.saturate"}
+
+
+def __getattr__(name):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
+
+    value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "Graph", "Node", "Tensor", "new_graph", "run", "random_inputs", "load_onnx", "export_onnx",

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ProfileError
+from ..errors import ProfileError, TasoEggError
 from ..ops import OPS, TensorType
 
 
@@ -60,6 +60,26 @@ class OpConfig:
         ins = ",".join(f"{t.dtype}[{','.join(map(str, t.shape))}]" + (":const" if c else "")
                        for t, c in zip(self.inputs, self.constant))
         return f"{self.op} {params} {ins}"
+
+    def to_json(self) -> dict:
+        """What a profile entry or a configuration list records of it (outputs follow)."""
+        return {"op": self.op, "params": {k: jsonable(v) for k, v in self.params},
+                "inputs": [[list(t.shape), t.dtype, c] for t, c in zip(self.inputs, self.constant)]}
+
+    @staticmethod
+    def from_json(entry: dict, key: str | None = None) -> OpConfig:
+        """The configuration ``to_json`` wrote; with ``key``, checked to be that one."""
+        try:
+            inputs = [TensorType(tuple(shape), dtype) for shape, dtype, _ in entry["inputs"]]
+            config = OpConfig.of(entry["op"], entry["params"], inputs,
+                                 constant=[c for _, _, c in entry["inputs"]])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ProfileError(f"not an operator configuration: {str(entry)[:200]} ({e!r})") from None
+        except TasoEggError as e:
+            raise ProfileError(f"{key or entry.get('op')}: {e}") from None
+        if key is not None and config.key != key:
+            raise ProfileError(f"configuration {key!r} reads back as {config.key!r}")
+        return config
 
 
 def node_config(node, constant=None) -> OpConfig:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ..errors import ProfileError
 from ..files import write_atomically
-from .config import OpConfig, jsonable
+from .config import OpConfig
 
 FORMAT = "taso-egg-profile"
 VERSION = 1
@@ -79,12 +79,7 @@ class Profile:
         key = config.key
         if key in self.entries and not replace:
             return False
-        self.entries[key] = {
-            "op": config.op,
-            "params": {k: jsonable(v) for k, v in config.params},
-            "inputs": [[list(t.shape), t.dtype, c] for t, c in zip(config.inputs, config.constant)],
-            **measurement,
-        }
+        self.entries[key] = {**config.to_json(), **measurement}
         return True
 
     def check_compatible(self, other_meta: dict, where: str = "") -> None:

@@ -43,12 +43,13 @@ DEVICE_OF = {"numpy": "cpu", "ort": "cpu", "cupy": "gpu"}
 
 @dataclass
 class Measurement:
-    seconds: float      # the operator's cost
+    seconds: float      # the operator's cost: the median sample
     spread_s: float     # half the interquartile range of the samples
     samples: int
     loops: int          # runs per sample
     copies: int = 1     # > 1: marginal cost of one more copy in the model
     note: str = ""
+    mean_s: float | None = None  # the mean sample (TASO reports the mean)
 
     def as_entry(self) -> dict:
         return asdict(self)
@@ -77,22 +78,31 @@ def one_op_graph(config: OpConfig, copies: int = 1, stage=None) -> Graph:
     return g
 
 
-def _summary(samples: list[float]) -> tuple[float, float]:
+@dataclass
+class Sampled:
+    median: float       # seconds per call
+    spread: float       # half the interquartile range
+    mean: float
+    loops: int          # calls per sample
+
+
+def summarize(samples: list[float], loops: int = 1) -> Sampled:
     q1, med, q3 = np.percentile(samples, [25, 50, 75])
-    return float(med), float(q3 - q1) / 2
+    return Sampled(float(med), float(q3 - q1) / 2, float(np.mean(samples)), loops)
 
 
-def _sample(run, warmups: int, repeats: int, clock) -> tuple[float, float, int]:
-    """Median and spread of ``repeats`` samples of ``run`` (seconds per call), and
-    the loops per sample."""
+def sample(run, warmups: int, repeats: int, clock) -> Sampled:
+    """``repeats`` samples of ``run`` after ``warmups`` (seconds per call). The first
+    call is untimed (a GPU compiles its kernels then); the second sets how many calls
+    make one sample."""
     if repeats < 1 or warmups < 0:
         raise ProfileError(f"need repeats >= 1 and warmups >= 0, got {repeats}, {warmups}")
+    run()
     first = clock(run, 1)  # also the first warm-up
     loops = max(1, math.ceil(SAMPLE_S / max(first, 1e-9)))
     for _ in range(warmups - 1):
         clock(run, loops)
-    med, spread = _summary([clock(run, loops) for _ in range(repeats)])
-    return med, spread, loops
+    return summarize([clock(run, loops) for _ in range(repeats)], loops)
 
 
 def host_clock(timer=time.process_time):
@@ -153,25 +163,29 @@ class _GraphBackend:
     def _graph(self, config: OpConfig, copies: int) -> Graph:
         return one_op_graph(config, copies)
 
-    def _time(self, config: OpConfig, copies: int, warmups: int, repeats: int):
+    def _time(self, config: OpConfig, copies: int, warmups: int, repeats: int) -> Sampled:
         key = (config.key, copies)
         if key not in self._runners:
             self._runners[key] = self._prepare(self._graph(config, copies))
-        return _sample(self._runners[key], warmups, repeats, self.clock)
+        return sample(self._runners[key], warmups, repeats, self.clock)
+
+    def release(self) -> None:
+        """Drop the prepared runs (their inputs and weights)."""
+        self._runners.clear()
 
     def measure(self, config: OpConfig, warmups: int = 2, repeats: int = 10) -> Measurement:
-        one, spread1, loops1 = self._time(config, 1, warmups, repeats)
-        if one >= DIRECT_ABOVE_S:
-            return Measurement(one, spread1, repeats, loops1)
-        copies = min(MAX_COPIES, max(4, math.ceil(DIRECT_ABOVE_S / max(one, 1e-9))))
-        many, spread_k, loops_k = self._time(config, copies, warmups, repeats)
-        marginal = max(many - one, 0.0) / (copies - 1)
-        return Measurement(marginal, (spread1 + spread_k) / (copies - 1), repeats, loops_k, copies)
+        one = self._time(config, 1, warmups, repeats)
+        if one.median >= DIRECT_ABOVE_S:
+            return Measurement(one.median, one.spread, repeats, one.loops, mean_s=one.mean)
+        copies = min(MAX_COPIES, max(4, math.ceil(DIRECT_ABOVE_S / max(one.median, 1e-9))))
+        many = self._time(config, copies, warmups, repeats)
+        marginal = max(many.median - one.median, 0.0) / (copies - 1)
+        return Measurement(marginal, (one.spread + many.spread) / (copies - 1), repeats, many.loops, copies,
+                           mean_s=max(many.mean - one.mean, 0.0) / (copies - 1))
 
     def run_overhead(self, warmups: int, repeats: int, tiny: OpConfig, tiny_cost: float) -> float:
         """What one whole-graph run costs beyond its operators (``tiny`` costs ``tiny_cost``)."""
-        one, _, _ = self._time(tiny, 1, warmups, repeats)
-        return max(one - tiny_cost, 0.0)
+        return max(self._time(tiny, 1, warmups, repeats).median - tiny_cost, 0.0)
 
 
 class KernelBackend(_GraphBackend):
@@ -187,12 +201,19 @@ class KernelBackend(_GraphBackend):
         self.clock = cuda_event_clock(xp) if self.events else host_clock()
 
     def _prepare(self, graph: Graph):
-        from ..executor import random_inputs, run
+        from ..executor import run
 
-        feeds = {k: self.xp.asarray(v) for k, v in random_inputs(graph).items()}
-        for n in graph.weights():
-            graph.weight_data[n.id] = self.xp.asarray(graph.weight_array(n))
+        try:
+            feeds = place_on_device(graph, self.xp) if self.name == "cupy" else _host_arrays(graph)
+        except Exception as e:  # e.g. CuPy's OutOfMemoryError: this configuration is not measured
+            raise ProfileError(f"cannot place {graph.summary()} on the device: {e}") from None
         return lambda: run(graph, feeds, xp=self.xp)
+
+    def release(self) -> None:
+        super().release()
+        pool = getattr(self.xp, "get_default_memory_pool", None)
+        if self.events and pool is not None:  # CuPy keeps freed blocks for reuse
+            pool().free_all_blocks()
 
     def metadata(self) -> dict:
         if self.name == "numpy":
@@ -201,13 +222,84 @@ class KernelBackend(_GraphBackend):
         if not self.events:  # tests: NumPy standing in for CuPy
             return {"device_name": f"{getattr(self.xp, '__name__', 'array module')} standing in for CuPy",
                     "libraries": {"numpy": np.__version__}, "threads": {"blas": 1},
-                    "clock": CPU_CLOCK}
-        props = self.xp.cuda.runtime.getDeviceProperties(self.xp.cuda.Device().id)
+                    "clock": CPU_CLOCK, "kernels": KERNEL_PATHS}
+        runtime = self.xp.cuda.runtime
+        props = runtime.getDeviceProperties(self.xp.cuda.Device().id)
         name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
         return {"device_name": name,
-                "libraries": {"cupy": self.xp.__version__,
-                              "cuda_runtime": self.xp.cuda.runtime.runtimeGetVersion()},
-                "threads": {}, "clock": "CUDA events"}
+                "libraries": {"cupy": self.xp.__version__, "numpy": np.__version__,
+                              "cuda_runtime": runtime.runtimeGetVersion(),
+                              "cuda_driver_api": runtime.driverGetVersion(),
+                              "nvidia_driver": nvidia_driver_version()},
+                "threads": {}, "clock": "CUDA events around each sample",
+                "kernels": {**KERNEL_PATHS, "cudnn_in_cupy": _has_cudnn(self.xp)}}
+
+
+# What the cupy back end's kernels run on: the operator table's array-module kernels,
+# the same code as on NumPy. CuPy 14 removed its cuDNN bindings
+# (docs.cupy.dev/en/latest/upgrade.html, "Dropping cuDNN Support"), and the table's
+# conv never called them: it is im2col by strided slices and one batched matmul.
+KERNEL_PATHS = {
+    "matmul": "cupy.matmul (cuBLAS GEMM; batched GEMM for rank > 2)",
+    "conv2d": "im2col (one strided-slice copy per kernel tap) + cupy.matmul (cuBLAS batched "
+              "GEMM); no cuDNN",
+    "elementwise and reductions": "CuPy's own kernels (compiled with NVRTC at first use)",
+}
+
+
+def _has_cudnn(xp) -> bool:
+    try:
+        __import__(f"{xp.__name__}.cuda.cudnn")
+        return True
+    except ImportError:
+        return False
+
+
+def nvidia_driver_version() -> str:
+    """The kernel driver's version (e.g. 580.159.04), which CUDA's API does not give."""
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            text = f.read()
+        for word in text.split():
+            if word.count(".") >= 1 and word.replace(".", "").isdigit():
+                return word
+    except OSError:
+        pass
+    import subprocess
+
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=20)
+        return done.stdout.strip().splitlines()[0] if done.returncode == 0 and done.stdout.strip() else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _host_arrays(graph: Graph) -> dict:
+    from ..executor import random_inputs
+
+    for n in graph.weights():
+        graph.weight_array(n)
+    return random_inputs(graph)
+
+
+def place_on_device(graph: Graph, xp, seed: int = 0) -> dict:
+    """Feeds for ``graph``'s inputs on ``xp``'s device, and its weights put there
+    (``graph.weight_data`` then holds device arrays). A weight the graph holds no
+    data for is drawn on the device, scaled as ``ops.leaves.weight_values`` scales
+    it: copies of VGG-19's classifier weigh gigabytes, which the host would take
+    minutes to draw and the bus to carry."""
+    from ..executor import random_inputs
+
+    rng = xp.random.RandomState(seed)  # the legacy API: the same calls on NumPy and CuPy
+    for n in graph.weights():
+        data = graph.weight_data.get(n.id)
+        shape, dtype = n.params["shape"], np.dtype(n.params["dtype"])
+        if data is None and dtype.kind == "f":
+            fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else max(int(np.prod(shape)), 1)
+            data = (rng.standard_normal(shape) * (1.0 / math.sqrt(max(fan_in, 1)))).astype(dtype)
+        graph.weight_data[n.id] = xp.asarray(graph.weight_array(n) if data is None else data)
+    return {k: xp.asarray(v) for k, v in random_inputs(graph, seed).items()}
 
 
 def _blas() -> str:

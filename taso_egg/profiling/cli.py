@@ -44,6 +44,13 @@ def add_arguments(p) -> None:
                    help="only configurations of these operators (e.g. to remeasure one kind)")
     add_input_shape_argument(p, "fix a symbolic input dimension of an ONNX model (repeatable)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--list-configs", metavar="FILE",
+                   help="time nothing: write every configuration this run would time, and the "
+                        "device's calibration, to FILE as JSON (the GPU run's list; "
+                        "taso_egg.profiling.bundle)")
+    p.add_argument("--cost-model", help="with --list-configs: what the extractors price with "
+                   "(analytic-gpu, a profile's name or path; default: gpu-h200 when shipped, "
+                   "else analytic-gpu, on the gpu; cpu-ort on the cpu)")
 
 
 def run(args) -> int:
@@ -71,6 +78,8 @@ def run(args) -> int:
     unknown = sorted(set(args.ops or ()) - set(OPS))
     if unknown:
         raise ProfileError(f"--ops: unknown operator(s) {unknown}; known: {sorted(OPS)}")
+    if args.list_configs:
+        return _list_configs(args)
     path = Path(args.output or f"{args.device}-{backend_name}.json")
     if not args.output and path.resolve().parent == profiles_dir().resolve():
         raise ProfileError(f"./{path} is the shipped profile {path.resolve()}; name it with -o "
@@ -118,6 +127,33 @@ def run(args) -> int:
                 print(f"  not measured: {key}: {why}", file=sys.stderr)
     print(f"wrote {path}: {len(profile.entries)} configurations; "
           f"{time.perf_counter() - start:.1f} s in all")
+    return 0
+
+
+def _list_configs(args) -> int:
+    from ..cost import load_cost_model
+    from ..egraph.saturate import saturate
+    from ..rules.lang import load_corpus
+    from ..timing import exported_graph
+    from ..zoo import load_model
+    from .bundle import config_list, write_json
+    from .prepare import calibration_pairs, extracted_graphs, gpu_cost_model, list_meta, staged_configurations
+
+    path = Path(args.list_configs)
+    check_writable(path, ProfileError)
+    shapes = parse_input_shapes(args.input_shape)
+    graphs = {name: load_model(name, shapes) for name in args.models}
+    model = gpu_cost_model(args.cost_model) if args.device == "gpu" else load_cost_model(args.cost_model or "cpu-ort")
+    rules = None if args.graph_only else load_corpus(include_unproved=args.include_unproved)
+    staged = {"": calibration_pairs(args.device)}
+    for name, g in graphs.items():
+        sat = None if rules is None else saturate(g, rules=rules)
+        extracted = {} if sat is None else extracted_graphs(sat, model)
+        pairs = staged_configurations(g, sat, extracted, [exported_graph(g)])
+        staged[name] = [(c, stage) for c, stage in pairs if not args.ops or c.op in args.ops]
+    data = config_list(staged, list_meta(model, graphs, args.device, rules))
+    write_json(path, data)
+    print(f"wrote {path}: {len(data['configs'])} configurations {data['meta']['counts']}")
     return 0
 
 
