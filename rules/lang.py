@@ -67,6 +67,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Union
 
+from taso_egg import cache
 from taso_egg.errors import RuleError
 from taso_egg.ops import FLOAT_DTYPES, OPS
 from taso_egg.ops.base import PARAM_KINDS
@@ -871,18 +872,23 @@ def _check_unique(rule: Rule, seen: dict[str, Rule]) -> None:
 
 def load_rule_file(path) -> list[Rule]:
     path = Path(path)
+    return parse_rules(_read_text(path), str(path))
+
+
+def _read_text(path, data: bytes | None = None) -> str:
     try:
-        text = path.read_text(encoding="utf-8")
+        data = Path(path).read_bytes() if data is None else data
+        return data.decode("utf-8")
     except OSError as e:
         raise RuleError(f"{path}: cannot read rule file: {e.strerror or e}") from None
     except UnicodeDecodeError as e:
         raise RuleError(f"{path}: not a rule file (not UTF-8 text: byte {e.start} is "
                         f"0x{e.object[e.start]:02x})") from None
-    return parse_rules(text, str(path))
 
 
 def corpus_files() -> list:
-    """Every ``*.rules`` file of the ``taso_egg.rules`` package, sorted by file name."""
+    """Every ``*.rules`` file of the ``taso_egg.rules`` package but the axioms (the
+    study files included), sorted by file name."""
     from importlib.resources import files
 
     root = files("taso_egg.rules")
@@ -892,14 +898,33 @@ def corpus_files() -> list:
 
 # The verifier's axioms: what corpus rules are proved from, not rewrites themselves.
 AXIOM_FILES = ("axioms.rules",)
+# Corpus files kept for study, loaded only when named (or with ``study=True``): the
+# generated rules whose left side holds a generated constant (GENERATED_CONSTANTS).
+# No imported or zoo graph holds one and no default rule builds one, so they can
+# match only graphs built with ``Graph.constant``.
+STUDY_FILES = ("generated-constants.rules",)
+# TASO's generated constants: the leaves a rule may name (graph inputs and weights
+# are ?variables in rules). The ONNX importer never makes them.
+GENERATED_CONSTANTS = frozenset(op for op in OPS if OPS[op].is_leaf and OPS[op].in_rules)
 
 
-def load_corpus(names=None, include_unproved: bool = False) -> list[Rule]:
+def uses_generated_constant(patterns) -> bool:
+    """Whether the tensor patterns (a rule's ``lhs`` or ``rhs``) apply a generated constant."""
+    return not operators(patterns).isdisjoint(GENERATED_CONSTANTS)
+
+
+def load_corpus(names=None, include_unproved: bool = False, study: bool = False) -> list[Rule]:
     """The proved rules of the corpus files (sorted by file name, rules in file order);
     ``include_unproved`` adds the rules without a ``proved`` record (for experiments).
     ``names`` restricts to some files, by stem or file name (``"taso_hand"`` or
-    ``"taso_hand.rules"``); without it, every corpus file (the hand rules and the
-    generated ones). Rule names must be unique across the files read."""
+    ``"taso_hand.rules"``; a study file only this way or with ``study``); without it,
+    every corpus file but the STUDY_FILES (the hand rules and the generated ones), and
+    with ``study`` those too. Rule names must be unique across the files read.
+
+    Each file is parsed once per process and, across processes, read from the cache
+    (:mod:`taso_egg.cache`) under a key of its bytes, its path and the reader's own
+    source (this module, ``semantics.py`` and the operator table), so an edit to any
+    of them parses it again."""
     available = corpus_files()
     if names is not None:
         if isinstance(names, str):
@@ -914,21 +939,46 @@ def load_corpus(names=None, include_unproved: bool = False) -> list[Rule]:
             if by_name[key] not in chosen:
                 chosen.append(by_name[key])
         available = sorted(chosen, key=lambda f: f.name)
+    elif not study:
+        available = [f for f in available if f.name not in STUDY_FILES]
     rules: list[Rule] = []
     seen: dict[str, Rule] = {}
     for f in available:
-        for rule in _parsed_file(str(f), f.read_text(encoding="utf-8")):
+        for rule in _parsed_file(str(f), f.read_bytes()):
             _check_unique(rule, seen)
             if include_unproved or rule.proved:
                 rules.append(rule)
     return rules
 
 
-@functools.lru_cache(maxsize=16)
-def _parsed_file(path: str, text: str) -> tuple[Rule, ...]:
-    """Parsing a thousand rules takes a second; every saturation loads the corpus.
-    Keyed by the text, so an edited file is parsed again. Rules are immutable."""
-    return tuple(parse_rules(text, path))
+_PARSED: dict[str, tuple[Rule, ...]] = {}  # cache key -> rules, this process's
+
+
+def _parsed_file(path: str, data: bytes) -> tuple[Rule, ...]:
+    """The rules of a rule file's bytes, parsed once: parsing a thousand rules takes a
+    second and every command loads the corpus. Rules are immutable, so the tuple is
+    shared."""
+    k = cache.key("rules", _reader_digest(), path, data)
+    rules = _PARSED.get(k)
+    if rules is None:
+        rules = cache.load("rules", k)
+        if not (isinstance(rules, tuple) and all(type(r) is Rule for r in rules)):
+            rules = tuple(parse_rules(_read_text(path, data), path))
+            cache.store("rules", k, rules)
+        if len(_PARSED) >= 16:
+            _PARSED.pop(next(iter(_PARSED)))
+        _PARSED[k] = rules
+    return rules
+
+
+@functools.cache
+def _reader_digest() -> str:
+    """What parsing depends on besides the text: this module, the vocabulary
+    (``semantics.py``) and the operator table (``taso_egg/ops``), by their source."""
+    import taso_egg.ops
+
+    return cache.source_digest([Path(__file__), Path(semantics.__file__),
+                                *Path(taso_egg.ops.__file__).parent.glob("*.py")])
 
 
 def _form_spans(text: str, filename: str) -> list[tuple[int, int]]:
@@ -1005,5 +1055,6 @@ __all__ = [
     "Pattern", "ParamExpr",
     "PARAM_FNS", "COMPARISONS", "GUARD_KINDS", "MULTI_OUTPUT_OPS", "OPTIONAL_PARAMS",
     "parse_rules", "load_rule_file", "with_proof_records", "load_corpus", "corpus_files", "walk_vars", "guard_vars",
+    "AXIOM_FILES", "STUDY_FILES", "GENERATED_CONSTANTS", "uses_generated_constant",
     "param_names", "pattern_ops", "signature",
 ]

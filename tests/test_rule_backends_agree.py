@@ -192,7 +192,7 @@ def bridge_difference(g: Graph, ex: Example) -> str | None:
 
 @pytest.fixture(scope="module")
 def corpus_cases():
-    rules = load_corpus()
+    rules = load_corpus(study=True)  # the rules over generated constants too
     g = Graph()
     examples = build_examples(g, rules)
     by_root: dict[tuple, list[Example]] = {}

@@ -184,14 +184,38 @@ def test_generated_corpus_loads_by_default_proved_and_compiles():
         check_rule_numerically(rule, seed=3)
 
 
+def test_study_file_holds_the_rules_over_generated_constants_and_loads_only_by_name():
+    from taso_egg.rules.lang import STUDY_FILES, uses_generated_constant
+
+    default = load_corpus()
+    study = load_corpus(["generated-constants"])
+    assert study and all(uses_generated_constant(r.lhs) for r in study)
+    # nothing the default corpus matches or builds holds a constant, so no graph without
+    # one (every imported or zoo model) can reach a study rule
+    assert not any(uses_generated_constant(r.lhs) or uses_generated_constant(r.rhs) for r in default)
+    assert not {r.name for r in study} & {r.name for r in default}
+    assert [r.name for r in load_corpus(study=True)] == \
+        [r.name for r in load_corpus([f.name for f in corpus_files()])]
+    assert {f.name for f in corpus_files()} - {r.source[0].rpartition("/")[2] for r in default} \
+        == set(STUDY_FILES)
+
+
 def test_default_generated_corpus_is_the_size3_one_without_derivable_rules():
     generated = load_corpus(["generated"])
-    assert all(r.proof.found_by == "generator-3" for r in generated)
-    from taso_egg.generator.cli import SHIPPED_GENERATED, stats_path
+    study = load_corpus(["generated-constants"])
+    assert all(r.proof.found_by == "generator-3" for r in generated + study)
+    from taso_egg.generator.cli import SHIPPED_GENERATED, constants_path, split_texts, stats_path
 
     stats = json.loads(stats_path(SHIPPED_GENERATED).read_text())
     assert stats["size"] == 3 and stats["pruned"]["derivable"] > 0
-    assert stats["verification"]["proved"] == len(generated)
+    # the run's proved rules are the two files' union, split as `rules generate` splits
+    assert stats["verification"]["proved"] == len(generated) + len(study)
+    assert stats["files"] == {"generated.rules": {"rules": len(generated), "proved": len(generated)},
+                              "generated-constants.rules": {"rules": len(study), "proved": len(study)}}
+    texts = split_texts(generated + study, SHIPPED_GENERATED, "header")
+    for path in (SHIPPED_GENERATED, constants_path(SHIPPED_GENERATED)):
+        shipped = path.read_text(encoding="utf-8")
+        assert texts[path].partition("\n\n")[2] == shipped.partition("\n\n")[2], path.name
 
 
 # --- the command line ----------------------------------------------------------------
@@ -209,6 +233,8 @@ def test_cli_generate_verify_stats(tmp_path, monkeypatch, capsys):
     assert all(r.proof.status in ("proved", "unknown") for r in rules) and any(r.proved for r in rules)
     stats = json.loads((tmp_path / "tiny.stats.json").read_text())
     assert stats["rules_emitted"] == len(rules) and stats["graphs_enumerated"] > 0
+    assert load_rule_file(tmp_path / "tiny-constants.rules") == []  # the menu has no constant
+    assert stats["files"]["tiny.rules"]["rules"] == len(rules)
     assert stats["verification"]["proved"] == sum(r.proved for r in rules)
     for jobs in ("2", "1"):
         assert main(["rules", "verify", str(out), "--timeout", "2", "--jobs", jobs]) == 0

@@ -1,5 +1,6 @@
-"""Numeric soundness of rules: every corpus rule's two sides agree on random data of
-its :example shapes, and planted wrong rules are caught (so the check can fail)."""
+"""Numeric soundness of rules: every shipped corpus rule's two sides (the study file's
+included) agree on random data of its :example shapes, and planted wrong rules are
+caught (so the check can fail)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from taso_egg.rules.instantiate import check_rule_numerically, instantiate
 from taso_egg.rules.lang import load_corpus, parse_rules
 
 try:
-    CORPUS = load_corpus()
+    CORPUS = load_corpus(study=True)  # the study file's rules too: every shipped rule
     CORPUS_ERROR = None
 except RuleError as e:  # reported by test_corpus_loads, not as a collection error
     CORPUS, CORPUS_ERROR = [], e
