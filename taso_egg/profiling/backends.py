@@ -1,9 +1,10 @@
 """Back ends that time one operator configuration: the operator table's kernels on an
 array module (NumPy on CPU, CuPy on GPU), or onnxruntime on a one-operator model.
 
-Every back end takes warm-ups, then ``repeats`` samples; a sample loops the operator
-until it lasts about SAMPLE_S so that clock resolution does not matter, and the
-result is the median with half the interquartile range as its spread.
+Every back end makes one untimed call (a GPU compiles its kernels then), takes
+warm-ups, then ``repeats`` samples; a sample loops the operator until it lasts about
+SAMPLE_S so that clock resolution does not matter, and the result is the median with
+half the interquartile range as its spread, and the mean beside it.
 
 - Each back end times what its runtime does with a whole graph: our executor with
   the table's kernels on an array module (NumPy on CPU, CuPy on GPU), or an
@@ -13,7 +14,8 @@ result is the median with half the interquartile range as its spread.
   operator is timed as the marginal cost of one more copy of it in the graph:
   (time of K copies - time of 1) / (K - 1). Prepared runs are cached.
 - On a real CuPy device a sample is bracketed by CUDA events; any other array
-  module (NumPy, or NumPy standing in for CuPy in tests) is timed on the host.
+  module (NumPy, or NumPy standing in for CuPy in tests) is timed on the host. The
+  cupy back end draws weights on the device (``place_on_device``).
 - On the CPU the clock is the process's CPU time, everything pinned to one thread:
   the machine is shared, and other processes' load must not count as ours.
 """
@@ -21,6 +23,7 @@ result is the median with half the interquartile range as its spread.
 from __future__ import annotations
 
 import math
+import os
 import platform
 import time
 from dataclasses import asdict, dataclass
@@ -232,7 +235,9 @@ class KernelBackend(_GraphBackend):
                               "cuda_driver_api": runtime.driverGetVersion(),
                               "nvidia_driver": nvidia_driver_version()},
                 "threads": {}, "clock": "CUDA events around each sample",
-                "kernels": {**KERNEL_PATHS, "cudnn_in_cupy": _has_cudnn(self.xp)}}
+                "kernels": {**KERNEL_PATHS, "cudnn_in_cupy": _has_cudnn(self.xp),
+                            # float32 GEMMs use TF32 tensor cores only when this is 1
+                            "CUPY_TF32": os.environ.get("CUPY_TF32", "unset")}}
 
 
 # What the cupy back end's kernels run on: the operator table's array-module kernels,
@@ -251,7 +256,7 @@ def _has_cudnn(xp) -> bool:
     try:
         __import__(f"{xp.__name__}.cuda.cudnn")
         return True
-    except ImportError:
+    except Exception:  # ImportError on CuPy 14; CuPy 13 without the cuDNN libraries raises others
         return False
 
 
