@@ -125,7 +125,8 @@ def test_bundle_round_trip(bundle):
     keys = {e["key"] for e in configs["configs"]}
     for which in ("original", "optimized"):  # everything a prediction sums is in the list
         assert {k for k, _ in entry[which]["cost_inputs"]} <= keys
-    assert entry["check_error"] is not None  # optimize checked the result it returned
+    # optimize checked the result it returned (in onnxruntime or in our executor)
+    assert entry["check_error"] is not None or entry["ort_check_error"] is not None
     # the bundle carries no weight data
     assert "weight_data" not in json.dumps(graphs) and (bundle / "graphs.json").stat().st_size < 1e6
 

@@ -134,7 +134,8 @@ def build_bundle(models, out: Path, model=None, rules=None, log=print) -> dict:
                            "predicted_s": predict(inputs, configs, model)[0],
                            "operators": sum(n for _, n in inputs)}
         entries[name] = {**pair, "unchanged": not chosen, "kept_input": res.stats.kept_input,
-                         "check_error": res.stats.check_error, "enodes": res.stats.enodes,
+                         "check_error": res.stats.check_error, "ort_check_error": res.stats.ort_check_error,
+                         "enodes": res.stats.enodes,
                          "stop_reason": res.stats.stop_reason,
                          "tensat_speedup": TENSAT_SPEEDUP.get(name)}
         gain = pair["original"]["predicted_s"] / pair["optimized"]["predicted_s"]
