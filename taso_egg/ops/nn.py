@@ -490,27 +490,30 @@ def _float_input(ctx, node) -> bool:
     return ctx.type(node.input[0]).dtype in FLOAT_DTYPES
 
 
-def _onnx_padding(op, attrs, hw, khw, strides):
+def _onnx_padding(op, attrs, hw, khw, strides, prefer_same: bool = False):
     """ONNX auto_pad/pads -> our padding, canonicalized to SAME/VALID when equal, or
-    None when the ONNX form has no equivalent here."""
+    None when the ONNX form has no equivalent here. Zero pads are VALID unless
+    ``prefer_same`` and SAME pads nothing here either (a 1x1 conv, any stride): then
+    SAME, the form the merge and enlarge rules match. Either exports as the same pads."""
     auto = attrs.get("auto_pad", "NOTSET")
-    if auto == "VALID":
-        return "VALID"
     if auto == "SAME_UPPER":  # TensorFlow's SAME puts the odd pixel at the end too
         return "SAME"
-    if auto == "SAME_LOWER":
+    same = resolve_pads(op, "SAME", hw, khw, strides)
+    if auto == "VALID":
+        pads = (0, 0, 0, 0)
+    elif auto == "SAME_LOWER":
         (t, b), (l, r) = (same_pads(hw[i], khw[i], strides[i]) for i in range(2))
         pads = (b, r, t, l)
     else:
         onnx_pads = attrs.get("pads", [0, 0, 0, 0])
         if len(onnx_pads) != 4:
             return None
-        pads = (onnx_pads[0], onnx_pads[1], onnx_pads[2], onnx_pads[3])
-    if pads == (0, 0, 0, 0):
+        pads = tuple(int(v) for v in onnx_pads)
+    if pads == (0, 0, 0, 0) and not (prefer_same and same == pads):
         return "VALID"
-    if pads == resolve_pads(op, "SAME", hw, khw, strides):
+    if pads == same:
         return "SAME"
-    return tuple(int(v) for v in pads)
+    return pads
 
 
 def _spatial_2d(attrs, key, default=(1, 1)):
@@ -531,7 +534,7 @@ def _import_conv(ctx, node, attrs):
         return None
     if attrs.get("group", 1) != x_t.shape[1] // max(w_t.shape[1], 1):
         return None
-    padding = _onnx_padding("conv2d", attrs, x_t.shape[2:], khw, strides)
+    padding = _onnx_padding("conv2d", attrs, x_t.shape[2:], khw, strides, prefer_same=True)
     if padding is None:
         return None
     bias = ctx.tensor(node.input[2]) if len(node.input) > 2 and node.input[2] else None
