@@ -182,7 +182,6 @@ def run(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     configs_data, graphs_data = load_bundle(args.bundle)
     configs = read_configs(configs_data)
-    by_key = {c.key: c for c, _ in configs}
     models = args.models or list(graphs_data["models"])
     missing = [m for m in models if m not in graphs_data["models"]]
     if missing:
@@ -191,7 +190,15 @@ def run(args) -> int:
     todo = [c for c, e in configs if e["stage"] != "calibration"
             and (args.models is None or set(e["models"]) & set(models))]
     backend = KernelBackend(array_module(args.xp), "cupy")
-    signal.signal(signal.SIGTERM, _stop)
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        return _run(args, start, deadline, out, graphs_data, configs, todo, models, backend)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run(args, start, deadline, out, graphs_data, configs, todo, models, backend) -> int:
+    by_key = {c.key: c for c, _ in configs}
     partial = []
     import taso_egg
 
