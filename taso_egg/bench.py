@@ -65,7 +65,11 @@ def _zoo_table(models, args) -> int:
     for name, kwargs in models:
         for extractor in args.extractors:
             with context.Pool(1) as pool:
-                row = pool.apply(_zoo_row, (name, kwargs, extractor, vars(args)))
+                try:
+                    row = pool.apply(_zoo_row, (name, kwargs, extractor, vars(args)))
+                except Exception as e:  # a failing model is a row, not the end of the table
+                    print(f"{name:<17}{extractor:<11}  failed: {type(e).__name__}: {e}", flush=True)
+                    continue
             cost_model = row["cost_model"]
             tensat = TENSAT_SECONDS.get(name)
             ratio = row["total"] / tensat if tensat else None
