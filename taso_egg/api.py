@@ -2,9 +2,10 @@
 
 ``optimize`` runs in stages, each with a typed result: saturate (``Saturation``), price
 the e-nodes and extract (``Extraction``: the extractor with its own options, its time
-limit included, then the graph rebuilt), check numerically against the input, decide
-(``min_gain``, ``measure``), and check the returned graph, exported, in onnxruntime.
-A mismatch in either check raises VerificationError. ``OptimizeStats`` records them all.
+limit included, then the graph rebuilt), decide (``min_gain``, ``measure``), and check
+the returned graph against the input: exported, in onnxruntime (float32) where that
+proves something, else in our executor (float64, region by region). A mismatch raises
+VerificationError. ``OptimizeStats`` records every stage.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from .extract.ilp import DEFAULT_TIME_LIMIT as ILP_TIME_LIMIT
 from .graph import Graph
 from .onnx_io.exporter import export_onnx
 from .rules.lang import load_corpus
-from .verify import check_graphs_equivalent, check_onnx_model
+from .verify import LocalCheck, check_graphs_equivalent, check_locally, check_onnx_model, share_weights
 
 if TYPE_CHECKING:
     import onnx
@@ -47,6 +48,9 @@ class Extraction:
     extractor: str
     status: str
     picks: list[str] = field(default_factory=list)  # the chosen e-node ids (for pictures)
+    # the e-class each tensor of ``graph`` was built from, ``(node id, output index) ->
+    # class id`` (what verify.check_locally compares with the input's tensors)
+    classes: dict | None = None
 
 
 @dataclass
@@ -55,8 +59,8 @@ class OptimizeStats:
 
     saturation_seconds: float
     extraction_seconds: float
-    check_seconds: float
-    check_error: float | None       # the numeric check's relative error; None: not checked
+    check_seconds: float            # the check stage: export, onnxruntime, our executor
+    check_error: float | None       # our executor's (float64) relative error; None: not run
     total_seconds: float
     stop_reason: str
     iterations: int
@@ -73,7 +77,7 @@ class OptimizeStats:
     # onnxruntime, median ms of each candidate timed: "original", "re-export", "result"
     measured_ms: dict[str, float] | None = None
     # the returned graph, exported, against the input in onnxruntime (float32); None
-    # when not run (the input returned, verify=False) or the outputs overflow float32
+    # when not run (the input returned, verify=False) or skipped (``check_skipped``)
     ort_check_error: float | None = None
     cost_lookups: dict[str, int] | None = None    # a profiled model: measured vs estimated
     # which candidate is returned: "original" (the model as given: ``reference``, or the
@@ -82,6 +86,13 @@ class OptimizeStats:
     chosen: str = "result"
     # candidates that differ from the original and were not timed (measure=0)
     not_measured: tuple[str, ...] = ()
+    # the check that ran on the returned graph: "onnxruntime" (float32, the written
+    # model), "regions" (our executor, float64: the changed regions, ``local_check``),
+    # "whole" (our executor on both whole graphs), "" (none: the input returned, or
+    # verify=False, or a re-export that float32 cannot check)
+    check: str = ""
+    check_skipped: str = ""          # why onnxruntime's comparison would prove nothing
+    local_check: LocalCheck | None = None
 
 
 @dataclass
@@ -116,9 +127,10 @@ def extract_graph(saturation: Saturation, extractor: str = DEFAULT_EXTRACTOR,
     result = EXTRACTORS[extractor]().extract(xgraph, None, time_limit)
     class_ids, node_ids = xgraph.class_ids, xgraph.node_ids
     picks = [(class_ids[c], node_ids[result.choice[c]]) for c in used_classes(xgraph, result.choice)]
-    graph = build_graph(configs.eg, picks, saturation.graph, saturation.program.opaque)
+    classes: dict = {}
+    graph = build_graph(configs.eg, picks, saturation.graph, saturation.program.opaque, classes)
     return Extraction(graph, result.dag_cost, result.seconds, extractor, result.status,
-                      [node for _, node in picks])
+                      [node for _, node in picks], classes)
 
 
 def priced_egraph(saturation: Saturation, model: CostModel):
@@ -194,12 +206,15 @@ def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: 
     else the original. With ``measure`` = 0 the result is returned on its predicted gain
     and the re-export is listed in ``OptimizeStats.not_measured``.
 
-    With ``verify`` (the default) a returned result is compared with the input on
-    random inputs in our executor (float64, tracked exponents; a result that is not
-    returned is not checked, ``OptimizeStats.check_error`` None), and a returned result
-    or a returned re-export is exported and run in onnxruntime against ``reference``
-    (the ONNX model ``graph`` was read from; ``graph`` exported when None) wherever the
-    float32 outputs stay finite; the exported model is ``OptimizeResult.exported``.
+    With ``verify`` (the default) what is returned, and only that, is checked once on
+    random inputs (``OptimizeStats.check``): a returned result or re-export is exported
+    and run in onnxruntime (float32) against ``reference`` (the ONNX model ``graph`` was
+    read from; ``graph`` exported when None); the exported model is
+    ``OptimizeResult.exported``. Where that proves nothing (the input's float32 outputs
+    are not finite or all zero, or onnxruntime cannot run it: ``check_skipped``) a
+    returned result is checked in our executor instead (float64, tracked exponents),
+    only its changed regions, each on the input's own tensors at its boundary
+    (``verify.check_locally``).
 
     ``extract_time_limit`` bounds the extractor in seconds (the ILP's default,
     ILP_TIME_LIMIT, when None). ``progress(iteration_stats)`` is called after each
@@ -221,16 +236,22 @@ def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: 
     # check (timing an unchecked candidate writes nothing).
     decision = _decide(graph, ext.graph, before, after, min_gain, measure, phase, measure_progress,
                        reference)
-    check_error, check_seconds = _check_numerically(graph, ext.graph, verify and decision.chosen == "result",
-                                                    seed, phase)
-    exported, ort_error = None, None
+    # The returned graph is checked once: in onnxruntime (float32) where that proves
+    # something, else in our executor (float64, tracked exponents).
+    t_check = time.perf_counter()
+    exported, ort, check, check_error, local = None, None, "", None, None
     if verify and decision.chosen != "original":
-        exported, ort_error = _check_in_onnxruntime(graph, decision.graph, reference, phase,
-                                                    decision.exported)
+        exported, ort = _check_in_onnxruntime(graph, decision.graph, reference, phase, decision.exported, seed)
+        if ort.error is not None:
+            check = "onnxruntime"
+        elif decision.chosen == "result":
+            check, check_error, local = _check_numerically(graph, sat, ext, seed, phase, ort.skipped)
+        else:  # the input exported: our executor would compare the graph with itself
+            phase(f"note: {ort.skipped}, so the re-exported input is not checked in onnxruntime")
     stats = OptimizeStats(
         saturation_seconds=sat.seconds,
         extraction_seconds=ext.seconds,
-        check_seconds=check_seconds,
+        check_seconds=time.perf_counter() - t_check,
         check_error=check_error,
         total_seconds=time.perf_counter() - t0,
         stop_reason=sat.stop_reason,
@@ -246,27 +267,49 @@ def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: 
         input_cost=graph_cost(graph, model),
         kept_input=decision.kept_input,
         measured_ms=decision.measured_ms,
-        ort_check_error=ort_error,
+        ort_check_error=ort.error if ort is not None else None,
         cost_lookups=model.lookups() if hasattr(model, "lookups") else None,
         chosen=decision.chosen,
         not_measured=decision.not_measured,
+        check=check,
+        check_skipped=ort.skipped if ort is not None else "",
+        local_check=local,
     )
     cost_after = after if decision.graph is ext.graph else before
     return OptimizeResult(decision.graph, graph, before, cost_after, getattr(model, "name", "cost model"),
                           stats, sat, exported)
 
 
-def _check_numerically(graph: Graph, result: Graph, verify: bool, seed: int,
-                       phase) -> tuple[float | None, float]:
-    """The check stage: the relative error of ``result`` against ``graph`` in our
-    executor (None when not checking: not verifying, or the result not returned), and
-    its seconds."""
-    t_check = time.perf_counter()
-    if not verify:
-        return None, time.perf_counter() - t_check
-    phase("checking the extracted graph against the input (our executor, float64)")
-    error = check_graphs_equivalent(graph, result, seed=seed)
-    return error, time.perf_counter() - t_check
+def _check_numerically(graph: Graph, sat: Saturation, ext: Extraction, seed: int, phase,
+                       why: str) -> tuple[str, float, LocalCheck | None]:
+    """The returned result against ``graph`` in our executor (float64, tracked
+    exponents), where onnxruntime's float32 comparison would prove nothing (``why``):
+    region by region when the result's tensors carry their e-classes ("regions", with
+    the ``LocalCheck``), else the whole graphs ("whole"); and the worst relative error."""
+    if ext.classes is None:
+        phase(f"checking the extracted graph in our executor (float64, whole graphs): {why}")
+        return "whole", check_graphs_equivalent(graph, ext.graph, seed=seed), None
+    phase(f"checking the extracted graph in our executor (float64, changed regions): {why}")
+    local = check_locally(graph, ext.graph, _input_classes(sat), ext.classes, seed=seed)
+    return "regions", local.error, local
+
+
+def _input_classes(saturation: Saturation) -> dict:
+    """The e-class of each tensor of the saturated graph, ``(node id, output index) ->
+    class id``: the e-graph serialized once more with every tensor's variable as a
+    root (class ids are the same in every serialization of an unchanged e-graph)."""
+    import json
+
+    from egglog.bindings import PanicSpan, Var
+
+    span = PanicSpan()
+    tensor_vars = saturation.program.tensor_vars
+    data = json.loads(saturation.egraph.serialize([Var(span, v) for v in tensor_vars.values()]).to_json())
+    roots = data.get("root_eclasses", [])
+    if len(roots) != len(tensor_vars):
+        raise ExtractionError(f"serialized e-graph: {len(roots)} root classes for the input's "
+                              f"{len(tensor_vars)} tensors")
+    return dict(zip(tensor_vars, roots))
 
 
 @dataclass
@@ -368,15 +411,16 @@ def _computation(model) -> tuple:
     return tuple(key.get(o.name, "?" + o.name) for o in g.output)
 
 
-def _check_in_onnxruntime(graph: Graph, result: Graph, reference, phase, exported=None):
-    """The returned graph exported (``exported`` when given), and its relative error
-    against ``reference`` (or ``graph`` exported) in onnxruntime; None when the float32
-    outputs overflow."""
+def _check_in_onnxruntime(graph: Graph, result: Graph, reference, phase, exported=None, seed: int = 0):
+    """The returned graph exported (``exported`` when given), and its check against
+    ``reference`` (or ``graph`` exported) in onnxruntime, float32, on random inputs
+    (a ``verify.OnnxCheck``: skipped, with the reason, where it would prove nothing)."""
     phase("checking the written model in onnxruntime against the input")
+    share_weights(graph, result)  # stand-in weights are made once, not again for the result
     exported = export_onnx(result) if exported is None else exported
-    error = check_onnx_model(export_onnx(graph) if reference is None else reference, exported, graph,
-                             note=phase)
-    return exported, error
+    check = check_onnx_model(export_onnx(graph) if reference is None else reference, exported, graph,
+                             seed=seed)
+    return exported, check
 
 
 def keep_unless_faster(graph: Graph, candidate: Graph, repeats: int,

@@ -156,16 +156,22 @@ def _print_summary(result) -> None:
     print(f"time: saturation {st.saturation_seconds:.2f} s, extraction ({st.extractor}, "
           f"{st.extractor_status}) {st.extraction_seconds:.2f} s, check "
           f"{st.check_seconds:.2f} s, total {st.total_seconds:.2f} s")
-    if st.check_error is not None:
-        print(f"check: the extracted graph's outputs equal the input's within "
-              f"{st.check_error:.2g} relative (our executor, float64, tracked exponents)"
-              + (f"; the written model's in onnxruntime (float32) within {st.ort_check_error:.2g}"
-                 if st.ort_check_error is not None else ""))
-    elif st.ort_check_error is not None:
+    if st.check == "onnxruntime":
         print(f"check: the written model's outputs equal the input's within {st.ort_check_error:.2g} "
-              f"relative in onnxruntime (float32); the extracted graph, not written, was not checked")
+              f"relative in onnxruntime (float32, random inputs)")
+    elif st.check == "regions":
+        lc = st.local_check
+        print(f"check: {st.check_skipped}, so the extracted graph was checked in our executor (float64, "
+              f"tracked exponents) region by region: {lc.recomputed} of its {lc.nodes} nodes in "
+              f"{lc.regions} changed region(s), recomputed from the input's own tensors, equal the "
+              f"input's within {st.check_error:.2g} relative")
+    elif st.check == "whole":
+        print(f"check: {st.check_skipped}, so the extracted graph was checked in our executor (float64, "
+              f"tracked exponents): its outputs equal the input's within {st.check_error:.2g} relative")
     elif st.chosen == "original":
         print("check: none needed (the input is written; the extracted graph, not written, was not checked)")
+    elif st.check_skipped:
+        print(f"check: none: {st.check_skipped}, so the re-exported input could not be checked in float32")
 
 
 def _stderr_line(message: str) -> None:

@@ -30,6 +30,8 @@ class GraphProgram:
     text: str
     output_vars: list[str]
     opaque: dict[str, Node]  # opaque key -> original node (its parameters and types)
+    # (node id, output index) -> the variable bound to that tensor of the graph
+    tensor_vars: dict[tuple[int, int], str] = field(default_factory=dict)
 
 
 def _var(t: Tensor, multi: set[int]) -> str:
@@ -112,7 +114,8 @@ def graph_to_program(graph: Graph) -> GraphProgram:
             for i in range(len(node.outputs)):
                 lines.append(f"(let $n{node.id}_{i} (Proj $n{node.id} {i}))")
     outputs = [_var(t, multi) for _, t in graph.outputs]
-    return GraphProgram("\n".join(lines) + "\n", outputs, opaque)
+    tensor_vars = {(n.id, i): _var(n.out(i), multi) for n in graph.nodes.values() for i in range(len(n.outputs))}
+    return GraphProgram("\n".join(lines) + "\n", outputs, opaque, tensor_vars)
 
 
 def _params(op: str, p: dict, skip_first: bool = False) -> str:
@@ -223,9 +226,12 @@ def _decode_node(nid, node, nodes, sort_of, value) -> ENode:
 
 
 def build_graph(eg: TensorEGraph, picks: list[tuple[str, str]], source: Graph,
-                opaque: dict[str, Node]) -> Graph:
+                opaque: dict[str, Node], classes: dict | None = None) -> Graph:
     """Rebuild a Graph from an extraction: (class, chosen node id) pairs, children
-    before parents (as ``extract.check.used_classes`` orders a validated choice)."""
+    before parents (as ``extract.check.used_classes`` orders a validated choice).
+    ``classes``, when given, is filled with the e-class each tensor of the returned
+    graph was built from, ``(node id, output index) -> class id`` (the check compares
+    them with the input's tensors of the same class)."""
     by_id = {n.id: n for nodes in eg.classes.values() for n in nodes}
     g = Graph(opset=source.opset)
     g.ir_version = source.ir_version
@@ -242,7 +248,9 @@ def build_graph(eg: TensorEGraph, picks: list[tuple[str, str]], source: Graph,
             _build_node(g, n, kids, weights, source, opaque)
     for (name, _), cid in zip(source.outputs, eg.roots):
         g.mark_output(built[cid], name)
-    return fuse_bias_and_activation(g)
+    if classes is not None:
+        classes.update({(t.node, t.index): cid for cid, t in built.items() if isinstance(t, Tensor)})
+    return fuse_bias_and_activation(g, classes)
 
 
 def _build_node(g: Graph, n: ENode, kids, weights, source, opaque):
@@ -268,9 +276,11 @@ def _build_node(g: Graph, n: ENode, kids, weights, source, opaque):
     return outs if returns_tuple(n.op) else outs[0]
 
 
-def fuse_bias_and_activation(g: Graph) -> Graph:
+def fuse_bias_and_activation(g: Graph, classes: dict | None = None) -> Graph:
     """Undo the bias split of the way in: conv -> add(reshaped weight-only bias) ->
-    activation becomes one conv node again, flattening nested concats as well."""
+    activation becomes one conv node again, flattening nested concats as well.
+    ``classes`` (tensor -> e-class, as ``build_graph`` fills it) is carried over to
+    the returned graph, in place."""
     users: dict[tuple[int, int], list[Node]] = {}
     for n in g.nodes.values():
         for t in n.inputs:
@@ -297,12 +307,14 @@ def fuse_bias_and_activation(g: Graph) -> Graph:
         act = OPS[act_node.op].activation if act_node is not None and act_node.op in OPS else ""
         act = act or "NONE"
         replace[n.id] = (other, add, act_node if act != "NONE" else None, act)
-    if not replace:
-        return _flatten_concats(g)
-    return _flatten_concats(_rebuild_with_fusions(g, replace))
+    out = _flatten_concats(_rebuild_with_fusions(g, replace, classes) if replace else g)
+    if classes is not None:  # tensors the post-passes dropped have no class any more
+        for key in [k for k in classes if k[0] not in out.nodes]:
+            del classes[key]
+    return out
 
 
-def _rebuild_with_fusions(g: Graph, replace) -> Graph:
+def _rebuild_with_fusions(g: Graph, replace, classes: dict | None = None) -> Graph:
     new = Graph(opset=g.opset)
     new.ir_version = g.ir_version
     mapping: dict[tuple[int, int], Tensor] = {}
@@ -339,6 +351,15 @@ def _rebuild_with_fusions(g: Graph, replace) -> Graph:
             mapping[(n.id, i)] = t
     for name, t in g.outputs:
         new.mark_output(mapping[alias.get((t.node, t.index), (t.node, t.index))], name)
+    if classes is not None:
+        # a fused conv computes its last node's class (the add or the activation); the
+        # bare conv's and the add's values before the activation no longer exist
+        old = dict(classes)
+        classes.clear()
+        for key, cid in old.items():
+            t = mapping.get(alias.get(key, key)) if key[0] not in replace else None
+            if t is not None and (key in alias or key[0] not in skip):
+                classes[(t.node, t.index)] = cid
     _drop_unused(new)
     return new
 
