@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import functools
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Union
@@ -958,7 +959,7 @@ def _parsed_file(path: str, data: bytes) -> tuple[Rule, ...]:
     """The rules of a rule file's bytes, parsed once: parsing a thousand rules takes a
     second and every command loads the corpus. Rules are immutable, so the tuple is
     shared."""
-    k = cache.key("rules", _reader_digest(), path, data)
+    k = cache.key("rules", sys.version, _reader_digest(), path, data)
     rules = _PARSED.get(k)
     if rules is None:
         rules = cache.load("rules", k)

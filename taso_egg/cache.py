@@ -26,7 +26,7 @@ from pathlib import Path
 
 _MAGIC = b"taso-egg cache 1\n"
 _DIGEST = 32  # sha256 of the payload, after the magic
-# Entries kept per kind; older ones (by modification time) go when a new one is written.
+# Entries kept per kind; the least recently used (written or read) go when one is written.
 KEEP = 32
 
 
@@ -74,16 +74,22 @@ def load(kind: str, k: str):
     """The value stored under ``kind``/``k``, or None."""
     if not enabled():
         return None
+    path = _path(kind, k)
     try:
-        data = _path(kind, k).read_bytes()
+        data = path.read_bytes()
         if not data.startswith(_MAGIC):
             return None
         digest, payload = data[len(_MAGIC):len(_MAGIC) + _DIGEST], data[len(_MAGIC) + _DIGEST:]
         if hashlib.sha256(payload).digest() != digest:
             return None
-        return pickle.loads(payload)
+        value = pickle.loads(payload)
     except Exception:  # a miss, whatever the damage: the caller recomputes
         return None
+    try:
+        os.utime(path)  # pruning keeps the entries used last
+    except OSError:
+        pass
+    return value
 
 
 def store(kind: str, k: str, value) -> None:

@@ -151,14 +151,16 @@ def test_the_cache_folder_follows_the_environment(monkeypatch, tmp_path):
     assert cache.folder() == tmp_path / "here"
 
 
-def test_entries_are_pruned_to_the_newest(monkeypatch, tmp_path):
+def test_entries_are_pruned_to_the_last_used(monkeypatch, tmp_path):
     monkeypatch.setenv("TASO_EGG_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(cache, "KEEP", 3)
-    for i in range(5):
+    for i in range(4):
         cache.store("kind", f"k{i}", i)
         os.utime(tmp_path / "kind" / f"k{i}.pickle", (i, i))  # distinct times, oldest first
+    assert cache.load("kind", "k1") == 1  # read: now the last used
+    cache.store("kind", "k4", 4)
     kept = sorted(p.stem for p in (tmp_path / "kind").glob("*.pickle"))
-    assert kept == ["k2", "k3", "k4"] and cache.load("kind", "k4") == 4
+    assert kept == ["k1", "k3", "k4"] and cache.load("kind", "k4") == 4
 
 
 def test_study_rules_still_match_a_graph_built_with_a_constant():
