@@ -27,7 +27,8 @@ from .extract.ilp import DEFAULT_TIME_LIMIT as ILP_TIME_LIMIT
 from .graph import Graph
 from .onnx_io.exporter import export_onnx
 from .rules.lang import load_corpus
-from .verify import LocalCheck, check_graphs_equivalent, check_locally, check_onnx_model, share_weights
+from .verify import (LocalCheck, check_float32_proves_nothing, check_graphs_equivalent, check_locally,
+                     check_onnx_model, share_weights)
 
 if TYPE_CHECKING:
     import onnx
@@ -248,6 +249,10 @@ def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: 
             check, check_error, local = _check_numerically(graph, sat, ext, seed, phase, ort.skipped)
         else:  # the input exported: our executor would compare the graph with itself
             phase(f"note: {ort.skipped}, so the re-exported input is not checked in onnxruntime")
+        if not ort.reference_run and not (local is not None and local.outputs_beyond_float32):
+            # the written model's float32 outputs proved nothing: neither may the input's
+            check_float32_proves_nothing(export_onnx(graph) if reference is None else reference, graph,
+                                         ort.skipped, seed)
     stats = OptimizeStats(
         saturation_seconds=sat.seconds,
         extraction_seconds=ext.seconds,
@@ -290,11 +295,11 @@ def _check_numerically(graph: Graph, sat: Saturation, ext: Extraction, seed: int
         phase(f"checking the extracted graph in our executor (float64, whole graphs): {why}")
         return "whole", check_graphs_equivalent(graph, ext.graph, seed=seed), None
     phase(f"checking the extracted graph in our executor (float64, changed regions): {why}")
-    local = check_locally(graph, ext.graph, _input_classes(sat), ext.classes, seed=seed)
+    local = check_locally(graph, ext.graph, tensor_classes(sat), ext.classes, seed=seed, outputs=True)
     return "regions", local.error, local
 
 
-def _input_classes(saturation: Saturation) -> dict:
+def tensor_classes(saturation: Saturation) -> dict:
     """The e-class of each tensor of the saturated graph, ``(node id, output index) ->
     class id``: the e-graph serialized once more with every tensor's variable as a
     root (class ids are the same in every serialization of an unchanged e-graph)."""
@@ -418,8 +423,8 @@ def _check_in_onnxruntime(graph: Graph, result: Graph, reference, phase, exporte
     phase("checking the written model in onnxruntime against the input")
     share_weights(graph, result)  # stand-in weights are made once, not again for the result
     exported = export_onnx(result) if exported is None else exported
-    check = check_onnx_model(export_onnx(graph) if reference is None else reference, exported, graph,
-                             seed=seed)
+    check = check_onnx_model((lambda: export_onnx(graph)) if reference is None else reference, exported,
+                             graph, seed=seed)
     return exported, check
 
 

@@ -237,6 +237,8 @@ def _scaled_error(ref: tuple[np.ndarray, int], got: tuple[np.ndarray, int]) -> f
     """The relative error of ``got`` against ``ref``, both ``m * 2**e``; non-finite
     entries of ``ref`` must be matched exactly."""
     (m, e), (g, f) = ref, got
+    if m.shape != g.shape:
+        return math.inf
     if m.dtype.kind != "f" or g.dtype.kind != "f":
         return 0.0 if np.array_equal(m, g) else math.inf
     if np.any(g):
@@ -400,12 +402,16 @@ class LocalCheck:
     regions: int       # changed regions computed and compared
     recomputed: int    # result nodes computed (the others repeat an input node)
     nodes: int         # result nodes in all, leaves included
-    input_nodes: int   # input nodes run for the values at the regions' boundaries
+    input_nodes_run: int  # the input's nodes run for the values the regions read and compare
     compared: int      # tensors compared
+    # with ``outputs``: whether an output of the input lies beyond float32's range (then
+    # no float32 run of it proves anything); None when not asked
+    outputs_beyond_float32: bool | None = None
 
 
 def check_locally(original, candidate, original_classes: Mapping, candidate_classes: Mapping,
-                  seed: int = 0, rtol: float = LOCAL_RTOL, what: str = "optimized graph") -> LocalCheck:
+                  seed: int = 0, rtol: float = LOCAL_RTOL, what: str = "optimized graph",
+                  outputs: bool = False) -> LocalCheck:
     """Check ``candidate`` (an extracted graph) against ``original`` (its input) region
     by region, in float64 with tracked exponents, on random inputs.
 
@@ -422,11 +428,23 @@ def check_locally(original, candidate, original_classes: Mapping, candidate_clas
     input's of its class, outputs included, to within ``rtol`` per region (or SAFETY
     times the region's round-off noise, measured only when ``rtol`` is exceeded).
 
+    ``outputs`` also computes the input's outputs, for ``outputs_beyond_float32``.
+
+    Regions never read each other's results: a tensor one region makes and another
+    reads is the input's own at the second one's boundary, and the first is compared
+    on it, so no error travels from one to the next. A wrong rule's merge of classes
+    shows where it is used: the node built from the merged class computes something
+    else than the input's tensor of that class. Opaque nodes always repeat the input's
+    and are not run for the result (they are for the input where a region needs what
+    they feed). Weights are the input's by name; one whose data differs is compared
+    too. All-zero weights get random stand-ins, as in ``check_graphs_equivalent``.
+
     What it cannot see: a region's error below its tolerance (1e-9 relative, against
     float64 round-off of ~1e-14 for a few operators) however much the rest of the
-    graph would amplify it; inputs on which a wrong rewrite happens to agree (random
-    inputs make this unlikely); and weights' values, which both graphs share by name
-    (all-zero weights get random stand-ins, as in ``check_graphs_equivalent``)."""
+    graph would amplify it; a region whose input path to a compared tensor is much
+    worse conditioned than the region itself (its noise is measured on the region);
+    inputs on which a wrong rewrite happens to agree (random inputs make this
+    unlikely); and the exporter, which only the onnxruntime check sees."""
     from .executor import random_inputs
 
     feeds = random_inputs(original, seed)
@@ -437,7 +455,19 @@ def check_locally(original, candidate, original_classes: Mapping, candidate_clas
         _note_stand_ins(zero)
     with np.errstate(all="ignore"), _stand_ins(original, candidate, zero, seed):
         return _Local(original, candidate, original_classes, candidate_classes, feeds, rtol, what,
-                      seed).run()
+                      seed, outputs).run()
+
+
+def _beyond_float32(value) -> bool:
+    """A float tensor (``m * 2**e``) float32 cannot hold: not finite, all zeros, or
+    its largest entry past float32's largest or below its smallest normal number."""
+    m, e = value
+    if m.dtype.kind != "f" or not m.size:
+        return False
+    peak = _peak(m)
+    if peak == 0 or not math.isfinite(peak):
+        return True
+    return not -126 <= e + math.log2(peak) < 128
 
 
 @dataclass
@@ -448,8 +478,8 @@ class _Region:
 
 
 class _Local:
-    def __init__(self, original, candidate, ocls, ccls, feeds, rtol, what, seed):
-        self.original, self.candidate, self.ccls = original, candidate, ccls
+    def __init__(self, original, candidate, ocls, ccls, feeds, rtol, what, seed, outputs):
+        self.original, self.candidate, self.ccls, self.outputs = original, candidate, ccls, outputs
         self.feeds, self.rtol, self.what, self.seed = feeds, rtol, what, seed
         self.order = original.topo_order()
         self.by_class: dict[str, list[tuple[int, int]]] = {}
@@ -484,14 +514,20 @@ class _Local:
                 waiters.setdefault(c, []).append(r)
                 holds[c] = holds.get(c, 0) + 1
         values: dict[str, tuple[np.ndarray, int]] = {}
-        ran = self._needed_input_nodes(wanted)
+        outputs = {(t.node, t.index) for _, t in self.original.outputs} if self.outputs else set()
+        beyond = False
+        ran = self._needed_input_nodes(wanted | outputs)
 
         def release(c):
             holds[c] -= 1
             if not holds[c]:
                 values.pop(c, None)
 
-        for key, v in _scaled_values(self.original, self.feeds, wanted):
+        for key, v in _scaled_values(self.original, self.feeds, wanted | outputs):
+            if key in outputs:
+                beyond = beyond or _beyond_float32(v)
+                if key not in wanted:
+                    continue
             c = self.ocls[key]
             if c in values:  # another input tensor of a class already computed
                 error = _scaled_error(values[c], v)
@@ -510,7 +546,7 @@ class _Local:
                     for need in r.needs:
                         release(need)
         return LocalCheck(self.worst, len(regions), sum(len(r.nodes) for r in regions),
-                          len(cand.nodes), ran, self.compared)
+                          len(cand.nodes), ran, self.compared, beyond if self.outputs else None)
 
     def _name(self, key) -> str:
         return f"{self.original.nodes[key[0]].label()} output {key[1]}"
@@ -659,34 +695,52 @@ def onnx_outputs(model, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray
 class OnnxCheck:
     error: float | None   # the worst relative error; None when skipped
     skipped: str = ""     # why the comparison would prove nothing, when it is skipped
+    # False when the model's own outputs proved nothing, so the reference was neither
+    # made nor run: whether the reference's prove nothing too is then still to be
+    # known (``LocalCheck.outputs_beyond_float32``, or ``check_float32_proves_nothing``)
+    reference_run: bool = True
 
 
 def check_onnx_model(reference, model, graph, seed: int = 0, rtol: float = RTOL,
                      what: str = "optimized model in onnxruntime") -> OnnxCheck:
-    """ONNX ``model`` against ONNX ``reference`` in onnxruntime (float32) on random
-    inputs for ``graph`` (the graph both compute). Skipped, with the reason, where
-    the comparison would prove nothing: onnxruntime cannot run the reference, a float
-    output of the reference is not finite or is all zeros on these inputs, or
-    round-off alone moves it by more than MAX_RTOL.
+    """ONNX ``model`` against ``reference`` (an ONNX model, or a callable that makes
+    one) in onnxruntime (float32) on random inputs for ``graph`` (the graph both
+    compute). Skipped, with the reason, where the comparison would prove nothing:
+    onnxruntime cannot run the reference, a float output is not finite or is all
+    zeros on these inputs, or round-off alone moves it by more than MAX_RTOL. The
+    model runs first; where its outputs prove nothing the reference is not made or
+    run (``reference_run``: TASO's BERT spends ~2 s there to overflow too).
     VerificationError when they differ beyond ``rtol`` and SAFETY times the
     reference's round-off noise (its outputs' change when the inputs move by one
-    float32 rounding error), or when the model does not run."""
+    float32 rounding error), or when the model does not run where the reference does."""
     from .executor import random_inputs
 
     feeds = random_inputs(graph, seed)
-    try:
-        expected = onnx_outputs(reference, feeds)
-    except Exception as e:  # onnxruntime's own error types: any means it cannot run it
-        return OnnxCheck(None, f"onnxruntime cannot run the input model ({first_line(e)})")
-    for name, v in expected.items():
-        if v.dtype.kind == "f" and v.size and not np.all(np.isfinite(v)):
-            return OnnxCheck(None, f"the input's float32 output {name!r} is not finite on random inputs")
-        if v.dtype.kind == "f" and v.size and not np.any(v):
-            return OnnxCheck(None, f"the input's output {name!r} is all zeros on random inputs")
+    made: list = []
+
+    def ref():
+        if not made:
+            made.append(reference() if callable(reference) else reference)
+        return made[0]
+
     try:
         actual = onnx_outputs(model, feeds)
-    except Exception as e:
+    except Exception as e:  # onnxruntime's own error types: any means it cannot run it
+        try:
+            onnx_outputs(ref(), feeds)
+        except Exception as e_ref:
+            return OnnxCheck(None, f"onnxruntime cannot run the input model ({first_line(e_ref)})")
         raise VerificationError(f"{what}: the model does not run: {first_line(e)}") from None
+    why = _proves_nothing(actual)
+    if why:
+        return OnnxCheck(None, "the written model's " + why, reference_run=False)
+    try:
+        expected = onnx_outputs(ref(), feeds)
+    except Exception as e:
+        return OnnxCheck(None, f"onnxruntime cannot run the input model ({first_line(e)})")
+    why = _proves_nothing(expected)
+    if why:
+        return OnnxCheck(None, "the input's " + why)
     errors = relative_errors(expected, actual, what)
     worst = max(errors.values(), default=0.0)
     if worst > rtol:
@@ -697,8 +751,34 @@ def check_onnx_model(reference, model, graph, seed: int = 0, rtol: float = RTOL,
                  if v.dtype.kind == "f" else v for k, v in feeds.items()}
         try:
             _tolerance(worst, rtol, lambda: _relative(expected[name].astype(np.float64),
-                                                      onnx_outputs(reference, noisy)[name].astype(np.float64)),
+                                                      onnx_outputs(ref(), noisy)[name].astype(np.float64)),
                        what, f"output {name!r}")
         except _Inconclusive as e:  # float32 cannot tell; float64 may
             return OnnxCheck(None, "in float32 " + e.reason)
     return OnnxCheck(worst)
+
+
+def check_float32_proves_nothing(reference, graph, skipped: str, seed: int = 0,
+                                 what: str = "optimized model in onnxruntime") -> None:
+    """Where the written model's float32 outputs proved nothing (``skipped``), the
+    reference's must not prove something: else the model overflows (or vanishes)
+    where the input does not, a VerificationError."""
+    from .executor import random_inputs
+
+    feeds = random_inputs(graph, seed)
+    try:
+        expected = onnx_outputs(reference, feeds)
+    except Exception:  # onnxruntime's own error types
+        return
+    if not _proves_nothing(expected):
+        raise VerificationError(f"{what}: {skipped}, but the input's are finite and not all zero: "
+                                f"the written model overflows or vanishes where the input does not")
+
+
+def _proves_nothing(outputs) -> str:
+    for name, v in outputs.items():
+        if v.dtype.kind == "f" and v.size and not np.all(np.isfinite(v)):
+            return f"float32 output {name!r} is not finite on random inputs"
+        if v.dtype.kind == "f" and v.size and not np.any(v):
+            return f"output {name!r} is all zeros on random inputs"
+    return ""

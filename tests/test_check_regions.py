@@ -1,0 +1,214 @@
+"""The region-by-region check (verify.check_locally) and tolerances that follow the
+conditioning: TASO's BERT passes at 8 and 32 layers when correct, planted wrong
+rewrites fail there, and optimize checks in float64 only where float32 proves nothing."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+from taso_egg import zoo
+from taso_egg.api import extract_graph, optimize, tensor_classes
+from taso_egg.egraph.saturate import Limits, saturate
+from taso_egg.errors import VerificationError
+from taso_egg.graph import new_graph
+from taso_egg.onnx_io.exporter import export_onnx
+from taso_egg.verify import (RTOL, check_float32_proves_nothing, check_graphs_equivalent, check_locally,
+                             check_onnx_model)
+
+_CACHE: dict = {}
+
+
+def _bert(layers: int):
+    return zoo.bert(layers=layers, batch=2, seq=8, hidden=16, heads=2)
+
+
+def _extracted(layers: int):
+    """TASO's BERT (small sizes), its ILP extraction and both graphs' e-classes; the
+    extracted graph and its classes are fresh copies, free to tamper with."""
+    if layers not in _CACHE:
+        g = _bert(layers)
+        sat = saturate(g)
+        ext = extract_graph(sat, "ilp")
+        _CACHE[layers] = (g, ext.graph, tensor_classes(sat), ext.classes)
+    g, result, classes, result_classes = _CACHE[layers]
+    return g, copy.deepcopy(result), classes, dict(result_classes)
+
+
+def _matmuls(g, rank: int):
+    return [n for n in g.topo_order() if n.op == "matmul" and len(n.outputs[0].shape) == rank]
+
+
+def _weight(g, name: str):
+    return next(n for n in g.weights() if n.params["name"] == name)
+
+
+def _feed(g, consumer, old, new) -> None:
+    """Make ``consumer`` read tensor ``new`` where it read ``old``."""
+    consumer.inputs = tuple(new if (t.node, t.index) == (old.node, old.index) else t for t in consumer.inputs)
+
+
+@pytest.mark.parametrize("layers", [8, 32])
+def test_deep_bert_passes_region_by_region(layers):
+    g, result, classes, result_classes = _extracted(layers)
+    lc = check_locally(g, result, classes, result_classes)
+    assert lc.error < 1e-12  # no compounding through depth: float64 round-off of a few operators
+    assert lc.regions >= 1 and lc.compared >= lc.regions
+    assert lc.recomputed < lc.nodes / 2  # nodes that repeat an input node are not recomputed
+
+
+def test_the_whole_graph_check_follows_the_conditioning_and_says_when_it_cannot_tell():
+    g, result, _, _ = _extracted(8)
+    assert check_graphs_equivalent(g, result) < RTOL
+    # 28 layers: round-off reaches ~1e-3 relative (3x per layer), above the fixed floor,
+    # and passes as round-off; at 32 it is ~0.1, and the whole-graph comparison says it
+    # cannot tell rather than pass or fail (the region check above can)
+    g, result, _, _ = _extracted(28)
+    assert check_graphs_equivalent(g, result) > RTOL
+    g, result, _, _ = _extracted(32)
+    with pytest.raises(VerificationError, match="inconclusive: round-off alone"):
+        check_graphs_equivalent(g, result)
+
+
+def _transposed_weight(g, result, classes, last: bool):
+    """A transpose inserted before a weight's use (the weights are square)."""
+    layer = _layers(g) - 1 if last else 0
+    w = _weight(result, f"l{layer}.wo" if last else f"l{layer}.wq").out()
+    user = next(n for n in result.topo_order() if w in n.inputs)
+    _feed(result, user, w, result.transpose(w, (1, 0)))
+
+
+def _swapped_operands(g, result, classes, last: bool):
+    """Attention's q @ k with its (square) operands swapped."""
+    n = _matmuls(result, 4)[-2 if last else 0]
+    n.inputs = (n.inputs[1], n.inputs[0])
+
+
+def _scaled_weight(g, result, classes, last: bool):
+    """A weight scaled by 1 + 1e-3 before its use."""
+    layer = _layers(g) - 1 if last else 0
+    w = _weight(result, f"l{layer}.wo").out()
+    user = next(n for n in result.topo_order() if w in n.inputs)
+    _feed(result, user, w, result.scalar_mul(w, 1 + 1e-3))
+
+
+def _swapped_classes(g, result, classes, last: bool):
+    """What a wrong rule merging classes would yield: a split's two outputs built
+    from each other's e-classes."""
+    split = [n for n in result.topo_order() if n.op == "split" and len(set(n.outputs)) == 1][-1 if last else 0]
+    a, b = (split.id, 0), (split.id, 1)
+    classes[a], classes[b] = classes[b], classes[a]
+
+
+def _layers(g) -> int:
+    return len([n for n in g.weights() if n.params["name"].endswith(".wo")])
+
+
+@pytest.mark.parametrize("plant", [_transposed_weight, _swapped_operands, _scaled_weight, _swapped_classes],
+                         ids=["transposed-weight", "swapped-operands", "scaled-weight", "swapped-classes"])
+@pytest.mark.parametrize("layers", [8, 32])
+@pytest.mark.parametrize("last", [False, True], ids=["first-layer", "last-layer"])
+def test_planted_wrong_rewrites_fail_at_any_depth(plant, layers, last):
+    g, result, classes, result_classes = _extracted(layers)
+    plant(g, result, result_classes, last)
+    with pytest.raises(VerificationError, match="differs from the original"):
+        check_locally(g, result, classes, result_classes)
+
+
+def test_an_add_turned_into_a_subtraction_fails():
+    g = zoo.nasrnn(steps=2, hidden=16)
+    sat = saturate(g, limits=Limits(multi_iterations=2))
+    ext = extract_graph(sat, "greedy-dag")
+    classes = tensor_classes(sat)
+    assert check_locally(g, ext.graph, classes, ext.classes).error < 1e-12
+    add = [n for n in ext.graph.topo_order() if n.op == "ewadd"][-1]
+    add.op = "ewsub"
+    with pytest.raises(VerificationError, match="differs from the original"):
+        check_locally(g, ext.graph, classes, ext.classes)
+
+
+def test_the_outputs_must_come_from_the_input_outputs_classes():
+    g, result, classes, result_classes = _extracted(8)
+    (_, out), = result.outputs
+    result_classes[(out.node, out.index)] = "T-elsewhere"
+    with pytest.raises(VerificationError, match="output 'y' is built from e-class T-elsewhere"):
+        check_locally(g, result, classes, result_classes)
+
+
+# --- what optimize runs -------------------------------------------------------------------
+
+def _overflowing_bert():
+    return _bert(6)  # float32 overflows on random inputs
+
+
+def test_where_float32_proves_nothing_optimize_checks_the_changed_regions_in_float64():
+    r = optimize(_overflowing_bert())
+    st = r.stats
+    assert r.graph is not r.original and st.check == "regions"
+    # the written model ran first and overflowed; the input was not run in onnxruntime,
+    # since its outputs (computed by the region check) lie beyond float32's range
+    assert st.check_skipped.startswith("the written model's float32 output 'y' is not finite")
+    assert st.local_check.outputs_beyond_float32
+    assert st.ort_check_error is None and st.check_error < 1e-12
+    assert 0 < st.local_check.recomputed < st.local_check.nodes
+
+
+def test_a_written_model_that_overflows_where_the_input_does_not_fails():
+    g = zoo.nasrnn(steps=1, hidden=16)
+    with pytest.raises(VerificationError, match="overflows or vanishes where the input does not"):
+        check_float32_proves_nothing(export_onnx(g), g, "the written model's float32 output 'h' is not finite")
+
+
+def test_optimize_rejects_a_wrong_result_in_the_region_check(monkeypatch):
+    import taso_egg.api as api
+
+    real = api.extract_graph
+
+    def tampered(*args, **kwargs):
+        ext = real(*args, **kwargs)
+        _swapped_operands(None, ext.graph, ext.classes, last=True)
+        return ext
+
+    monkeypatch.setattr(api, "extract_graph", tampered)
+    with pytest.raises(VerificationError, match="differs from the original"):
+        optimize(_overflowing_bert())
+
+
+def test_where_float32_is_finite_onnxruntime_is_the_only_check():
+    r = optimize(zoo.nasrnn(steps=1, hidden=32), extractor="greedy-dag", limits=Limits(multi_iterations=2))
+    st = r.stats
+    assert r.graph is not r.original and st.check == "onnxruntime"
+    assert st.ort_check_error < RTOL and st.check_error is None and st.local_check is None
+
+
+# --- onnxruntime's tolerance --------------------------------------------------------------
+
+def _logistic(steps: int, expanded: bool, r: float = 4.0):
+    """The logistic map x -> r x (1 - x), chaotic at r = 4: round-off doubles per step.
+    ``expanded`` computes r x - r x^2 instead, the same map."""
+    g = new_graph()
+    x = g.sigmoid(g.new_input((256,), name="x"))
+    four = g.new_weight((256,), data=np.full(256, r, np.float32), name="r")
+    one = g.new_weight((256,), data=np.ones(256, np.float32), name="one")
+    for _ in range(steps):
+        if expanded:
+            x = g.add_node("ewsub", [g.mul(four, x), g.mul(four, g.mul(x, x))])[0]
+        else:
+            x = g.mul(g.mul(four, x), g.add_node("ewsub", [one, x])[0])
+    g.mark_output(x, "y")
+    return g
+
+
+def test_the_onnxruntime_check_follows_the_conditioning():
+    ref = _logistic(8, expanded=False)
+    check = check_onnx_model(export_onnx(ref), export_onnx(_logistic(8, expanded=True)), ref)
+    assert check.error > RTOL  # 8 doublings of float32 round-off, passed as such
+    with pytest.raises(VerificationError, match="differs from the original"):
+        check_onnx_model(export_onnx(ref), export_onnx(_logistic(8, expanded=True, r=3.99)), ref)
+    # 16 steps: round-off alone moves the output by ~0.2 in float32; that is no check
+    ref = _logistic(16, expanded=False)
+    check = check_onnx_model(export_onnx(ref), export_onnx(_logistic(16, expanded=True)), ref)
+    assert check.error is None and check.skipped.startswith("in float32 round-off alone moves")
+    assert check_graphs_equivalent(ref, _logistic(16, expanded=True)) < 1e-6  # float64 still can
