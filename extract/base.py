@@ -10,7 +10,7 @@ from typing import ClassVar, NamedTuple
 from ..errors import LimitError
 from .check import check_choice, used_classes
 from .egraph import EGraph
-from .result import OPTIMAL, REJECTED, ExtractionResult, agrees
+from .result import OPTIMAL, REJECTED, WITHIN_GAP, ExtractionResult, agrees
 
 log = logging.getLogger(__name__)
 
@@ -20,12 +20,14 @@ class Solution(NamedTuple):
     status: str
     lower_bound: float | None = None
     objective: float | None = None  # the cost the extractor believes its choice has
+    bound_source: str | None = None  # what proved lower_bound (result.SOLVER_BOUND, PATH_BOUND)
 
 
 class Extractor:
     """Subclasses set ``name`` and implement ``solve``; ``extract`` times and validates."""
 
     name: ClassVar[str]
+    gap_tolerance: float | None = None  # the proven gap to stop at; None for heuristics
 
     def __init__(self, verbose: bool = False):
         self.verbose = verbose  # let the solver print its own log, if it has one
@@ -51,7 +53,7 @@ class Extractor:
         if lower is not None and lower > cost and not agrees(lower, cost):
             log.warning("%s: %s reported lower bound %.9g above the cost %.9g of its choice; bound dropped",
                         egraph.source, self.name, lower, cost)
-            status, lower = (REJECTED if status == OPTIMAL else status), None
+            status, lower = (REJECTED if status in (OPTIMAL, WITHIN_GAP) else status), None
         return ExtractionResult(
             extractor=self.name,
             choice=choice,
@@ -60,6 +62,8 @@ class Extractor:
             status=status,
             lower_bound=lower,
             objective=sol.objective,
+            bound_source=None if lower is None else sol.bound_source,
+            gap_tolerance=self.gap_tolerance,
         )
 
     def solve(self, egraph: EGraph, roots: tuple[int, ...], time_limit: float | None) -> Solution:

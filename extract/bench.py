@@ -1,6 +1,6 @@
 """Compare extractors on the Tensat e-graphs from extraction-gym.
 
-    python -m taso_egg.extract.bench [--time-limit 60] [--instances bert vgg] [--extractors ilp]
+    python -m taso_egg.extract.bench [--time-limit 60] [--gap 0.1] [--instances bert vgg] [--extractors ilp]
 
 Data: --data DIR, else $TASO_EGG_BENCH_DATA, else the three e-graphs shipped for the
 tests (tests/data/extraction-gym-tensat: vgg_acyclic, resnet50_acyclic, resnet50). For
@@ -9,7 +9,10 @@ data/tensat folder. --chain N adds extraction-gym's "constructed" chain shape wi
 classes (the deadline's test: greedy DAG does O(N^2) worklist steps on it).
 
 Columns: "objective" is the extractor's own claim of its cost ("=" when it equals the
-recomputed DAG cost, as it must), "over" how far the run went past --time-limit.
+recomputed DAG cost, as it must), "lower bound" the proven bound and "bound from" what
+proved it (HiGHS's dual bound, or the longest-path bound of bounds.py), "gap" the gap
+that bound proves, "over" how far the run went past --time-limit. The ILP stops at
+the proven gap --gap (percent; its default 0.1 unless given).
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ from tqdm import tqdm
 
 from ..errors import TasoEggError
 from .egraph import EGraph, load_egraph
+from .ilp import DEFAULT_GAP_TOLERANCE
 from .registry import EXTRACTORS, extract
-from .table import fmt_gap, format_table
+from .table import fmt_bound, fmt_gap, format_table
 
 # Best published DAG costs (CPLEX, 900 s, as extraction-gym reports them). None for the _acyclic files.
 BEST_KNOWN = {"bert": 0.705, "resnet50": 4.386, "vgg": 4.851}
@@ -46,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
                              "else the repository's tests/data/extraction-gym-tensat)")
     parser.add_argument("--time-limit", type=float, default=60.0, metavar="S", help="per ILP run (default 60)")
     parser.add_argument("--instances", nargs="+", metavar="NAME", help="file names without .json (default: all)")
+    parser.add_argument("--gap", type=float, default=None, metavar="PCT",
+                        help=f"the ILP stops at this proven gap, in percent (default {100 * DEFAULT_GAP_TOLERANCE:g})")
     parser.add_argument("--extractors", nargs="+", choices=list(EXTRACTORS), default=list(EXTRACTORS))
     parser.add_argument("--chain", type=int, default=0, metavar="N", help="add a constructed chain of N classes")
     args = parser.parse_args(argv)
@@ -55,8 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     except TasoEggError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(format_table(["instance", "extractor", "DAG cost", "objective", "seconds", "over", "gap", "status",
-                        "best known", "ratio"], rows))
+    print(format_table(["instance", "extractor", "DAG cost", "objective", "lower bound", "bound from", "seconds",
+                        "over", "gap", "status", "best known", "ratio"], rows))
     return 0
 
 
@@ -73,11 +79,13 @@ def _run(data: Path, args) -> list[list[str]]:
     for name, ex in tqdm(jobs, desc="extract", unit="run", file=sys.stderr):
         if name not in loaded:
             loaded[name] = load_egraph(data / f"{name}.json")
-        r = extract(loaded[name], ex, time_limit=args.time_limit)
+        gap = None if args.gap is None or ex != "ilp" else args.gap / 100
+        r = extract(loaded[name], ex, time_limit=args.time_limit, gap_tolerance=gap)
         best = BEST_KNOWN.get(name)
         obj = "-" if r.objective is None else "=" if abs(r.objective - r.dag_cost) <= 1e-9 else f"{r.objective:.4f}"
         rows.append([
-            name, ex, f"{r.dag_cost:.4f}", obj, f"{r.seconds:.2f}", f"{r.seconds - args.time_limit:+.2f}",
+            name, ex, f"{r.dag_cost:.4f}", obj, fmt_bound(r.lower_bound), r.bound_source or "-",
+            f"{r.seconds:.2f}", f"{r.seconds - args.time_limit:+.2f}",
             fmt_gap(r.gap), r.status,
             "-" if best is None else f"{best:.3f}", "-" if best is None else f"{r.dag_cost / best:.3f}",
         ])

@@ -9,11 +9,12 @@ import argparse
 import json
 from pathlib import Path
 
-from ..errors import ExtractionError
+from ..errors import ExtractionError, LimitError
 from ..files import check_writable, write_atomically
 from .egraph import load_egraph
+from .ilp import DEFAULT_GAP_TOLERANCE
 from .registry import EXTRACTORS, extract
-from .table import fmt_gap, format_table
+from .table import fmt_bound, fmt_gap, format_table
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,6 +24,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--time-limit", type=float, default=None, metavar="S",
         help="seconds for the ILP (default 60); tree and greedy-dag stop there with what they have",
     )
+    parser.add_argument(
+        "--gap", type=float, default=None, metavar="PCT",
+        help=f"ILP only: stop once the proven gap is at most PCT percent "
+             f"(default {100 * DEFAULT_GAP_TOLERANCE:g}; 0 proves optimality or runs to the time limit)",
+    )
     parser.add_argument("--roots", nargs="+", metavar="ECLASS", help="root e-class ids (default: the file's)")
     parser.add_argument("-o", "--output", type=Path, help="write the choice as JSON (class id -> node id)")
     parser.add_argument("--verbose", action="store_true", help="show the solver's log")
@@ -31,21 +37,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.output is not None:
         check_writable(args.output, ExtractionError)
+    gap = None if args.gap is None else args.gap / 100
+    if gap is not None and args.extractor != "ilp":
+        raise ExtractionError(f"--gap applies to the ilp extractor only, not {args.extractor!r}")
+    if gap is not None and not 0 <= gap < 1:
+        raise LimitError(f"--gap must be a percentage in [0, 100), got {args.gap:g}")
     egraph = load_egraph(args.egraph)
     result = extract(
-        egraph, args.extractor, roots=args.roots, time_limit=args.time_limit, verbose=args.verbose
+        egraph, args.extractor, roots=args.roots, time_limit=args.time_limit, verbose=args.verbose,
+        gap_tolerance=gap,
     )
     print(format_table(
-        ["e-graph", "extractor", "DAG cost", "seconds", "gap", "status"],
+        ["e-graph", "extractor", "DAG cost", "seconds", "lower bound", "gap", "status"],
         [[args.egraph.name, result.extractor, f"{result.dag_cost:.6f}", f"{result.seconds:.2f}",
-          fmt_gap(result.gap), result.status]],
+          fmt_bound(result.lower_bound), fmt_gap(result.gap), result.status]],
     ))
+    if result.gap_tolerance is not None:
+        print(f"gap tolerance {fmt_gap(result.gap_tolerance)} (--gap); "
+              f"lower bound: {result.bound_source or 'none proven'}")
     if args.output is not None:
         payload = {
             "extractor": result.extractor,
             "dag_cost": result.dag_cost,
             "status": result.status,
             "lower_bound": result.lower_bound,
+            "bound_source": result.bound_source,
+            "gap_tolerance": result.gap_tolerance,
             "choices": egraph.named_choice(result.choice),
         }
         text = json.dumps(payload, indent=1) + "\n"

@@ -50,12 +50,14 @@ class NeighbourhoodSearch:
         self.picks = (tree_pick, greedy_dag_picks(egraph, self.allowed, deadline))
         self.has_leaf = [any(not egraph.child_sets[n] for n in members) for members in egraph.class_nodes]
 
-    def run(self, best, solve: Callable[[list[int]], None], deadline: float) -> int:
+    def run(self, best, solve: Callable[[list[int]], None], deadline: float,
+            stop: Callable[[], bool] | None = None) -> int:
         """Improve ``best`` (an incumbent: ``.choice``, ``.cost``, updated by ``solve``)
-        until no input is left or the deadline passes; returns the sub-models solved."""
+        until no input is left, the deadline passes or ``stop()`` says the incumbent is
+        good enough; returns the sub-models solved."""
         tried: set[int] = set()
         solved = 0
-        while time.perf_counter() < deadline:
+        while time.perf_counter() < deadline and not (stop is not None and stop()):
             cost_before = best.cost
             target = self._next_input(best.choice, tried)
             if target is None:

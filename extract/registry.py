@@ -23,9 +23,17 @@ def extract(
     roots: Iterable[str] | None = None,
     time_limit: float | None = None,
     verbose: bool = False,
+    gap_tolerance: float | None = None,
 ) -> ExtractionResult:
-    """Run the named extractor on the e-graph (roots default to the file's own)."""
+    """Run the named extractor on the e-graph (roots default to the file's own).
+    ``gap_tolerance``: the proven relative gap the ILP stops at (None: its default);
+    the heuristics prove no gap and take none."""
     if extractor not in EXTRACTORS:
         known = ", ".join(EXTRACTORS)
         raise ExtractionError(f"unknown extractor {extractor!r} (known: {known})")
-    return EXTRACTORS[extractor](verbose=verbose).extract(egraph, roots=roots, time_limit=time_limit)
+    if gap_tolerance is None:
+        return EXTRACTORS[extractor](verbose=verbose).extract(egraph, roots=roots, time_limit=time_limit)
+    if extractor != IlpExtractor.name:
+        raise ExtractionError(f"a gap tolerance applies to the ilp extractor only, not {extractor!r}")
+    return IlpExtractor(verbose=verbose, gap_tolerance=gap_tolerance).extract(egraph, roots=roots,
+                                                                            time_limit=time_limit)

@@ -8,28 +8,39 @@ Every rule keeps at least one optimal solution (or the incumbent, for the bound 
   subset of its child classes: swapping them keeps a solution complete and acyclic
   (no new edges) and no dearer;
 - a node that cannot be grounded (a child class with no kept node, or only nodes that
-  lead back into cycles) can never be completed.
+  lead back into cycles) can never be completed;
+- a node whose children all need its own class (bounds.Necessity) closes a cycle in
+  every completion, X = split1(split(concat(Y, X))) for one.
 Nodes listed in ``protect`` (a known solution, used as the solver's warm start) stay.
 
 With negative costs neither the bound rule nor domination holds (a dropped child
 class may have held a negative node), so only the other rules run. Past ``deadline``
 shrinking stops where it is: every rule only removes nodes, so the set kept so far
 still holds an optimal solution.
+
+Besides the nodes, shrinking reports the classes that every extraction from the kept
+nodes uses (bounds.Necessity.required): the ILP makes their rows equalities.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from typing import NamedTuple
 
+from .bounds import Necessity
 from .egraph import EGraph
+
+
+class Shrunk(NamedTuple):
+    nodes: list[int]  # the kept nodes, in increasing order
+    required: frozenset[int]  # classes every extraction of the roots from them uses
 
 
 def shrink(
     egraph: EGraph, roots: tuple[int, ...], upper_bound: float, protect: frozenset[int] = frozenset(),
     deadline: float | None = None,
-) -> list[int]:
-    """Indices of the nodes to keep, in increasing order."""
+) -> Shrunk:
     cost = egraph.node_cost
     child_sets = egraph.child_sets
     node_class = egraph.node_class.tolist()
@@ -49,13 +60,25 @@ def shrink(
             if i % 1024 == 0 and late():
                 break
             _drop_dominated(members, alive, cost, child_sets, protect)
+    _settle(egraph, roots, alive, late)
+    necessity = Necessity(egraph, alive, deadline)
+    cyclic = [n for n in range(egraph.n_nodes) if alive[n] and n not in protect and necessity.cyclic(n)]
+    if cyclic:
+        for n in cyclic:
+            alive[n] = False
+        # Needs computed on more nodes stay sound on fewer (fewer ways, more needed).
+        _settle(egraph, roots, alive, late)
+    required = frozenset(c for c in necessity.required(roots) if any(alive[n] for n in egraph.class_nodes[c]))
+    return Shrunk([n for n in range(egraph.n_nodes) if alive[n]], required)
+
+
+def _settle(egraph: EGraph, roots: tuple[int, ...], alive: list[bool], late) -> None:
     while not late():
         before = sum(alive)
         _keep_groundable(egraph, alive)
         _keep_reachable(egraph, roots, alive)
         if sum(alive) == before:
             break
-    return [n for n in range(egraph.n_nodes) if alive[n]]
 
 
 def _drop_dominated(members, alive, cost, child_sets, protect) -> None:

@@ -11,4 +11,10 @@ def format_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def fmt_gap(gap: float | None) -> str:
-    return "-" if gap is None else f"{100 * gap:.2f}%"
+    if gap is None:
+        return "-"
+    return f"{100 * gap:.2f}%" if gap == 0 or gap >= 5e-5 else "<0.01%"
+
+
+def fmt_bound(bound: float | None) -> str:
+    return "-" if bound is None else f"{bound:.6f}"

@@ -19,7 +19,9 @@ from taso_egg.extract.cli import add_arguments as add_extract_arguments, run as 
 from taso_egg.extract.greedy_dag import acyclic_choice
 from taso_egg.extract.ilp_model import IlpModel
 from taso_egg.extract.lns import NeighbourhoodSearch
-from taso_egg.extract.result import OPTIMAL
+from taso_egg.extract.bounds import Necessity, path_bound
+from taso_egg.extract.ilp import DEFAULT_GAP_TOLERANCE
+from taso_egg.extract.result import OPTIMAL, PATH_BOUND, SOLVER_BOUND, WITHIN_GAP
 from taso_egg.extract.shrink import shrink
 
 # Three of extraction-gym's Tensat e-graphs, shipped with the tests (see its README).
@@ -215,7 +217,7 @@ def test_shrink_drops_self_cycles_and_dominated_nodes():
         "b": [(1.0, [])],
         "c": [(1.0, [])],
     }))
-    kept = {g.node_ids[n] for n in shrink(g, g.roots, upper_bound=10.0)}
+    kept = {g.node_ids[n] for n in shrink(g, g.roots, upper_bound=10.0).nodes}
     # a.1 is dominated by a.0, a.2 needs itself, a.3 costs more than the bound; c is
     # then unreachable.
     assert kept == {"r.0", "a.0", "b.0"}
@@ -399,7 +401,8 @@ def test_no_sound_answer_means_no_optimality_claim(monkeypatch, caplog):
     g = load_egraph(SHARING)
     with caplog.at_level("WARNING"):
         result = run(g, "ilp", time_limit=5)
-    assert result.status != OPTIMAL and result.lower_bound is None
+    # No bound from the solver; the longest-path bound (3: r needs a or b) is its own.
+    assert result.status != OPTIMAL and result.bound_source == PATH_BOUND and result.lower_bound == 3.0
     assert result.dag_cost <= 6.0  # still a valid choice, priced by the checker
     assert caplog.text.count("full MIP") >= 3  # every configuration tried, each logged
 
@@ -504,3 +507,113 @@ def test_every_ilp_phase_gets_the_deadline(monkeypatch):
     assert result.dag_cost == 5.5
     assert seen["warm"] <= t0 + 0.2 * 2.0 + 0.01
     assert seen["shrink"] <= t0 + 2.0 + 0.01 and seen["lns"] <= t0 + 0.7 * 2.0 + 0.01
+
+
+# --- lower bounds and the gap tolerance -------------------------------------------------
+
+# a.0 = split(split(concat(a, y))): every completion needs a below a. Cheaper than a.1,
+# so a model without order rows would take it; shrinking must not keep it.
+SELF_SUPPORT = egraph_dict({
+    "r": [(0.0, ["a"])],
+    "a": [(1.0, ["s"]), (5.0, [])],
+    "s": [(0.0, ["k"])],
+    "k": [(0.0, ["a", "y"])],
+    "y": [(0.0, [])],
+})
+
+
+def test_a_node_that_needs_its_own_class_is_dropped():
+    g = load_egraph(SELF_SUPPORT)
+    shrunk = shrink(g, g.roots, upper_bound=10.0)
+    assert {g.node_ids[n] for n in shrunk.nodes} == {"r.0", "a.1"}
+    assert {g.class_ids[c] for c in shrunk.required} == {"r", "a"}
+    assert run(g, "ilp", gap_tolerance=0.0).dag_cost == 5.0
+
+
+def _valid_choices(g):
+    """(cost, used classes, choice) of every valid choice of one node per class."""
+    for combo in itertools.product(*g.class_nodes):
+        choice = dict(enumerate(combo))
+        try:
+            cost = check_choice(g, choice)
+        except ExtractionError:
+            continue
+        yield cost, used_classes(g, choice), choice
+
+
+def test_bounds_hold_for_every_choice_of_random_egraphs():
+    # Brute force: the longest-path bound never exceeds the optimum, every valid choice
+    # uses every required class and takes no node called cyclic.
+    rng = random.Random(11)
+    checked = tight = 0
+    for trial in range(60):
+        names = [f"c{i}" for i in range(rng.randint(3, 6))]
+        classes = {
+            cls: [(float(rng.randint(0, 5)), rng.sample(names, rng.randint(0, 2))) for _ in range(rng.randint(1, 3))]
+            for cls in names
+        }
+        classes[names[-1]].append((9.0, []))
+        g = load_egraph(egraph_dict(classes, roots=[names[0]]))
+        alive = [True] * g.n_nodes
+        necessity = Necessity(g, alive)
+        required = necessity.required(g.roots)
+        bound = path_bound(g, alive, g.roots)
+        costs = []
+        for cost, used, choice in _valid_choices(g):
+            assert required <= set(used), f"trial {trial}: {classes}"
+            assert not any(necessity.cyclic(choice[c]) for c in used), f"trial {trial}: {classes}"
+            costs.append(cost)
+        if costs:
+            assert bound is not None and bound <= min(costs) + 1e-9, f"trial {trial}: {classes}"
+            checked += 1
+            tight += abs(bound - min(costs)) < 1e-9
+    assert checked >= 30 and 0 < tight < checked  # the bound is sometimes exact, not always
+
+
+@pytest.mark.parametrize("instance", ["vgg_acyclic", "resnet50_acyclic", "resnet50"])
+def test_proven_bounds_lie_below_every_answer(instance):
+    g = load_egraph(DATA / f"{instance}.json")
+    ilp = run(g, "ilp", time_limit=20, gap_tolerance=0.01)
+    assert ilp.lower_bound is not None and ilp.gap <= 0.01
+    path = path_bound(g, [True] * g.n_nodes, g.roots)
+    for result in (ilp, run(g, "greedy-dag"), run(g, "tree")):
+        assert ilp.lower_bound <= result.dag_cost + 1e-9
+        assert path <= result.dag_cost + 1e-9
+
+
+def test_optimality_proven_where_the_optimum_is_known():
+    # MERGE: 1 + 4 + 0.5 (hand-computed above); vgg_acyclic: the longest path alone
+    # proves greedy's answer optimal; resnet50_acyclic needs HiGHS (4.4160 here and in
+    # extraction-gym's own ILP runs).
+    merge = run(load_egraph(MERGE), "ilp", gap_tolerance=0.0)
+    assert merge.status == OPTIMAL and merge.dag_cost == merge.lower_bound == 5.5
+    vgg = run(load_egraph(DATA / "vgg_acyclic.json"), "ilp", gap_tolerance=0.0)
+    assert vgg.status == OPTIMAL and vgg.bound_source == PATH_BOUND
+    resnet = run(load_egraph(DATA / "resnet50_acyclic.json"), "ilp", time_limit=20, gap_tolerance=0.0)
+    assert resnet.status == OPTIMAL and resnet.bound_source == SOLVER_BOUND
+    assert resnet.dag_cost == pytest.approx(4.41603, abs=1e-4) and resnet.gap == 0.0
+
+
+def test_gap_tolerance_stops_early_and_is_reported(tmp_path, capsys):
+    # SHARING: greedy pays 6, the optimum is 4, the longest-path bound is 3 (a 50 % gap).
+    g = load_egraph(SHARING)
+    loose = run(g, "ilp", gap_tolerance=0.6)
+    assert (loose.dag_cost, loose.status, loose.gap_tolerance) == (6.0, WITHIN_GAP, 0.6)
+    assert loose.lower_bound == 3.0 and loose.gap == 0.5 and loose.bound_source == PATH_BOUND
+    exact = run(g, "ilp", gap_tolerance=0.0)
+    assert (exact.dag_cost, exact.status, exact.lower_bound) == (4.0, OPTIMAL, 4.0)
+    assert run(g, "ilp").gap_tolerance == DEFAULT_GAP_TOLERANCE
+
+    path = tmp_path / "sharing.json"
+    path.write_text(json.dumps(SHARING))
+    parser = argparse.ArgumentParser()
+    add_extract_arguments(parser)
+    run_extract_command(parser.parse_args([str(path), "--extractor", "ilp", "--gap", "60"]))
+    out = capsys.readouterr().out
+    assert "within gap" in out and "gap tolerance 60.00% (--gap); lower bound: longest-path bound" in out
+    with pytest.raises(LimitError, match="percentage"):
+        run_extract_command(parser.parse_args([str(path), "--extractor", "ilp", "--gap", "100"]))
+    with pytest.raises(ExtractionError, match="ilp extractor only"):
+        run_extract_command(parser.parse_args([str(path), "--gap", "1"]))
+    with pytest.raises(LimitError, match="gap tolerance"):
+        extract(g, "ilp", gap_tolerance=-0.1)
