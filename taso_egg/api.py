@@ -211,11 +211,11 @@ def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: 
     random inputs (``OptimizeStats.check``): a returned result or re-export is exported
     and run in onnxruntime (float32) against ``reference`` (the ONNX model ``graph`` was
     read from; ``graph`` exported when None); the exported model is
-    ``OptimizeResult.exported``. Where that proves nothing (the input's float32 outputs
-    are not finite or all zero, or onnxruntime cannot run it: ``check_skipped``) a
-    returned result is checked in our executor instead (float64, tracked exponents),
-    only its changed regions, each on the input's own tensors at its boundary
-    (``verify.check_locally``).
+    ``OptimizeResult.exported``. Where that proves nothing (float32 outputs not finite
+    or all zero, round-off past ``verify.MAX_RTOL``, or onnxruntime cannot run the
+    input: ``check_skipped``) a returned result is checked in our executor instead
+    (float64, tracked exponents), only its changed regions, each on the input's own
+    tensors at its boundary (``verify.check_locally``).
 
     ``extract_time_limit`` bounds the extractor in seconds (the ILP's default,
     ILP_TIME_LIMIT, when None). ``progress(iteration_stats)`` is called after each
