@@ -103,11 +103,13 @@ def _members(bits: int) -> list[int]:
     return out
 
 
-def path_bound(egraph: EGraph, alive: Sequence[bool], roots: tuple[int, ...]) -> float | None:
+def path_bound(
+    egraph: EGraph, alive: Sequence[bool], roots: tuple[int, ...], deadline: float | None = None
+) -> float | None:
     """A lower bound on the DAG cost of any extraction of ``roots`` from the ``alive``
     nodes: the largest, over the roots, of the least costliest-path value (see the
-    module docstring). None where a cost is negative (a path is then no bound) or a
-    root has no acyclic derivation."""
+    module docstring). None where a cost is negative (a path is then no bound), a
+    root has no acyclic derivation, or the deadline passed first."""
     cost = egraph.node_cost
     if (cost < 0).any():
         return None
@@ -118,7 +120,11 @@ def path_bound(egraph: EGraph, alive: Sequence[bool], roots: tuple[int, ...]) ->
     missing = [len(child_sets[n]) for n in range(egraph.n_nodes)]
     heap = [(cost[n], n) for n in range(egraph.n_nodes) if alive[n] and not missing[n]]
     heapq.heapify(heap)
+    steps = 0
     while heap:
+        steps += 1
+        if steps % CHECK_EVERY == 0 and deadline is not None and time.perf_counter() > deadline:
+            return None  # an unsettled root's value is not yet its least
         v, n = heapq.heappop(heap)
         cls = node_class[n]
         if value[cls] < math.inf:

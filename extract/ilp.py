@@ -112,7 +112,7 @@ class IlpExtractor(Extractor):
         alive = [False] * egraph.n_nodes
         for n in nodes:
             alive[n] = True
-        lower.offer(path_bound(egraph, alive, roots), PATH_BOUND)
+        lower.offer(path_bound(egraph, alive, roots, deadline), PATH_BOUND)
         if lower.close():
             return lower.proven(None)
         full = _Configs("full MIP", logging.WARNING)
@@ -208,9 +208,11 @@ def _check(model: IlpModel, best: _Incumbent, answer: Answer, gap: float) -> str
     obj = answer.objective
     if obj < cost and not agrees(obj, cost):
         return f"reports objective {obj:.9g} for a point that costs {cost:.9g}"
-    if optimal and obj > cost and not agrees(obj, cost):
+    # "Optimal" means within the gap HiGHS was given: its point (which may carry unused
+    # nodes) and the known choices may lie below its objective by that much, no more.
+    slack = gap * abs(obj)
+    if optimal and obj - slack > cost and not agrees(obj - slack, cost):
         return f"reports optimal objective {obj:.9g} for a point that costs less, {cost:.9g}"
-    slack = max(gap, OPTIMAL_GAP) * abs(obj)
     if optimal and best.cost < obj - slack and not agrees(obj - slack, best.cost):
         return f"reports optimal objective {obj:.9g}, but a choice in the model costs {best.cost:.9g}"
     if answer.bound is not None and answer.bound > best.cost and not agrees(answer.bound, best.cost):
@@ -240,7 +242,9 @@ class _Lower:
         the incumbent). A HiGHS "optimal" that stopped short of the tolerance (by its
         absolute gap) is reported as what it is: a time-limit-like stop with a bound."""
         best = self.best
-        claim = answer.objective if answer is not None and agrees(answer.objective, best.cost) else best.cost
+        claim = best.cost
+        if answer is not None and answer.objective is not None and agrees(answer.objective, best.cost):
+            claim = answer.objective
         gap = None if self.value is None else relative_gap(best.cost, self.value)
         if gap is not None and gap <= OPTIMAL_GAP:
             status = OPTIMAL
