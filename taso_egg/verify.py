@@ -679,14 +679,20 @@ def _freeze(v):
 
 def onnx_outputs(model, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Run an ONNX model in onnxruntime (all graph optimizations off: we want the
-    model's own arithmetic)."""
+    model's own arithmetic). ``model`` is a path, bytes, a ModelProto, or a
+    ``(ModelProto, weights)`` pair from ``onnx_io.exporter.export_for_check``, whose
+    weights are fed with the inputs (onnxruntime reads NumPy feeds in place)."""
     import onnxruntime as ort
 
+    if isinstance(model, tuple):
+        model, weights = model
+        feeds = {**feeds, **weights}
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3
     data = model if isinstance(model, (bytes, str)) else model.SerializeToString()
     session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+    del data  # onnxruntime holds what it needs
     names = [o.name for o in session.get_outputs()]
     return dict(zip(names, session.run(None, dict(feeds))))
 

@@ -653,3 +653,23 @@ def test_export_to_missing_folder(tmp_path):
     g = taso_egg.load_onnx(_small_model())
     with pytest.raises(ExportError, match="does not exist"):
         taso_egg.export_onnx(g, tmp_path / "no" / "such" / "out.onnx")
+
+
+def test_export_for_check_feeds_the_weights_the_written_model_holds():
+    """The check runs the model export writes, its large weights fed (the graph's own
+    arrays, not copies) instead of held as initializers."""
+    from taso_egg.executor import random_inputs
+    from taso_egg.onnx_io.exporter import FED_ELEMENTS, export_for_check, export_onnx
+    from taso_egg.zoo import squeezenet_small
+
+    g = squeezenet_small()
+    written = export_onnx(g)
+    checked, fed = export_for_check(g)
+    assert fed and all(a.size >= FED_ELEMENTS and a.dtype.kind == "f" for a in fed.values())
+    assert not any(i.name in fed for i in checked.graph.initializer)
+    assert {i.name for i in written.graph.initializer} == {i.name for i in checked.graph.initializer} | set(fed)
+    assert [i.name for i in written.graph.input] == [i.name for i in checked.graph.input if i.name not in fed]
+    weights = [g.weight_array(n) for n in g.weights()]
+    assert any(any(a is w for w in weights) for a in fed.values())  # shared, not copied
+    feeds = random_inputs(g)
+    assert_close(onnx_outputs(written, feeds), onnx_outputs((checked, fed), feeds), rtol=0)
