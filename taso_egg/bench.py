@@ -75,8 +75,9 @@ def _zoo_table(models, args) -> int:
             ratio = row["total"] / tensat if tensat else None
             worst_ratio = max(worst_ratio, ratio or 0.0)
             budget = 2 * row["weights_mb"] + 400
-            check = (f"{row['check']} {row['check_error']:.1e}" if row["check"]
-                     else "input returned, not checked")
+            check = row["check_kind"] or "input returned, not checked"
+            if row["check_error"] is not None:
+                check += f" {row['check_error']:.1e}"
             print(f"{name:<17}{extractor:<11}{row['nodes']:>6}{row['enodes']:>8}{row['iterations']:>6}"
                   f"{row['load']:>8.2f}{row['sat']:>7.2f}{row['ext']:>7.2f}{row['check']:>8.2f}"
                   f"{row['total']:>8.2f}{_or_dash(tensat, '>9.1f')}{_or_dash(ratio, '>7.2f')}"
@@ -111,7 +112,7 @@ def _zoo_row(name: str, kwargs: dict, extractor: str, options: dict) -> dict:
     st = r.stats
     return {"nodes": len(g.nodes), "enodes": st.enodes, "iterations": st.iterations, "load": load,
             "sat": st.saturation_seconds, "ext": st.extraction_seconds, "check": st.check_seconds,
-            "check": st.check, "check_error": _error(st), "total": total, "stop": st.stop_reason,
+            "check_kind": st.check, "check_error": _error(st), "total": total, "stop": st.stop_reason,
             "speedup": r.speedup, "cost_model": r.cost_model, "weights_mb": weights / MB,
             "rss_mb": _peak_rss_mb()}
 
