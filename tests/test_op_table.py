@@ -55,6 +55,16 @@ def _hand_graph() -> Graph:
     g.add_node("erf", [x])
     g.add_node("layernorm", [v, g.new_weight((5,)), g.new_weight((5,))])
     g.add_node("layernorm", [x, g.new_weight((6,)), g.new_weight((6,))])
+    g.add_node("relu6", [x])
+    g.add_node("gelu", [v])
+    g.add_node("gelu", [x], approximate="tanh")
+    g.add_node("pow", [v], exponent=3.0)
+    nan = g.add_node("isnan", [x])[0]
+    g.add_node("where", [nan, g.new_weight((1, 1, 1, 1)), x])
+    mask = g.new_input((2, 1, 1, 6), dtype="int64")
+    flag = g.add_node("cast", [mask], to="bool")[0]
+    both = g.add_node("logical_and", [flag, g.add_node("equal", [mask, g.new_input((2, 1, 6, 1), dtype="int64")])[0]])[0]
+    g.add_node("expand", [both], shape=(2, 3, 6, 6))
     return g
 
 

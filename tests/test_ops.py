@@ -610,6 +610,72 @@ def test_opaque_node_runs_and_exports():
     assert [n.op_type for n in model.graph.node] == ["Softmax"]
 
 
+@pytest.mark.parametrize("opset", [17, 20])
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_relu6_pow_match_onnxruntime(opset, approximate):
+    """gelu exports as ONNX Gelu from opset 20, as onnxruntime's contrib Gelu/FastGelu
+    before; relu6 as Clip; pow with its exponent as a constant."""
+    g = taso_egg.graph.Graph(opset=opset)
+    x = g.new_input((2, 3, 16), name="x")
+    g.mark_output(g.add_node("gelu", (x,), approximate=approximate)[0], "gelu")
+    g.mark_output(g.add_node("relu6", (x,))[0], "relu6")
+    g.mark_output(g.add_node("pow", (x,), exponent=3.0)[0], "cube")
+    feeds = {"x": np.linspace(-8, 8, 96).reshape(2, 3, 16).astype(np.float32)}
+    ours, model = check_against_ort(g, feeds)
+    v = feeds["x"].astype(np.float64)
+    if approximate == "none":
+        ref = 0.5 * v * (1 + np.vectorize(math.erf)(v / math.sqrt(2)))
+    else:
+        ref = 0.5 * v * (1 + np.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ** 3)))
+    assert np.abs(ours["gelu"] - ref).max() < 1e-5
+    assert np.array_equal(ours["relu6"], np.clip(feeds["x"], 0, 6))
+    gelu = [n for n in model.graph.node if "Gelu" in n.op_type]
+    assert [(n.op_type, n.domain or "") for n in gelu] == (
+        [("Gelu", "")] if opset >= 20 else [("FastGelu" if approximate == "tanh" else "Gelu", "com.microsoft")])
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_in_float64_exports_its_formula(approximate):
+    """onnxruntime's contrib Gelu takes float32 only: before opset 20 a float64 gelu
+    exports as the formula in standard operators (run here by onnx's reference
+    evaluator: onnxruntime's CPU Erf has no float64 kernel either)."""
+    from onnx.reference import ReferenceEvaluator
+
+    g = taso_egg.graph.Graph(opset=17)
+    x = g.new_input((3, 4), name="x", dtype="float64")
+    g.mark_output(g.add_node("gelu", (x,), approximate=approximate)[0], "y")
+    model = taso_egg.export_onnx(g)
+    onnx.checker.check_model(model)
+    assert all(n.domain == "" for n in model.graph.node)
+    feeds = {"x": np.linspace(-5, 5, 12).reshape(3, 4)}
+    (theirs,) = ReferenceEvaluator(model).run(None, feeds)
+    assert rel_err(taso_egg.run(g, feeds)["y"], theirs) < 1e-6  # its Erf rounds to float32
+
+
+def test_mask_operators_match_onnxruntime():
+    """isnan, where, equal, logical_and, cast and expand on a BERT-like mask."""
+    g = taso_egg.new_graph()
+    scores = g.new_input((1, 2, 4, 4), name="scores")
+    mask = g.new_input((1, 1, 1, 4), name="mask", dtype="int64")
+    flag = g.add_node("cast", (mask,), to="bool")[0]
+    keep = g.add_node("logical_and", (flag, g.add_node("equal", (mask, mask))[0]))[0]
+    big = g.add_node("expand", (keep,), shape=(1, 2, 4, 4))[0]
+    neg = g.new_weight((1, 1, 1, 1), data=np.full((1, 1, 1, 1), -np.inf, np.float32))
+    zero = g.new_weight((1, 1, 1, 1), data=np.zeros((1, 1, 1, 1), np.float32))
+    masked = g.add_node("where", (big, scores, neg))[0]
+    p = g.add_node("softmax", (masked,), axis=3)[0]
+    g.mark_output(g.add_node("where", (g.add_node("isnan", (p,))[0], zero, p))[0], "p")
+    g.mark_output(big, "big")
+    feeds = {"scores": np.arange(32, dtype=np.float32).reshape(1, 2, 4, 4) / 8,
+             "mask": np.array([[[[1, 1, 0, 0]]]], dtype=np.int64)}
+    ours, _ = check_against_ort(g, feeds)
+    assert ours["big"].dtype == np.bool_ and ours["big"].shape == (1, 2, 4, 4)
+    assert np.all(ours["p"][..., 2:] == 0) and np.allclose(ours["p"].sum(-1), 1)
+    feeds["mask"][:] = 0  # every position masked: softmax is NaN, where makes it 0
+    ours, _ = check_against_ort(g, feeds)
+    assert np.all(ours["p"] == 0)
+
+
 # --- the table itself ----------------------------------------------------------------
 
 ISSUE_OPS = {
@@ -654,6 +720,15 @@ TESTED = {
     "ewdiv": "test_sub_div_erf_match_onnxruntime",
     "erf": "test_sub_div_erf_match_onnxruntime",
     "layernorm": "test_layernorm_matches_onnxruntime",
+    "gelu": "test_gelu_relu6_pow_match_onnxruntime",
+    "relu6": "test_gelu_relu6_pow_match_onnxruntime",
+    "pow": "test_gelu_relu6_pow_match_onnxruntime",
+    "isnan": "test_mask_operators_match_onnxruntime",
+    "where": "test_mask_operators_match_onnxruntime",
+    "equal": "test_mask_operators_match_onnxruntime",
+    "logical_and": "test_mask_operators_match_onnxruntime",
+    "cast": "test_mask_operators_match_onnxruntime",
+    "expand": "test_mask_operators_match_onnxruntime",
 }
 
 

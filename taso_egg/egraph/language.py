@@ -207,15 +207,24 @@ def _typed_ops() -> list[str]:
 
 
 def _dtype_rules() -> list[str]:
-    """Leaves carry their dtype; every other operator needs one dtype on all its
-    tensor inputs and keeps it (ONNX's rule for every operator of the table)."""
+    """Leaves carry their dtype; other operators need one dtype on all their tensor
+    inputs and keep it (ONNX's rule for most operators), unless OpSpec.out_dtype says
+    otherwise (a test's bool, where's branches, cast's parameter)."""
     rules = []
     for op in _typed_ops():
         pattern, tensors = _output_pattern(op)
         if OPS[op].is_leaf:
             rules.append(_rule([pattern], ["(set (dtype x) p_dtype)"]))
             continue
-        rules.append(_rule([pattern] + [f"(= d (dtype {t}))" for t in tensors], ["(set (dtype x) d)"]))
+        how = OPS[op].out_dtype
+        if how.startswith("input:"):
+            rules.append(_rule([pattern, f"(= d (dtype t{how[6:]}))"], ["(set (dtype x) d)"]))
+        elif how.startswith("param:"):
+            rules.append(_rule([pattern], [f"(set (dtype x) p_{how[6:]})"]))
+        elif how:
+            rules.append(_rule([pattern], [f"(set (dtype x) {encode('String', how)})"]))
+        else:
+            rules.append(_rule([pattern] + [f"(= d (dtype {t}))" for t in tensors], ["(set (dtype x) d)"]))
     return rules
 
 

@@ -31,6 +31,10 @@ _NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "Rando
 # Folding a constant bigger than this (elements) into the file would bloat it more
 # than running the node costs: keep such nodes in the graph instead.
 _FOLD_LIMIT = 1 << 24
+# Mapped ops that fold anyway when all their inputs are known: no rewrite sees
+# through them (a lookup in a known table, as position embeddings are; the mask
+# operators, which rules leave out), so a known result is just data.
+_FOLD_ANYWAY = {"Gather", "GatherND", "Expand", "Cast", "Equal", "And", "Where", "IsNaN"}
 
 
 def load_onnx(model, input_shapes: Mapping[str, Sequence[int]] | None = None) -> Graph:
@@ -315,7 +319,7 @@ class _Importer:
         if not present or not all(n in self.consts for n in present) \
                 or node.op_type in _NONDETERMINISTIC:
             return False
-        if node.op_type in ONNX_IMPORTERS and any(
+        if node.op_type in ONNX_IMPORTERS and node.op_type not in _FOLD_ANYWAY and any(
                 self.consts[n].dtype.kind == "f" and self.consts[n].size > 1 for n in present):
             # Weight-only arithmetic of mapped ops stays in the graph (folded at export),
             # so rewrites can still see it; only shape arithmetic folds here.

@@ -112,6 +112,10 @@ class OpSpec:
     # carries its id first; an opaque node is one key into the bridge's table).
     egraph_inputs: int | None = None
     egraph_params: tuple[Param, ...] | None = None
+    # The output's dtype: "" the one dtype all tensor inputs share (most operators);
+    # "bool" a fixed dtype (a test, a comparison); "input:I" input I's (where: the
+    # branches', not the condition's); "param:NAME" a dtype parameter (cast).
+    out_dtype: str = ""
     doc: str = ""
 
     @property

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from .base import OpSpec, Param, TensorType, check_dims, fail, onnx_importer, register
 from .shapes import MAX_RANK, Case, In, OutIndex, P, eq, ge, gt, lt, per_rank, rank, vec
 
@@ -289,3 +291,31 @@ def _import_transpose(ctx, node, attrs):
     x = ctx.tensor(node.input[0])
     perm = attrs.get("perm") or list(range(len(x.shape)))[::-1]
     return [ctx.g.transpose(x, tuple(int(v) for v in perm))]
+
+
+@onnx_importer("Gather")
+def _import_gather(ctx, node, attrs):
+    """A Gather of every index along its axis, in order (exporters' way of inserting
+    axes into a mask), is a reshape; other gathers (an embedding lookup) stay opaque."""
+    idx = ctx.const(node.input[1])
+    x_t = ctx.type(node.input[0])
+    if idx is None or not x_t.shape:
+        return None
+    axis = int(attrs.get("axis", 0)) % len(x_t.shape)
+    if not np.array_equal(idx.reshape(-1), np.arange(x_t.shape[axis])):
+        return None
+    shape = x_t.shape[:axis] + tuple(idx.shape) + x_t.shape[axis + 1:]
+    return [ctx.g.reshape(ctx.tensor(node.input[0]), shape)]
+
+
+@onnx_importer("GatherND")
+def _import_gather_nd(ctx, node, attrs):
+    """A GatherND that reads every element once, in order, is a reshape."""
+    idx = ctx.const(node.input[1])
+    x_t = ctx.type(node.input[0])
+    if idx is None or attrs.get("batch_dims", 0) or not x_t.shape or idx.shape[-1:] != (len(x_t.shape),):
+        return None
+    every = np.indices(x_t.shape).reshape(len(x_t.shape), -1).T
+    if not np.array_equal(idx.reshape(-1, len(x_t.shape)), every):
+        return None
+    return [ctx.g.reshape(ctx.tensor(node.input[0]), tuple(idx.shape[:-1]))]

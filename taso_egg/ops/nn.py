@@ -149,7 +149,7 @@ def _conv_export(ctx, p, in_types, ins, outs):
     x, w = in_types[0], in_types[1]
     khw = w.shape[2:]
     t, l, b, r = _pads_for(p, x, khw)
-    export_with_activation(ctx, "Conv", ins, outs[0], p["activation"],
+    export_with_activation(ctx, "Conv", ins, outs[0], p["activation"], x.dtype,
                            strides=list(p["strides"]), pads=[t, l, b, r],
                            kernel_shape=list(khw), group=x.shape[1] // w.shape[1])
 
@@ -182,7 +182,7 @@ def _conv_sum_kernel(xp, p, x, w, z):
 def _conv_sum_export(ctx, p, in_types, ins, outs):
     conv = ctx.fresh(outs[0] + "_conv")
     _conv_export(ctx, {**p, "activation": "NONE"}, in_types[:2], ins[:2], [conv])
-    export_with_activation(ctx, "Add", [conv, ins[2]], outs[0], p["activation"])
+    export_with_activation(ctx, "Add", [conv, ins[2]], outs[0], p["activation"], in_types[2].dtype)
 
 
 register(OpSpec(
@@ -222,7 +222,7 @@ _MATMUL_SHAPES = _matmul_shapes()
 
 
 def _matmul_export(ctx, p, in_types, ins, outs):
-    export_with_activation(ctx, "MatMul", ins, outs[0], p["activation"])
+    export_with_activation(ctx, "MatMul", ins, outs[0], p["activation"], in_types[0].dtype)
 
 
 register(OpSpec(
@@ -288,7 +288,7 @@ def _pool_export(onnx_type):
         attrs = dict(kernel_shape=list(p["kernel"]), strides=list(p["strides"]), pads=[t, l, b, r])
         if onnx_type == "AveragePool":
             attrs["count_include_pad"] = int(p["count_include_pad"])
-        export_with_activation(ctx, onnx_type, ins, outs[0], p["activation"], **attrs)
+        export_with_activation(ctx, onnx_type, ins, outs[0], p["activation"], in_types[0].dtype, **attrs)
 
     return export
 
