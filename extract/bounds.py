@@ -35,6 +35,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
+from collections import deque
 from collections.abc import Sequence
 
 from .egraph import EGraph
@@ -52,7 +53,12 @@ class Necessity:
         child_sets = egraph.child_sets
         node_class = egraph.node_class.tolist()
         live = [[n for n in members if alive[n]] for members in egraph.class_nodes]
-        work = [c for c in range(egraph.n_classes) if live[c]]
+        # Children first (the order in which classes can be grounded): each class then
+        # sees its children's final sets on its first visit, mostly (NasRNN: 6x fewer steps).
+        grounded = _grounding_order(egraph, alive)
+        seen = set(grounded)
+        work = [c for c in range(egraph.n_classes) if live[c] and c not in seen]
+        work += [c for c in reversed(grounded) if live[c]]
         queued = [False] * egraph.n_classes
         for c in work:
             queued[c] = True
@@ -92,6 +98,27 @@ class Necessity:
         for r in roots:
             bits |= self.needs[r]
         return frozenset(_members(bits))
+
+
+def _grounding_order(egraph: EGraph, alive: Sequence[bool]) -> list[int]:
+    """Classes in the order they get a derivation from the leaves up (breadth first)."""
+    missing = [len(children) for children in egraph.child_sets]
+    node_class = egraph.node_class.tolist()
+    done = [False] * egraph.n_classes
+    ready = deque(n for n in range(egraph.n_nodes) if alive[n] and not missing[n])
+    order = []
+    while ready:
+        c = node_class[ready.popleft()]
+        if done[c]:
+            continue
+        done[c] = True
+        order.append(c)
+        for p in egraph.parents[c]:
+            if alive[p]:
+                missing[p] -= 1
+                if not missing[p]:
+                    ready.append(p)
+    return order
 
 
 def _members(bits: int) -> list[int]:
