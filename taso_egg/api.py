@@ -25,7 +25,7 @@ from .errors import ExtractionError, LimitError, TasoEggError
 from .executor import random_inputs
 from .extract.ilp import DEFAULT_TIME_LIMIT as ILP_TIME_LIMIT
 from .graph import Graph
-from .onnx_io.exporter import export_for_check, export_onnx
+from .onnx_io.exporter import export_for_check, export_onnx, with_weights
 from .rules.lang import load_corpus
 from .verify import (LocalCheck, check_float32_proves_nothing, check_graphs_equivalent, check_locally,
                      check_onnx_model, share_weights)
@@ -242,7 +242,7 @@ def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: 
     t_check = time.perf_counter()
     exported, ort, check, check_error, local = None, None, "", None, None
     if verify and decision.chosen != "original":
-        ort = _check_in_onnxruntime(graph, decision.graph, reference, phase, decision.exported, seed)
+        ort, written = _check_in_onnxruntime(graph, decision.graph, reference, phase, decision.exported, seed)
         if ort.error is not None:
             check = "onnxruntime"
         elif decision.chosen == "result":
@@ -253,7 +253,8 @@ def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: 
             # the written model's float32 outputs proved nothing: neither may the input's
             check_float32_proves_nothing(export_for_check(graph) if reference is None else reference, graph,
                                          ort.skipped, seed)
-        exported = decision.exported if decision.exported is not None else export_onnx(decision.graph)
+        exported = with_weights(*written) if isinstance(written, tuple) else written
+        del written  # the folded weights now live in the model
     stats = OptimizeStats(
         saturation_seconds=sat.seconds,
         extraction_seconds=ext.seconds,
@@ -418,16 +419,19 @@ def _computation(model) -> tuple:
 
 
 def _check_in_onnxruntime(graph: Graph, result: Graph, reference, phase, exported=None, seed: int = 0):
-    """The returned graph's check (``exported``, its ONNX when already made) against
+    """The returned graph's check (``exported``: its ONNX, when already made) against
     ``reference`` (or ``graph`` exported) in onnxruntime, float32, on random inputs:
-    a ``verify.OnnxCheck``, skipped, with the reason, where it would prove nothing."""
+    a ``verify.OnnxCheck`` (skipped, with the reason, where it would prove nothing),
+    and what was run: ``exported``, else the ``export_for_check`` pair."""
     phase("checking the written model in onnxruntime against the input")
     share_weights(graph, result)  # stand-in weights are made once, not again for the result
     # Where nothing is exported yet (not timed), both graphs run with their weights fed
     # rather than copied into protobuf and then into onnxruntime; the model to write is
     # exported by the same exporter, weights as initializers, once the check is done.
-    return check_onnx_model((lambda: export_for_check(graph)) if reference is None else reference,
-                            export_for_check(result) if exported is None else exported, graph, seed=seed)
+    written = export_for_check(result) if exported is None else exported
+    check = check_onnx_model((lambda: export_for_check(graph)) if reference is None else reference,
+                             written, graph, seed=seed)
+    return check, written
 
 
 def keep_unless_faster(graph: Graph, candidate: Graph, repeats: int,

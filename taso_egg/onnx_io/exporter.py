@@ -31,15 +31,21 @@ def export_onnx(graph: Graph, path: str | os.PathLike | None = None, name: str =
     The model is checked (``onnx.checker``) before its large weights go in: the
     checker serializes what it is given, and with the weights that would be two more
     copies of them (VGG-19: 1.1 GB) for nothing it checks."""
+    model = with_weights(*export_for_check(graph, name))
+    if path is not None:
+        save_atomically(model, path)
+    return model
+
+
+def with_weights(model, fed: dict):
+    """An ``export_for_check`` model made the exported model: its fed weights become
+    initializers again (in place; the model is returned)."""
     from onnx import numpy_helper
 
-    model, fed = export_for_check(graph, name)
     inputs = [vi for vi in model.graph.input if vi.name not in fed]
     del model.graph.input[:]
     model.graph.input.extend(inputs)
     model.graph.initializer.extend(numpy_helper.from_array(a, n) for n, a in fed.items())
-    if path is not None:
-        save_atomically(model, path)
     return model
 
 
