@@ -184,6 +184,28 @@ def layernorm(g):
 
 
 @case
+def gelu_relu6_pow(g):
+    x = _x(g, (2, 3, 8))
+    g.mark_output(g.add_node("gelu", (x,))[0], "y0")
+    g.mark_output(g.add_node("gelu", (x,), approximate="tanh")[0], "y1")
+    g.mark_output(g.add_node("relu6", (x,))[0], "y2")
+    g.mark_output(g.add_node("pow", (x,), exponent=3.0)[0], "y3")
+
+
+@case
+def attention_mask(g):
+    """A BERT-like mask: bool and int64 tensors, whose dtypes the analysis takes from
+    OpSpec.out_dtype (isnan and equal give bool, where its branches', cast its parameter)."""
+    scores = _x(g, (1, 2, 4, 4), "scores")
+    mask = g.new_input((1, 1, 1, 4), name="mask", dtype="int64")
+    flag = g.add_node("cast", (mask,), to="bool")[0]
+    keep = g.add_node("logical_and", (flag, g.add_node("equal", (mask, mask))[0]))[0]
+    big = g.add_node("expand", (keep,), shape=(1, 2, 4, 4))[0]
+    p = g.add_node("softmax", (g.add_node("where", (big, scores, _w(g, (1, 1, 1, 1), "neg")))[0],), axis=3)[0]
+    g.mark_output(g.add_node("where", (g.add_node("isnan", (p,))[0], _w(g, (1, 1, 1, 1), "zero"), p))[0], "y0")
+
+
+@case
 def softmax(g):
     g.mark_output(g.add_node("softmax", (_x(g, (2, 3, 4)),), axis=1)[0], "y0")
 

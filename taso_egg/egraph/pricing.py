@@ -40,7 +40,9 @@ class ENodeConfigs:
         shapes = [self.eg.shapes.get(c) for c in n.children]
         if any(s is None for s in shapes):
             raise ShapeError(f"e-node {n.id} ({n.op}): an input has no known shape")
-        return OpConfig.of(n.op, n.params, [TensorType(tuple(s)) for s in shapes],
+        # dtypes as the e-graph's analysis has them: masks are bool, ids int64
+        return OpConfig.of(n.op, n.params, [TensorType(tuple(s), self.eg.dtypes.get(c, "float32"))
+                                            for s, c in zip(shapes, n.children)],
                            constant=[c in self.weight_only for c in n.children])
 
 
