@@ -55,7 +55,7 @@ class Necessity:
         live = [[n for n in members if alive[n]] for members in egraph.class_nodes]
         # Children first (the order in which classes can be grounded): each class then
         # sees its children's final sets on its first visit, mostly (NasRNN: 6x fewer steps).
-        grounded = _grounding_order(egraph, alive)
+        grounded, _ = grounding(egraph, alive)
         seen = set(grounded)
         work = [c for c in range(egraph.n_classes) if live[c] and c not in seen]
         work += [c for c in reversed(grounded) if live[c]]
@@ -100,8 +100,10 @@ class Necessity:
         return frozenset(_members(bits))
 
 
-def _grounding_order(egraph: EGraph, alive: Sequence[bool]) -> list[int]:
-    """Classes in the order they get a derivation from the leaves up (breadth first)."""
+def grounding(egraph: EGraph, alive: Sequence[bool]) -> tuple[list[int], list[int]]:
+    """The least fixpoint of groundedness over the ``alive`` nodes: the classes in the
+    order they get a derivation from the leaves up (breadth first), and for each node
+    how many of its child classes never do (0: the node is groundable)."""
     missing = [len(children) for children in egraph.child_sets]
     node_class = egraph.node_class.tolist()
     done = [False] * egraph.n_classes
@@ -114,11 +116,10 @@ def _grounding_order(egraph: EGraph, alive: Sequence[bool]) -> list[int]:
         done[c] = True
         order.append(c)
         for p in egraph.parents[c]:
-            if alive[p]:
-                missing[p] -= 1
-                if not missing[p]:
-                    ready.append(p)
-    return order
+            missing[p] -= 1
+            if not missing[p] and alive[p]:
+                ready.append(p)
+    return order, missing
 
 
 def _members(bits: int) -> list[int]:

@@ -28,7 +28,7 @@ import math
 import time
 from typing import NamedTuple
 
-from .bounds import Necessity
+from .bounds import Necessity, grounding
 from .egraph import EGraph
 
 
@@ -94,19 +94,7 @@ def _drop_dominated(members, alive, cost, child_sets, protect) -> None:
 
 
 def _keep_groundable(egraph: EGraph, alive: list[bool]) -> None:
-    # Least fixpoint: a class is grounded once one of its nodes has all children grounded.
-    missing = [len(egraph.child_sets[n]) for n in range(egraph.n_nodes)]
-    grounded = [False] * egraph.n_classes
-    ready = [n for n in range(egraph.n_nodes) if alive[n] and missing[n] == 0]
-    while ready:
-        cls = egraph.node_class[ready.pop()]
-        if grounded[cls]:
-            continue
-        grounded[cls] = True
-        for user in egraph.parents[cls]:
-            missing[user] -= 1
-            if missing[user] == 0 and alive[user]:
-                ready.append(user)
+    _, missing = grounding(egraph, alive)
     for n in range(egraph.n_nodes):
         if alive[n] and missing[n] > 0:
             alive[n] = False
