@@ -190,6 +190,7 @@ def gelu_relu6_pow(g):
     g.mark_output(g.add_node("gelu", (x,), approximate="tanh")[0], "y1")
     g.mark_output(g.add_node("relu6", (x,))[0], "y2")
     g.mark_output(g.add_node("pow", (x,), exponent=3.0)[0], "y3")
+    g.mark_output(g.scalar_mul(x, g.add_node("scalar", (), value=0.5)[0]), "y4")
 
 
 @case

@@ -652,6 +652,7 @@ def test_gelu_in_float64_exports_its_formula(approximate):
     assert rel_err(taso_egg.run(g, feeds)["y"], theirs) < 1e-6  # its Erf rounds to float32
 
 
+@pytest.mark.filterwarnings("ignore:invalid value")  # softmax of a fully masked row: NaN, as in ONNX
 def test_mask_operators_match_onnxruntime():
     """isnan, where, equal, logical_and, cast and expand on a BERT-like mask."""
     g = taso_egg.new_graph()
@@ -674,6 +675,15 @@ def test_mask_operators_match_onnxruntime():
     feeds["mask"][:] = 0  # every position masked: softmax is NaN, where makes it 0
     ours, _ = check_against_ort(g, feeds)
     assert np.all(ours["p"] == 0)
+
+
+def test_scalar_is_its_value_and_folds():
+    g = taso_egg.new_graph()
+    x = g.new_input((2, 3), name="x")
+    g.mark_output(g.scalar_mul(x, g.add_node("scalar", (), value=0.5)[0]), "y")
+    ours, model = check_against_ort(g)
+    assert [n.op_type for n in model.graph.node] == ["Mul"]
+    assert np.array_equal(ours["y"], taso_egg.random_inputs(g)["x"] * np.float32(0.5))
 
 
 # --- the table itself ----------------------------------------------------------------
@@ -729,6 +739,7 @@ TESTED = {
     "logical_and": "test_mask_operators_match_onnxruntime",
     "cast": "test_mask_operators_match_onnxruntime",
     "expand": "test_mask_operators_match_onnxruntime",
+    "scalar": "test_scalar_is_its_value_and_folds",
 }
 
 

@@ -5,6 +5,7 @@ stays opaque."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import numpy as np
@@ -151,3 +152,36 @@ def test_cast_to_its_own_dtype_and_expand_to_its_own_shape_vanish():
                        [vi("x", [2, 3])], [vi("y", None)], [init("shape", np.array([1, 3], np.int64))])
     g, _ = roundtrip(model)
     assert ops_of(g) == {"relu": 1}
+
+
+@pytest.mark.parametrize("half_first", [False, True], ids=["half-last", "half-first"])
+@pytest.mark.parametrize("swap", [False, True], ids=["x-first", "x-second"])
+def test_decomposed_gelu_is_recognized(half_first, swap):
+    """Div(x, sqrt 2) -> Erf -> Add 1 -> Mul x -> Mul 0.5, as torch exports GELU (and its
+    operand orders), saturates into one gelu (rules gelu-from-erf*, proved from
+    ax-gelu-erf), which exports as onnxruntime's Gelu before opset 20 and runs there."""
+    s = helper.make_node
+    mul = (lambda a, b, o: s("Mul", [b, a], [o])) if swap else (lambda a, b, o: s("Mul", [a, b], [o]))
+    head = [s("Div", ["x", "sqrt2"], ["d"]), s("Erf", ["d"], ["e"]), s("Add", ["e", "one"], ["a"])]
+    if half_first:
+        tail = [mul("x", "half", "h"), mul("h", "a", "y")]
+    else:
+        tail = [mul("x", "a", "m"), mul("m", "half", "y")]
+    inits = [init("sqrt2", np.array(math.sqrt(2), np.float32)), init("one", np.array(1, np.float32)),
+             init("half", np.array(0.5, np.float32))]
+    model = make_model(head + tail, [vi("x", [2, 3, 8])], [vi("y", None)], inits)
+    g, _ = roundtrip(model)
+    out = extract_graph(saturate(g)).graph
+    assert ops_of(out) == {"gelu": 1}
+    _, exported = check_against_ort(out, {"x": np.linspace(-6, 6, 48).reshape(2, 3, 8).astype(np.float32)})
+    assert [(n.op_type, n.domain) for n in exported.graph.node] == [("Gelu", "com.microsoft")]
+
+
+def test_a_wrong_constant_is_not_gelu():
+    s = helper.make_node
+    nodes = [s("Div", ["x", "c"], ["d"]), s("Erf", ["d"], ["e"]), s("Add", ["e", "one"], ["a"]),
+             s("Mul", ["x", "a"], ["m"]), s("Mul", ["m", "half"], ["y"])]
+    inits = [init("c", np.array(1.5, np.float32)), init("one", np.array(1, np.float32)),
+             init("half", np.array(0.5, np.float32))]
+    g = taso_egg.load_onnx(make_model(nodes, [vi("x", [2, 8])], [vi("y", None)], inits))
+    assert "gelu" not in ops_of(extract_graph(saturate(g)).graph)

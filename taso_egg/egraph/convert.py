@@ -8,6 +8,7 @@ way in writes one ``let`` per graph node. Conv biases become an explicit broadca
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 
 from ..errors import ExtractionError
@@ -19,9 +20,10 @@ from .language import (OP_OF_CONSTRUCTOR, constructor, decode_padding, egraph_pa
 
 
 # Operators the e-graph of any graph may hold beyond the graph's own: the conversion
-# writes conv biases as a broadcast add plus activation, and broadcasts as reshapes.
-_RESHAPE, _BIAS_ADD = "reshape", "ewadd"
-CONVERSION_OPS = frozenset({_RESHAPE, _BIAS_ADD} | {op for op in OPS if OPS[op].activation})
+# writes conv biases as a broadcast add plus activation, broadcasts as reshapes, and
+# 0-d weights also as the scalars of their values.
+_RESHAPE, _BIAS_ADD, _SCALAR = "reshape", "ewadd", "scalar"
+CONVERSION_OPS = frozenset({_RESHAPE, _BIAS_ADD, _SCALAR} | {op for op in OPS if OPS[op].activation})
 _ACTIVATION_OP = {OPS[op].activation: op for op in OPS if OPS[op].activation}
 
 
@@ -110,6 +112,12 @@ def graph_to_program(graph: Graph) -> GraphProgram:
         else:
             expr = f"({constructor(op)} {_params(op, p)} {' '.join(ins)})"
         lines.append(f"(let $n{node.id} {expr})")
+        if op == "weight" and not node.outputs[0].shape and node.id in graph.weight_data \
+                and node.outputs[0].dtype in ("float16", "float32", "float64"):
+            # a 0-d weight is also the scalar of its value, which rules can name
+            value = float(graph.weight_data[node.id])
+            if math.isfinite(value):
+                lines.append(f"(union $n{node.id} ({constructor(_SCALAR)} {encode('f64', value)} {encode('String', node.outputs[0].dtype)}))")
         if node.id in multi:
             for i in range(len(node.outputs)):
                 lines.append(f"(let $n{node.id}_{i} (Proj $n{node.id} {i}))")

@@ -11,7 +11,7 @@ import hashlib
 import numpy as np
 
 from .base import OpSpec, Param, TensorType, check_dims, fail, register
-from .shapes import Case, P
+from .shapes import Case, P, vec
 
 _LEAF_PARAMS = (Param("name", "symbol", ""), Param("shape", "dims", ()), Param("dtype", "dtype", "float32"))
 _LEAF_SHAPE = (Case(P("shape")),)
@@ -103,6 +103,15 @@ register(OpSpec(
     kernel=lambda xp, p: [xp.full(p["shape"], 1.0 / (p["shape"][2] * p["shape"][3]), dtype=p["dtype"])],
     is_leaf=True, is_constant=True,
     doc="Averaging kernel (C,1,kh,kw): a depth-wise conv with it is an average pool."))
+
+
+register(OpSpec(
+    name="scalar", inputs=(0, 0), params=(Param("value", "float", 0.0), Param("dtype", "dtype", "float32", optional=True)),
+    shape=(Case(vec()),), infer=lambda p, ins: [TensorType((), p["dtype"])],
+    kernel=lambda xp, p: [xp.asarray(p["value"], dtype=p["dtype"])],
+    is_leaf=True, is_constant=True,
+    doc="A 0-d constant known by its value, so that rules can name it (GELU's 0.5, 1 and "
+        "sqrt 2). The bridge puts one in the e-class of every 0-d float weight with data."))
 
 
 def weight_values(shape, dtype, key: str) -> np.ndarray:
