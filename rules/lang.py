@@ -904,9 +904,10 @@ AXIOM_FILES = ("axioms.rules",)
 # No imported or zoo graph holds one and no default rule builds one, so they can
 # match only graphs built with ``Graph.constant``.
 STUDY_FILES = ("generated-constants.rules",)
-# TASO's generated constants: the leaves a rule may name (graph inputs and weights
-# are ?variables in rules). The ONNX importer never makes them.
-GENERATED_CONSTANTS = frozenset(op for op in OPS if OPS[op].is_leaf and OPS[op].in_rules)
+# TASO's generated constants: leaves a rule may name (graph inputs and weights are
+# ?variables in rules). The ONNX importer never makes them (the scalar leaf, which
+# the bridge makes for 0-d weights, is not one).
+GENERATED_CONSTANTS = frozenset(op for op in OPS if OPS[op].generated)
 
 
 def uses_generated_constant(patterns) -> bool:

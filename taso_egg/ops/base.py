@@ -86,6 +86,9 @@ class OpSpec:
     is_leaf: bool = False
     # A leaf whose value is known before run time (weights, constants): foldable.
     is_constant: bool = False
+    # One of TASO's generated constants (const_*): a leaf the rule generator enumerates
+    # and no imported graph holds, so rules over them are the study file's.
+    generated: bool = False
     # Inputs whose values must be positive (a variance): stand-in data is made so.
     positive_inputs: tuple[int, ...] = ()
     # How the output scales with the inputs (the exponent-tracking check uses it):

@@ -83,25 +83,25 @@ register(OpSpec(
     name="const_iconv", inputs=(0, 0), params=_CONST_PARAMS, shape=_LEAF_SHAPE,
     infer=_const_infer("const_iconv", 4, _check_iconv),
     kernel=lambda xp, p: [_identity_conv_value(xp, p["shape"], p["dtype"])],
-    is_leaf=True, is_constant=True, doc="Identity conv kernel: conv(x, it) == x (SAME, stride 1)."))
+    is_leaf=True, is_constant=True, generated=True, doc="Identity conv kernel: conv(x, it) == x (SAME, stride 1)."))
 
 register(OpSpec(
     name="const_imm", inputs=(0, 0), params=_CONST_PARAMS, shape=_LEAF_SHAPE,
     infer=_const_infer("const_imm", 2, _check_square),
     kernel=lambda xp, p: [xp.eye(p["shape"][0], dtype=p["dtype"])],
-    is_leaf=True, is_constant=True, doc="Identity matrix: matmul(x, it) == x."))
+    is_leaf=True, is_constant=True, generated=True, doc="Identity matrix: matmul(x, it) == x."))
 
 register(OpSpec(
     name="const_one", inputs=(0, 0), params=_CONST_PARAMS, shape=_LEAF_SHAPE,
     infer=_const_infer("const_one"),
     kernel=lambda xp, p: [xp.ones(p["shape"], dtype=p["dtype"])],
-    is_leaf=True, is_constant=True, doc="All ones: ewmul(x, it) == x."))
+    is_leaf=True, is_constant=True, generated=True, doc="All ones: ewmul(x, it) == x."))
 
 register(OpSpec(
     name="const_pool", inputs=(0, 0), params=_CONST_PARAMS, shape=_LEAF_SHAPE,
     infer=_const_infer("const_pool", 4),
     kernel=lambda xp, p: [xp.full(p["shape"], 1.0 / (p["shape"][2] * p["shape"][3]), dtype=p["dtype"])],
-    is_leaf=True, is_constant=True,
+    is_leaf=True, is_constant=True, generated=True,
     doc="Averaging kernel (C,1,kh,kw): a depth-wise conv with it is an average pool."))
 
 
