@@ -124,7 +124,7 @@ def _onnx_table(args) -> int:
     if not files:
         print(f"error: {args.onnx}: no *.onnx files", file=sys.stderr)
         return 2
-    print(f"{'model':<28}{'nodes':>6}{'opaque':>12}{'optimize s':>11}{'predicted':>10}"
+    print(f"{'model':<28}{'nodes':>6}{'opaque':>8}{'optimize s':>11}{'predicted':>10}{'result':>9}"
           f"{'1 thread':>10}{'2 threads':>10}{'max rel err':>12}{'RSS MB':>8}  written", flush=True)
     context = multiprocessing.get_context("spawn")
     for path in files:
@@ -135,14 +135,17 @@ def _onnx_table(args) -> int:
                 print(f"{path.name:<28}  failed: {type(e).__name__}: {e}", flush=True)
                 continue
         err = "-" if row["error"] is None else f"{row['error']:.1e}"
-        print(f"{path.name:<28}{row['nodes']:>6}{row['opaque']:>12}{row['seconds']:>11.1f}"
-              f"{row['predicted']:>9.3f}x{row['speedup1']:>9.3f}x{row['speedup2']:>9.3f}x{err:>12}"
-              f"{row['rss_mb']:>8.0f}  {row['chosen']}", flush=True)
-    print(f"opaque = ONNX nodes carried through unchanged, before -> after; predicted = the cost "
-          f"model's speedup of the extracted result; 1/2 threads = the written model against the "
-          f"original file, onnxruntime ORT_ENABLE_ALL, median of {args.measure} interleaved runs; "
-          f"written = the candidate optimize wrote (original, re-export or result); max rel err = "
-          f"the check of the written model against the original (- when the original is written)")
+        print(f"{path.name:<28}{row['nodes']:>6}{row['opaque']:>8}{row['seconds']:>11.1f}"
+              f"{row['predicted']:>9.3f}x{_ratio(row['result'], 9)}{_ratio(row['speedup1'], 10, 'same')}"
+              f"{_ratio(row['speedup2'], 10, 'same')}{err:>12}{row['rss_mb']:>8.0f}  {row['chosen']}", flush=True)
+    print(f"opaque = ONNX nodes our table does not cover (carried through unchanged); predicted = the "
+          f"cost model's speedup of the extracted result over the input as a runtime runs it (what "
+          f"optimize's decision weighs); result = its speedup as optimize measured it "
+          f"(onnxruntime, one thread, median of {args.measure} interleaved runs; - when it computes "
+          f"what the input does); 1/2 threads = the written model against the original file, "
+          f"onnxruntime ORT_ENABLE_ALL, median of {args.measure} interleaved runs (same: the original "
+          f"was written); written = the candidate optimize wrote (original, re-export or result); max "
+          f"rel err = the check of the written model against the original (- when it is the original)")
     return 0
 
 
@@ -161,16 +164,17 @@ def _onnx_row(path: str, extractor: str, options: dict) -> dict:
                  profile=options["profile"], measure=options["measure"], reference=reference)
     seconds = time.perf_counter() - t0
     st = r.stats
-    written = r.exported if r.exported is not None else (export_onnx(r.graph) if st.chosen != "original"
-                                                          else reference)
-    speedups = {}
-    for threads in (1, 2):
-        runs = timing.ort_runs({"original": reference, "written": written}, random_inputs(g),
-                               options["measure"], threads=threads)
-        speedups[threads] = statistics.median(runs["original"]) / statistics.median(runs["written"])
-    opaque_before, opaque_after = st.ops_before.get("opaque", 0), st.ops_after.get("opaque", 0)
-    return {"nodes": len(reference.graph.node), "opaque": f"{opaque_before}->{opaque_after}",
-            "seconds": seconds, "predicted": st.input_cost / st.extracted_cost if st.extracted_cost else 1.0,
+    speedups = {1: None, 2: None}
+    if st.chosen != "original":  # else the file written is the original's bytes
+        written = r.exported if r.exported is not None else export_onnx(r.graph)
+        for threads in speedups:
+            runs = timing.ort_runs({"original": reference, "written": written}, random_inputs(g),
+                                   options["measure"], threads=threads)
+            speedups[threads] = statistics.median(runs["original"]) / statistics.median(runs["written"])
+    ms = st.measured_ms or {}
+    return {"nodes": len(reference.graph.node), "opaque": st.ops_before.get("opaque", 0),
+            "seconds": seconds, "predicted": r.cost_before / st.extracted_cost if st.extracted_cost else 1.0,
+            "result": ms["original"] / ms["result"] if "result" in ms and "original" in ms else None,
             "speedup1": speedups[1], "speedup2": speedups[2], "error": _error(st),
             "chosen": st.chosen, "rss_mb": _peak_rss_mb()}
 
@@ -192,6 +196,10 @@ def _elements(shape) -> int:
 
 def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def _ratio(value, width: int, missing: str = "-") -> str:
+    return f"{value:>{width - 1}.3f}x" if value is not None else format(missing, f">{width}")
 
 
 def _or_dash(value, spec: str) -> str:
