@@ -185,3 +185,23 @@ def test_a_wrong_constant_is_not_gelu():
              init("half", np.array(0.5, np.float32))]
     g = taso_egg.load_onnx(make_model(nodes, [vi("x", [2, 8])], [vi("y", None)], inits))
     assert "gelu" not in ops_of(extract_graph(saturate(g)).graph)
+
+
+def test_gpt2s_tanh_gelu_is_recognized():
+    """GPT-2's GELU, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) as the dynamo
+    exporter writes it (Pow by 3, Mul, Add, Mul, Tanh, Add, Mul), saturates into one
+    gelu with approximate='tanh' (gelu-tanh-from-formula, proved from ax-gelu-tanh)."""
+    s = helper.make_node
+    nodes = [s("Mul", ["x", "half"], ["h"]), s("Pow", ["x", "three"], ["cube"]),
+             s("Mul", ["cube", "k"], ["kc"]), s("Add", ["x", "kc"], ["inner"]),
+             s("Mul", ["inner", "c"], ["scaled"]), s("Tanh", ["scaled"], ["t"]),
+             s("Add", ["t", "one"], ["a"]), s("Mul", ["h", "a"], ["y"])]
+    inits = [init(n, np.array(v, np.float32)) for n, v in
+             (("half", 0.5), ("three", 3.0), ("k", 0.044715), ("c", math.sqrt(2 / math.pi)), ("one", 1.0))]
+    model = make_model(nodes, [vi("x", [2, 3, 8])], [vi("y", None)], inits)
+    g, _ = roundtrip(model)
+    out = extract_graph(saturate(g)).graph
+    assert ops_of(out) == {"gelu": 1}
+    assert [n.params["approximate"] for n in out.nodes.values() if n.op == "gelu"] == ["tanh"]
+    _, exported = check_against_ort(out, {"x": np.linspace(-6, 6, 48).reshape(2, 3, 8).astype(np.float32)})
+    assert [(n.op_type, n.domain) for n in exported.graph.node] == [("FastGelu", "com.microsoft")]
