@@ -104,7 +104,7 @@ def _zoo_row(name: str, kwargs: dict, extractor: str, options: dict) -> dict:
     g = build(**kwargs)
     rules = load_corpus()
     load = time.perf_counter() - t0
-    weights = sum(_elements(n.params["shape"]) for n in g.weights()) * 4
+    weights = sum(n.outputs[0].size for n in g.weights()) * 4
     t0 = time.perf_counter()
     r = optimize(g, rules=rules, limits=limits_from_args(argparse.Namespace(**options)),
                  extractor=extractor, profile=options["profile"], measure=0)
@@ -185,13 +185,6 @@ def _error(stats) -> float | None:
     """The relative error of the check that ran (onnxruntime's or our executor's)."""
     errors = [e for e in (stats.check_error, stats.ort_check_error) if e is not None]
     return max(errors) if errors else None
-
-
-def _elements(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
 
 
 def _peak_rss_mb() -> float:

@@ -21,7 +21,7 @@ from ..ops import OPS
 from ..versions import ir_version_for
 
 
-# Float tensors of at least this many elements are fed, not copied, by export_for_check.
+# Float constants of at least this many elements are fed, not copied (export_for_check).
 FED_ELEMENTS = 1024
 
 
@@ -58,7 +58,7 @@ def export_for_check(graph: Graph, name: str = "taso_egg"):
     not a gigabyte. Checked with ``onnx.checker``."""
     import onnx
 
-    exporter = _Exporter(graph, feed_weights=True)
+    exporter = _Exporter(graph)
     model = exporter.build(name)
     try:
         onnx.checker.check_model(model)
@@ -86,12 +86,11 @@ def save_atomically(model, path, external_data: bool = False) -> None:
 
 
 class _Exporter:
-    def __init__(self, graph: Graph, feed_weights: bool = False):
+    def __init__(self, graph: Graph):
         self.g = graph
         self.nodes = []
         self.initializers = []
-        self.feed_weights = feed_weights
-        self.fed: dict[str, np.ndarray] = {}  # feed_weights: the initializers made inputs
+        self.fed: dict[str, np.ndarray] = {}  # large float constants: graph inputs, fed
         self.opsets = {"": graph.opset}
         self._used_names: set[str] = set()
         self.names: dict[tuple[int, int], str] = {}
@@ -120,7 +119,7 @@ class _Exporter:
 
         name = self.fresh(hint)
         array = np.asarray(array, order="C")
-        if self.feed_weights and array.dtype.kind == "f" and array.size >= FED_ELEMENTS:
+        if array.dtype.kind == "f" and array.size >= FED_ELEMENTS:
             self.fed[name] = array
         else:
             self.initializers.append(numpy_helper.from_array(array, name))
