@@ -45,6 +45,10 @@ def main(argv=None) -> int:
     p.add_argument("--profile", default="cpu-ort", help="cost profile name or path, or 'analytic'")
     p.add_argument("--measure", type=int, default=9,
                    help="--onnx: interleaved runs per candidate, in optimize and in the table")
+    p.add_argument("--kernel-shares", action="store_true",
+                   help="--onnx: also print where onnxruntime spends the original's kernel time, "
+                        "by operator as it runs them after its own fusions (what any rewrite "
+                        "can win at most)")
     args = p.parse_args(argv)
     if args.onnx:
         return _onnx_table(args)
@@ -138,6 +142,9 @@ def _onnx_table(args) -> int:
         print(f"{path.name:<28}{row['nodes']:>6}{row['opaque']:>8}{row['seconds']:>11.1f}"
               f"{row['predicted']:>9.3f}x{_ratio(row['result'], 9)}{_ratio(row['speedup1'], 10, 'same')}"
               f"{_ratio(row['speedup2'], 10, 'same')}{err:>12}{row['rss_mb']:>8.0f}  {row['chosen']}", flush=True)
+        if row["shares"]:
+            print("    kernel time of the original by operator: " + ", ".join(
+                f"{op} {100 * share:.1f} %" for op, share in row["shares"]), flush=True)
     print(f"opaque = ONNX nodes our table does not cover (carried through unchanged); predicted = the "
           f"cost model's speedup of the extracted result over the input as a runtime runs it (what "
           f"optimize's decision weighs); result = its speedup as optimize measured it "
@@ -176,7 +183,24 @@ def _onnx_row(path: str, extractor: str, options: dict) -> dict:
             "seconds": seconds, "predicted": r.cost_before / st.extracted_cost if st.extracted_cost else 1.0,
             "result": ms["original"] / ms["result"] if "result" in ms and "original" in ms else None,
             "speedup1": speedups[1], "speedup2": speedups[2], "error": _error(st),
-            "chosen": st.chosen, "rss_mb": _peak_rss_mb()}
+            "chosen": st.chosen, "rss_mb": _peak_rss_mb(),
+            "shares": _kernel_shares(reference, random_inputs(g)) if options["kernel_shares"] else []}
+
+
+def _kernel_shares(model, feeds, runs: int = 10, shown: int = 6) -> list[tuple[str, float]]:
+    """The largest shares of onnxruntime's kernel time (ORT_ENABLE_ALL, one thread) by
+    operator, the rest summed as 'other'."""
+    from collections import Counter
+
+    from .timing import kernel_times
+
+    per_op = Counter()
+    for event in kernel_times(model, feeds, runs):
+        per_op[event["op"]] += event["us"]
+    total = sum(per_op.values()) or 1
+    top = [(op, us / total) for op, us in per_op.most_common(shown)]
+    rest = 1 - sum(share for _, share in top)
+    return top + ([("other", rest)] if rest > 0.0005 else [])
 
 
 # --- helpers -------------------------------------------------------------------------------

@@ -55,6 +55,28 @@ def make_session(model, disabled_optimizers=(), profile_prefix: str | None = Non
         raise ProfileError(f"onnxruntime cannot build the model: {e}") from None
 
 
+def kernel_times(model, feeds, runs: int, disabled_optimizers=(), threads: int = 1) -> list[dict]:
+    """onnxruntime's per-node profile of ``model`` (ORT_ENABLE_ALL): one event per node
+    run, ``runs`` runs after a warm-up run that is left out. Each event has the node's
+    ``name``, its ``op`` (as onnxruntime runs it, after its own fusions) and ``us``.
+    Wall-clock node times are inflated by machine load, all nodes alike, so they are
+    for shares within one profile, not for timing."""
+    import json
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        session = make_session(model, disabled_optimizers, profile_prefix=f"{tmp}/ort-profile",
+                               threads=threads)
+        for _ in range(runs + 1):
+            session.run(None, feeds)
+        with open(session.end_profiling()) as f:
+            events = json.load(f)
+    nodes = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
+    per_run = len(nodes) // (runs + 1)
+    return [{"name": e["name"][:-len("_kernel_time")], "op": e["args"].get("op_name", ""),
+             "us": e["dur"]} for e in nodes[per_run:]]
+
+
 def median_times(runs: dict, repeats: int, progress=None) -> dict[str, tuple[float, float]]:
     """Interleaved samples of each callable (so load drifts hit all alike): median CPU
     and wall seconds per call. ``progress(done, repeats)`` follows each round."""

@@ -46,6 +46,17 @@ def test_onnx_folder_table(tmp_path, capsys):
         assert float(row[6].rstrip("x")) > 0 and float(row[7].rstrip("x")) > 0 and float(row[8]) >= 0
 
 
+def test_kernel_shares_name_the_operators_the_runtime_runs(tmp_path, capsys):
+    onnx.save(cluttered_conv_model(), tmp_path / "conv.onnx")
+    assert bench.main(["--onnx", str(tmp_path), "--measure", "5", "--extractors", "greedy-dag",
+                       "--kernel-shares"]) == 0
+    (line,) = [s for s in capsys.readouterr().out.splitlines() if "kernel time" in s]
+    shares = {item.rsplit(" ", 2)[0].strip(): float(item.rsplit(" ", 2)[1])
+              for item in line.split(": ", 1)[1].split(", ")}
+    assert any("Conv" in op for op in shares)  # onnxruntime's own name for what it runs
+    assert abs(sum(shares.values()) - 100) < 0.5
+
+
 def test_onnx_folder_without_models(tmp_path, capsys):
     assert bench.main(["--onnx", str(tmp_path)]) == 2
     assert "no *.onnx files" in capsys.readouterr().err

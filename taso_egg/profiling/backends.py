@@ -34,7 +34,7 @@ from ..cost import OpConfig
 from ..errors import ProfileError
 from ..graph import Graph, new_graph
 from ..ops import TensorType
-from ..timing import make_session
+from ..timing import kernel_times, make_session
 
 SAMPLE_S = 1e-3         # a sample loops the operator for at least this long
 DIRECT_ABOVE_S = 2e-3   # slower than this, a session run's fixed overhead is < 1%: no copies
@@ -367,28 +367,15 @@ class OrtBackend(_GraphBackend):
         not part of an operator's cost. The share comes from onnxruntime's per-node
         profile of the same model that was timed (a ratio: wall-clock node times are
         inflated by machine load, but both parts alike)."""
-        import json
-        import tempfile
-
         from ..executor import random_inputs
         from ..onnx_io.exporter import export_onnx
 
         graph = self._graph(config, copies)
         staging = ("ReorderInput", "ReorderOutput") + \
             ((self.STAGED_INPUT[config.op][1],) if config.op in self.STAGED_INPUT else ())
-        with tempfile.TemporaryDirectory() as tmp:
-            session = make_session(export_onnx(graph), self.DISABLED,
-                                   profile_prefix=f"{tmp}/ort-profile")
-            feeds = random_inputs(graph)
-            for _ in range(runs + 1):  # the first run warms up
-                session.run(None, feeds)
-            with open(session.end_profiling()) as f:
-                events = json.load(f)
-        nodes = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
-        per_run = len(nodes) // (runs + 1)
-        timed = nodes[per_run:]  # without the warm-up run
-        total = sum(e["dur"] for e in timed)
-        staged = sum(e["dur"] for e in timed if e["args"].get("op_name", "") in staging)
+        timed = kernel_times(export_onnx(graph), random_inputs(graph), runs, self.DISABLED)
+        total = sum(e["us"] for e in timed)
+        staged = sum(e["us"] for e in timed if e["op"] in staging)
         return staged / total if total > 0 else 0.0
 
     def _prepare(self, graph: Graph):
