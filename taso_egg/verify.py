@@ -404,6 +404,7 @@ class LocalCheck:
     nodes: int         # result nodes in all, leaves included
     input_nodes_run: int  # the input's nodes run for the values the regions read and compare
     compared: int      # tensors compared
+    projected: int     # of those, compared through random projections (``PROJECTIONS`` columns)
     # with ``outputs``: whether an output of the input lies beyond float32's range (then
     # no float32 run of it proves anything); None when not asked
     outputs_beyond_float32: bool | None = None
@@ -490,7 +491,7 @@ class _Local:
                     raise VerificationError(f"{what}: the input's {n.label()} output {i} has no e-class")
                 self.by_class.setdefault(cls, []).append((n.id, i))
         self.ocls = ocls
-        self.worst, self.compared = 0.0, 0
+        self.worst, self.compared, self.projected = 0.0, 0, 0
 
     def anchored(self, cls) -> bool:
         return cls in self.by_class
@@ -546,7 +547,8 @@ class _Local:
                     for need in r.needs:
                         release(need)
         return LocalCheck(self.worst, len(regions), sum(len(r.nodes) for r in regions),
-                          len(cand.nodes), ran, self.compared, beyond if self.outputs else None)
+                          len(cand.nodes), ran, self.compared, self.projected,
+                          beyond if self.outputs else None)
 
     def _name(self, key) -> str:
         return f"{self.original.nodes[key[0]].label()} output {key[1]}"
@@ -618,46 +620,219 @@ class _Local:
         return len(needed)
 
     def _evaluate(self, region: _Region, values) -> None:
-        produced = self._compute(region, values)
-        errors = {c: _scaled_error(values[c], v) for c, v in produced.items()}
-        self.compared += len(errors)
+        """Compute the region from the input's tensors at its boundary and compare what it
+        makes with the input's tensors of the same classes: exactly, or, for tensors
+        made by matmuls (through splits, concats and adds), through random projections
+        (``_Projected``), which skip the matmuls' cubic cost."""
+        rng = np.random.default_rng(self.seed + 3)
+        ev = _RegionValues(self, region, values)
+        exact, groups = ev.plan(rng)
+        if groups and not all(np.all(np.isfinite(g.reference(values)[0])) for g in groups):
+            exact, groups = exact + [k for g in groups for k in g.keys], []  # compare entry by entry
+        measured = {}
+        for key in exact:
+            measured[("exact", key)] = (values[self.ccls[key]], ev.make(key), self.rtol)
+        for i, g in enumerate(groups):
+            measured[("projected", i)] = (g.reference(values), g.value(ev), g.floor(self.rtol))
+        errors = {label: _scaled_error(ref, got) for label, (ref, got, _) in measured.items()}
+        self.compared += len(exact) + sum(len(g.keys) for g in groups)
+        self.projected += sum(len(g.keys) for g in groups)
         if not errors:
             return
-        worst = max(errors, key=errors.get)
-        if errors[worst] > self.rtol:  # round-off or a wrong rewrite: how noisy is this region?
-            rng = np.random.default_rng(self.seed + 3)
+        # the worst against its own floor: a projected comparison's floor is lower
+        worst = max(errors, key=lambda k: errors[k] / measured[k][2])
+        floor = measured[worst][2]
+        if errors[worst] > floor:  # round-off or a wrong rewrite: how noisy is this region?
             noisy = {c: (m * (1 + _EPS["float64"] * rng.standard_normal(m.shape)), e)
                      if m.dtype.kind == "f" else (m, e) for c, (m, e) in values.items() if c in region.needs}
-            noise = lambda: _scaled_error(produced[worst], self._compute(region, noisy, rng)[worst])
-            node = next(n for n in region.nodes for i in range(len(n.outputs))
-                        if self.ccls.get((n.id, i)) == worst)
-            _tolerance(errors[worst], self.rtol, noise, self.what,
-                       f"{node.label()} (e-class {worst}; in a region of {len(region.nodes)} "
-                       f"changed node(s), computed from the input's tensors at its boundary)")
-        self.worst = max(self.worst, errors[worst])
 
-    def _compute(self, region: _Region, values, perturb=None) -> dict:
-        """The region's tensors of the input's classes, computed from ``values`` (the
-        input's tensors by class) at its boundary."""
-        from .executor import leaf_value
+            def noise():
+                again = _RegionValues(self, region, noisy, rng)
+                got = again.make(worst[1]) if worst[0] == "exact" else groups[worst[1]].value(again)
+                return _scaled_error(measured[worst][1], got)
 
-        local: dict[tuple[int, int], tuple[np.ndarray, int]] = {}
-        produced = {}
-        for n in region.nodes:
-            outs = _scaled_leaf(self.candidate, n, self.feeds, leaf_value, perturb)
+            if worst[0] == "exact":
+                where = (f"{self.candidate.nodes[worst[1][0]].label()} (e-class {self.ccls[worst[1]]}; in a "
+                         f"region of {len(region.nodes)} changed node(s), computed from the input's tensors "
+                         f"at its boundary)")
+            else:
+                g = groups[worst[1]]
+                where = (f"{', '.join(self.candidate.nodes[k[0]].label() for k in g.keys)} (e-classes "
+                         f"{', '.join(self.ccls[k] for k in g.keys)}, compared through {g.columns} random "
+                         f"projections; in a region of {len(region.nodes)} changed node(s), computed from "
+                         f"the input's tensors at its boundary)")
+            _tolerance(errors[worst], floor, noise, self.what, where)
+        self.worst = max(self.worst, max(errors.values()))
+
+
+# Random projections per compared group: Freivalds' check, each column an independent
+# chance to see a difference (a nonzero difference is missed with probability 0).
+PROJECTIONS = 4
+
+
+@dataclass
+class _Projected:
+    """Tensors a region makes, compared through ``sum_k key_k @ R_k`` (the last axis
+    contracted with random ``R_k``): the matmuls that make them run on ``PROJECTIONS``
+    columns instead of whole matrices (``A @ B @ R`` as ``A @ (B @ R)``)."""
+
+    keys: list              # candidate tensors, one leading shape
+    mats: list              # their R, (last dim, PROJECTIONS) each
+    classes: list           # their e-classes (the input's tensors to compare with)
+
+    @property
+    def columns(self) -> int:
+        return self.mats[0].shape[1]
+
+    def floor(self, rtol: float) -> float:
+        # one entry off by ``rtol`` moves a projection by ~rtol / sqrt(contracted length)
+        # of its scale, so the floor scales down with it (still far above round-off)
+        return rtol / math.sqrt(sum(r.shape[0] for r in self.mats))
+
+    def reference(self, values) -> tuple[np.ndarray, int]:
+        return _sum_scaled([_times(values[c], r) for c, r in zip(self.classes, self.mats)])
+
+    def value(self, ev: _RegionValues) -> tuple[np.ndarray, int]:
+        return ev.project([(k, r, True) for k, r in zip(self.keys, self.mats)])
+
+
+def _times(value, r: np.ndarray) -> tuple[np.ndarray, int]:
+    m, e = value
+    return _normalize(np.matmul(m, r), e, owned=True)
+
+
+def _sum_scaled(terms) -> tuple[np.ndarray, int]:
+    top = max(e for _, e in terms)
+    out = None
+    for m, e in terms:  # each a fresh array
+        m = m * _pow2(e - top) if e != top else m
+        out = m if out is None else out + m
+    return _normalize(out, top, owned=True)
+
+
+class _RegionValues:
+    """A region's tensors from ``values`` (the input's, by class) at its boundary:
+    whole (``make``), or contracted with random matrices (``project``)."""
+
+    def __init__(self, local: _Local, region: _Region, values, perturb=None):
+        self.local, self.values, self.perturb = local, values, perturb
+        self.nodes = {n.id: n for n in region.nodes}
+        self.pos = {n.id: i for i, n in enumerate(region.nodes)}
+        self.made: dict[tuple[int, int], tuple[np.ndarray, int]] = {}
+
+    def _cls(self, key):
+        return self.local.ccls.get(key)
+
+    def read(self, key):
+        """A tensor as a region node reads it: the input's own where its class is one of
+        the input's, else made here."""
+        c = self._cls(key)
+        return self.values[c] if self.local.anchored(c) else self.make(key)
+
+    def make(self, key):
+        if key not in self.made:
+            from .executor import leaf_value
+
+            node = self.nodes[key[0]]
+            outs = _scaled_leaf(self.local.candidate, node, self.local.feeds, leaf_value, self.perturb)
             if outs is None:
-                args = []
-                for t in n.inputs:
-                    c = self.ccls.get((t.node, t.index))
-                    args.append(values[c] if self.anchored(c) else local[(t.node, t.index)])
-                outs = _scaled_apply(n, args)
+                outs = _scaled_apply(node, [self.read((t.node, t.index)) for t in node.inputs])
             for i, v in enumerate(outs):
-                c = self.ccls.get((n.id, i))
-                if self.anchored(c):
-                    produced[c] = v
+                self.made[(node.id, i)] = v
+        return self.made[key]
+
+    # --- projections ---
+
+    def plan(self, rng) -> tuple[list, list[_Projected]]:
+        """The region's tensors of the input's classes, split into those compared entry
+        by entry and groups compared through projections (those a matmul makes)."""
+        exact, groups = [], {}
+        for n in self.nodes.values():
+            for i, t in enumerate(n.outputs):
+                key = (n.id, i)
+                if not self.local.anchored(self._cls(key)):
+                    continue
+                if len(t.shape) >= 2 and t.dtype.startswith("float") and self._reaches_matmul(key):
+                    g = groups.setdefault(t.shape[:-1], _Projected([], [], []))
+                    g.keys.append(key)
+                    g.mats.append(rng.standard_normal((t.shape[-1], PROJECTIONS)))
+                    g.classes.append(self._cls(key))
                 else:
-                    local[(n.id, i)] = v
-        return produced
+                    exact.append(key)
+        return exact, list(groups.values())
+
+    def _reaches_matmul(self, key) -> bool:
+        node = self.nodes.get(key[0])
+        if node is None:
+            return False
+        pushed = self._push(node, {key[1]: None}, dry=True)
+        if pushed is None:
+            return False
+        if pushed == "matmul":
+            return True
+        return any(self._reaches_matmul(k) for k, _ in pushed if not self.local.anchored(self._cls(k)))
+
+    def project(self, demands) -> tuple[np.ndarray, int]:
+        """``sum key @ R`` over ``demands`` (``(key, R, made)``; ``made``: the tensor this
+        region makes, else as a node reads it), all of one leading shape. Splits, concats
+        and adds pass the contraction to their inputs; a matmul ``A @ B`` becomes
+        ``A @ (B @ R)``; anything else is made whole and multiplied."""
+        pending: dict[tuple, np.ndarray] = {}
+
+        def add(key, r, made):
+            made = made or not self.local.anchored(self._cls(key))
+            pending[(key, made)] = pending[(key, made)] + r if (key, made) in pending else r
+
+        for key, r, made in demands:
+            add(key, r, made)
+        terms = []
+        while pending:
+            # latest producer first, so that every demand on a node's outputs is in
+            (key, made) = max(pending, key=lambda km: self.pos[km[0][0]] if km[1] else -1)
+            if not made:
+                terms.append(_times(self.read(key), pending.pop((key, made))))
+                continue
+            node = self.nodes[key[0]]
+            outs = {k[1]: pending.pop((k, m)) for k, m in list(pending) if m and k[0] == node.id}
+            pushed = self._push(node, outs)
+            if pushed is None:
+                terms += [_times(self.make((node.id, i)), r) for i, r in outs.items()]
+            elif isinstance(pushed, tuple):  # a matmul's term
+                terms.append(pushed)
+            else:
+                for k, r in pushed:
+                    add(k, r, False)
+        return _sum_scaled(terms)
+
+    def _push(self, node, outs: dict, dry: bool = False):
+        """Where ``sum out_i @ R_i`` over ``node``'s outputs goes: a list of demands on
+        its inputs, a term (a matmul's; ``"matmul"`` when ``dry``), or None (made whole)."""
+        types = [t.type for t in node.inputs]
+        if not all(t.dtype.startswith("float") for t in list(types) + list(node.outputs)):
+            return None
+        last = len(node.outputs[0].shape) - 1
+        if node.op == "matmul" and node.params.get("activation", "NONE") == "NONE":
+            if dry:
+                return "matmul"
+            a, b = ((t.node, t.index) for t in node.inputs)
+            p = self.project([(b, outs[0], False)])
+            m, e = self.read(a)
+            return _normalize(np.matmul(m, p[0]), e + p[1], owned=True)
+        if node.op == "split" and node.params["axis"] % (last + 1) == last:
+            if dry:
+                return [((node.inputs[0].node, node.inputs[0].index), None)]
+            r = np.zeros((types[0].shape[-1], next(iter(outs.values())).shape[1]))
+            offsets = np.cumsum((0,) + tuple(node.params["sizes"]))
+            for i, ri in outs.items():
+                r[offsets[i]:offsets[i + 1]] = ri
+            return [((node.inputs[0].node, node.inputs[0].index), r)]
+        if node.op == "concat" and node.params["axis"] % (last + 1) == last:
+            offsets = np.cumsum((0,) + tuple(t.shape[-1] for t in types))
+            return [((t.node, t.index), None if dry else outs[0][offsets[j]:offsets[j + 1]])
+                    for j, t in enumerate(node.inputs)]
+        if node.op == "ewadd" and all(t.shape == node.outputs[0].shape for t in types):
+            return [((t.node, t.index), None if dry else outs[0]) for t in node.inputs]
+        return None
 
 
 def _signature(node, classes) -> tuple:
