@@ -94,6 +94,12 @@ class _Exporter:
         self.opsets = {"": graph.opset}
         self._used_names: set[str] = set()
         self.names: dict[tuple[int, int], str] = {}
+        self._read: set[str] = set()  # output names some node or the graph's output reads
+
+    def read(self, name: str) -> bool:
+        """Whether the output named ``name`` of the node being exported is read (an op
+        exporter leaves out work for one nobody reads: a split's unused parts)."""
+        return name in self._read
 
     # --- the context op exporters call ---------------------------------------------
 
@@ -145,6 +151,7 @@ class _Exporter:
         out_names = {}
         for name, t in outputs:
             out_names.setdefault((t.node, t.index), name)
+        read = {(t.node, t.index) for n in order for t in n.inputs} | {(t.node, t.index) for _, t in outputs}
         for n in order:
             if n.op == "input":
                 continue
@@ -162,6 +169,8 @@ class _Exporter:
             outs = [out_names.get((n.id, i)) or self.fresh(f"t{n.id}_{i}") for i in range(len(n.outputs))]
             for i, o in enumerate(outs):
                 self.names[(n.id, i)] = o
+                if (n.id, i) in read:
+                    self._read.add(o)
             try:
                 spec.export(self, n.params, [t.type for t in n.inputs], ins, outs)
             except TasoEggError:

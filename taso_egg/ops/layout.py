@@ -73,6 +73,13 @@ def _split_kernel(xp, p, x):
 
 
 def _split_export(ctx, p, in_types, ins, outs):
+    read = [i for i, o in enumerate(outs) if ctx.read(o)]
+    if len(read) == 1:  # one part read (a token or q/k/v selected): copy only that part
+        (i,) = read
+        lo = sum(p["sizes"][:i])
+        ctx.node("Slice", [ins[0], ctx.int64s([lo], "starts"), ctx.int64s([lo + p["sizes"][i]], "ends"),
+                           ctx.int64s([p["axis"]], "axes")], [outs[i]])
+        return
     ctx.node("Split", [ins[0], ctx.int64s(p["sizes"], "split_sizes")], outs, axis=p["axis"])
 
 
@@ -293,15 +300,40 @@ def _import_transpose(ctx, node, attrs):
     return [ctx.g.transpose(x, tuple(int(v) for v in perm))]
 
 
+# A Gather of one index along an axis at most this long is a split into every index,
+# so that sibling Gathers of one tensor (q, k and v of a packed projection) share one
+# split; along a longer axis (a sequence) the split cuts only around the index.
+_SPLIT_EVERY_INDEX = 16
+
+
+def gather_one_index(g, x, axis: int, index: int):
+    """``x`` at one index of ``axis``, the axis kept (length 1): a part of a split.
+    Index 0 is part 0, the form the token-select rules push up through per-token
+    operators."""
+    n = x.shape[axis]
+    index %= n
+    if n == 1:
+        return x
+    if n <= _SPLIT_EVERY_INDEX:
+        return g.split(x, axis, [1] * n)[index]
+    return g.split(x, axis, [s for s in (index, 1, n - index - 1) if s])[1 if index else 0]
+
+
 @onnx_importer("Gather")
 def _import_gather(ctx, node, attrs):
     """A Gather of every index along its axis, in order (exporters' way of inserting
-    axes into a mask), is a reshape; other gathers (an embedding lookup) stay opaque."""
+    axes into a mask), is a reshape; a Gather of one known index (ViT's q/k/v selection
+    and class token) is a part of a split; other gathers (an embedding lookup by
+    run-time ids) stay opaque."""
     idx = ctx.const(node.input[1])
     x_t = ctx.type(node.input[0])
     if idx is None or not x_t.shape:
         return None
     axis = int(attrs.get("axis", 0)) % len(x_t.shape)
+    if idx.size == 1 and -x_t.shape[axis] <= int(idx.reshape(-1)[0]) < x_t.shape[axis]:
+        y = gather_one_index(ctx.g, ctx.tensor(node.input[0]), axis, int(idx.reshape(-1)[0]))
+        shape = x_t.shape[:axis] + tuple(idx.shape) + x_t.shape[axis + 1:]
+        return [y if y.shape == shape else ctx.g.reshape(y, shape)]
     if not np.array_equal(idx.reshape(-1), np.arange(x_t.shape[axis])):
         return None
     shape = x_t.shape[:axis] + tuple(idx.shape) + x_t.shape[axis + 1:]
