@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install taso-egg for development: find a Python >= 3.12 (egglog 14 needs it), make
 # .venv in the repository root with it, and pip install the package editable with its
-# dev extras.
+# dev extras and ray (the generator's --ray, which tests/test_ray_workers.py runs).
 #
 #   bash scripts/install.sh           # create .venv, or install into the one there
 #   bash scripts/install.sh --fresh   # delete .venv first (CI does this)
@@ -57,5 +57,5 @@ if [ "$fresh" = 1 ]; then
 fi
 echo "install.sh: $("$PY" --version) from $PY -> .venv" >&2
 "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev]"
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev,ray]"
 echo "install.sh: installed; run .venv/bin/taso-egg --help" >&2

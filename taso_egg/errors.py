@@ -41,6 +41,10 @@ class RuleError(TasoEggError):
     """A rule file is malformed or a rule is unsound."""
 
 
+class WorkerError(TasoEggError):
+    """The workers' back end (Ray) is not installed, cannot be reached or fails."""
+
+
 class LimitError(TasoEggError):
     """A limit argument is impossible (negative, zero where not allowed, ...)."""
 

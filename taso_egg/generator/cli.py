@@ -79,10 +79,18 @@ def _jobs_argument(parser) -> None:
 
     parser.add_argument("--jobs", type=positive, default=default_jobs(),
                         help=f"worker processes (default: the number of CPUs, {default_jobs()})")
+    parser.add_argument("--ray", metavar="ADDRESS", default=None,
+                        help="run the workers as Ray tasks, --jobs at a time: 'local' starts a Ray "
+                             "instance of --jobs CPUs for this run, 'auto' joins the one running on "
+                             "this machine, HOST:PORT or ray://HOST:PORT a cluster's (needs the ray "
+                             "extra; same output as local processes, the default)")
 
 
 def run(args) -> int:
-    return {"generate": _generate, "verify": _verify, "stats": _stats}[args.rules_command](args)
+    from ..rules.workers import ray_workers
+
+    with ray_workers(getattr(args, "ray", None), getattr(args, "jobs", 1)):
+        return {"generate": _generate, "verify": _verify, "stats": _stats}[args.rules_command](args)
 
 
 def _bar(total: int, desc: str):
