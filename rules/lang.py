@@ -900,10 +900,11 @@ def corpus_files() -> list:
 # The verifier's axioms: what corpus rules are proved from, not rewrites themselves.
 AXIOM_FILES = ("axioms.rules",)
 # Corpus files kept for study, loaded only when named (or with ``study=True``): the
-# generated rules whose left side holds a generated constant (GENERATED_CONSTANTS).
-# No imported or zoo graph holds one and no default rule builds one, so they can
-# match only graphs built with ``Graph.constant``.
-STUDY_FILES = ("generated-constants.rules",)
+# generated rules whose left side holds a generated constant (GENERATED_CONSTANTS;
+# no imported or zoo graph holds one and no default rule builds one, so they can
+# match only graphs built with ``Graph.constant``), and the reference corpus of
+# TASO's kinds of rules, what `taso-egg rules derive` measures the corpus against.
+STUDY_FILES = ("generated-constants.rules", "taso-reference.rules")
 # TASO's generated constants: leaves a rule may name (graph inputs and weights are
 # ?variables in rules). The ONNX importer never makes them (the scalar leaf, which
 # the bridge makes for 0-d weights, is not one).

@@ -43,7 +43,7 @@ from taso_egg.files import write_atomically
 from taso_egg.ops import OPS, shapes
 
 from . import semantics
-from .instantiate import check_rule_numerically, check_rule_on_other_shapes
+from .instantiate import builds_on, check_rule_numerically, check_rule_on_other_shapes
 from .lang import App, Guard, Lit, ParamOp, Proj, Proof, Rule, Var, load_rule_file, parse_rules, with_proof_records
 from .workers import check_jobs, map_in_order, worker_pool
 
@@ -111,8 +111,11 @@ def _same_shape(a, b):
 
 
 def _past_rank_zero(s: _Shape):
-    """Dimensions past the rank read 0 (so that equal shapes have equal dim terms)."""
-    return z3.And(s.rank() >= 0, *[z3.Implies(i >= s.rank(), s[i] == 0) for i in range(_MAX_RANK)])
+    """Dimensions past the rank read 0 (so that equal shapes have equal dim terms), and
+    the rank is one the shape cases are unrolled to (the encoding's assumption, stated:
+    the per-rank cases of broadcasting and transposition then always give a shape)."""
+    return z3.And(s.rank() >= 0, s.rank() <= _MAX_RANK,
+                  *[z3.Implies(i >= s.rank(), s[i] == 0) for i in range(_MAX_RANK)])
 
 
 _CMP = {"=": lambda a, b: a == b, "!=": lambda a, b: a != b, "<": lambda a, b: a < b,
@@ -413,6 +416,43 @@ class _ShapeEnv:
         return _CMP[c.kind](a, b)
 
 
+def _example_builds(rule: Rule) -> bool:
+    try:
+        return bool(rule.example) and builds_on(rule)
+    except RuleError:
+        return False
+
+
+def _lhs_typing(enc: "_Encoder", pat, env: dict) -> list:
+    """What typing requires of every operator application in a rule's left side (a
+    concat's operands agree off its axis, a conv's weight is of rank 4, ...): the
+    shape cases' ``requires``, which the quantified shape facts leave out. A rule
+    rewrites only a matched, hence well-typed, left side, so these are hypotheses it
+    may use; the right side's are not (that it is well-typed is what the rule must
+    keep). Conditions the encoding does not model are left out."""
+    facts = []
+
+    def walk(p, output=None):
+        if isinstance(p, Proj):
+            return walk(p.pattern, p.index)
+        if not isinstance(p, App):
+            return
+        names = ("axis",) if p.op == "concat" else tuple(OPS[p.op].defaults)
+        params = [enc.param(e, env, _param_sort(p.op, n)) for n, e in zip(names, p.params)]
+        for t in p.inputs:
+            walk(t)
+        shape_env = _ShapeEnv(dict(zip(names, params)), [_Shape(enc.term(t, env)) for t in p.inputs],
+                              output)
+        for case in OPS[p.op].shape:
+            when = [shape_env.cond(c) for c in case.when]
+            needs = [r for r in (shape_env.cond(c) for c in case.requires) if r is not None]
+            if needs and not any(w is None for w in when):
+                facts.append(z3.Implies(z3.And(*when), z3.And(*needs)) if when else z3.And(*needs))
+
+    walk(pat)
+    return facts
+
+
 def _encode_axiom(enc: _Encoder, axiom: Rule) -> list:
     """The quantified equations of one axiom (one per usable trigger side)."""
     sorts = _var_sorts(axiom)
@@ -522,6 +562,12 @@ def prove_rule(rule: Rule, timeout_s: float = 10.0, axioms=None,
             formula = enc.guard(g, env)
             if formula is not None:
                 solver.add(formula)
+        # Typing's requirements of the left side, where the example shows that they can
+        # hold with the guards (else they might contradict them: a proof of nothing;
+        # deciding that with Z3 costs more than most proofs).
+        if _example_builds(rule):
+            for pat in rule.lhs:
+                solver.add(*_lhs_typing(enc, pat, env))
         sides = [enc.term(l, env) == enc.term(r, env) for l, r in zip(rule.lhs, rule.rhs)]
     except _Unsupported as e:
         return result("unsupported", str(e))
