@@ -12,9 +12,13 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import pickle
 import socket
+import tempfile
 from collections import deque
 from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from taso_egg.errors import RuleError, WorkerError
@@ -66,6 +70,36 @@ def map_in_order(pool, fn, items: list, jobs: int):
         return map(fn, items)
     chunk = max(1, min(16, len(items) // (jobs * 8)))
     return pool.imap(fn, items, chunksize=chunk)
+
+
+@dataclass(frozen=True)
+class Shared:
+    """A handle to a value that :func:`shared` made readable by the workers of a pool:
+    a file (local processes) or an object in Ray's store (every node reaches it)."""
+    path: str | None = None
+    ref: object = None
+
+
+@contextmanager
+def shared(pool, value):
+    """A small :class:`Shared` handle to ``value`` for the jobs of ``pool`` (pickling a
+    corpus of thousands of rules into every job cost more than the job), which
+    :func:`fetch` turns back into the value in any worker; gone on leaving."""
+    if isinstance(pool, _RayPool):
+        yield Shared(ref=pool.ray.put(value))
+        return
+    with tempfile.TemporaryDirectory(prefix="taso-egg-shared-") as tmp:
+        path = Path(tmp) / "value.pickle"
+        path.write_bytes(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+        yield Shared(path=str(path))
+
+
+def fetch(handle: Shared):
+    if handle.ref is not None:
+        import ray
+
+        return ray.get(handle.ref)
+    return pickle.loads(Path(handle.path).read_bytes())
 
 
 # --- Ray -----------------------------------------------------------------------------
@@ -223,5 +257,5 @@ class _RayPool:
                 self.ray.cancel(pending.popleft(), force=True)
 
 
-__all__ = ["default_jobs", "check_jobs", "worker_pool", "map_in_order", "ray_workers",
-           "RAY_LOCAL", "RAY_AUTO"]
+__all__ = ["default_jobs", "check_jobs", "worker_pool", "map_in_order", "Shared", "shared", "fetch",
+           "ray_workers", "RAY_LOCAL", "RAY_AUTO"]

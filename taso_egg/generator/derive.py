@@ -16,14 +16,11 @@ on the example alone, which are derivable once their own check pins them to it.
 
 from __future__ import annotations
 
-import pickle
-import tempfile
 import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import islice
-from pathlib import Path
 
 from taso_egg.egraph.saturate import Limits, rules_egraph, saturate
 from taso_egg.errors import RuleError, TasoEggError
@@ -31,7 +28,7 @@ from taso_egg.graph import Graph
 
 from ..rules.instantiate import add_rule_sides, builds_on, other_examples
 from ..rules.lang import Rule
-from ..rules.workers import map_in_order
+from ..rules.workers import fetch, map_in_order, shared
 
 # A handful of rewrites reach what smaller rules imply for a candidate; the node and
 # time limits keep one exploding candidate from starving its batch. Multi-pattern
@@ -85,7 +82,7 @@ def check_derivable(candidates, corpus, limits: Limits | None = None, batch: int
     out = Derivation([False] * len(candidates), [False] * len(candidates))
     if not corpus:
         return out
-    with _shared(corpus, pool is not None) as ref:
+    with _shared(corpus, pool) as ref:
         _derive(candidates, _BatchRunner(candidates, ref, limits, batch, out, pool, jobs), out, progress)
     out.seconds = round(time.perf_counter() - start, 3)
     return out
@@ -110,23 +107,21 @@ def _derive(candidates, run, out: Derivation, progress) -> None:
 @dataclass(frozen=True)
 class _CorpusRef:
     """What a batch needs to find its corpus: the rules themselves (in this process),
-    or the file they were written to once for the workers (pickling a corpus of a few
-    thousand rules into every batch cost more than saturating the batch)."""
+    or the pool's handle to them (:func:`~.workers.shared`: sent once, not in every
+    batch)."""
     token: str
     rules: tuple | None = None
-    path: str | None = None
+    handle: object = None
 
 
 @contextmanager
-def _shared(corpus: tuple, for_workers: bool):
+def _shared(corpus: tuple, pool):
     token = uuid.uuid4().hex
-    if not for_workers:
+    if pool is None:
         yield _CorpusRef(token, rules=corpus)
         return
-    with tempfile.TemporaryDirectory(prefix="taso-egg-derive-") as tmp:
-        path = Path(tmp) / "corpus.pickle"
-        path.write_bytes(pickle.dumps(corpus, protocol=pickle.HIGHEST_PROTOCOL))
-        yield _CorpusRef(token, path=str(path))
+    with shared(pool, corpus) as handle:
+        yield _CorpusRef(token, handle=handle)
 
 
 @dataclass
@@ -199,9 +194,90 @@ def _corpus_egraph(ref: _CorpusRef):
     corpus (a level's batches share their corpus)."""
     if ref.token not in _COMPILED:
         _COMPILED.clear()
-        rules = ref.rules if ref.rules is not None else pickle.loads(Path(ref.path).read_bytes())
+        rules = ref.rules if ref.rules is not None else fetch(ref.handle)
         _COMPILED[ref.token] = (rules, rules_egraph(rules))
     return _COMPILED[ref.token]
 
 
-__all__ = ["Derivation", "check_derivable", "DEFAULT_LIMITS", "BATCH"]
+
+
+# --- what a corpus derives of a rule file (`taso-egg rules derive`) --------------------
+
+# The corpora a rule file is measured against: the hand rules, the default corpus
+# (hand + generated), and the verifier's axioms as rewrites in both orientations.
+CORPORA = ("hand", "default", "axioms")
+# Deeper than the generator's pruning: a reference rule may be several steps away.
+DERIVE_LIMITS = Limits(nodes=60_000, iterations=8, seconds=60.0, multi_iterations=0)
+
+
+def corpus_for(name: str, orientations: str = "given") -> list:
+    """The rules of corpus ``name`` (one of CORPORA); the axioms always both ways
+    (as the verifier uses them), the others as ``orientations`` says."""
+    from ..rules.lang import AXIOM_FILES, corpus_files, load_corpus, load_rule_file, with_orientations
+
+    if name == "hand":
+        return load_corpus(["taso_hand"], orientations=orientations)
+    if name == "default":
+        return load_corpus(orientations=orientations)
+    if name == "axioms":
+        folder = Path(corpus_files()[0]).parent
+        return with_orientations(load_rule_file(folder / AXIOM_FILES[0]), "both")
+    raise RuleError(f"unknown corpus {name!r}; choose from {', '.join(CORPORA)}")
+
+
+@dataclass
+class DerivationTable:
+    """Per target rule (file order) and corpus: ``yes`` (derived on the example and on
+    a shape variant), ``example`` (on the example only), ``no``, or ``-`` (the target
+    does not build on its example: not checked)."""
+
+    rules: list
+    corpora: tuple
+    cells: dict            # corpus -> [mark per rule]
+    seconds: dict          # corpus -> seconds
+    sizes: dict            # corpus -> rules in it
+
+    def totals(self) -> dict:
+        return {c: sum(m == "yes" for m in self.cells[c]) for c in self.corpora}
+
+    def text(self) -> str:
+        width = max([len("rule")] + [len(r.name) for r in self.rules])
+        head = f"{'rule':<{width}}" + "".join(f"{c:>10}" for c in self.corpora)
+        rows = [head, "-" * len(head)]
+        for i, r in enumerate(self.rules):
+            rows.append(f"{r.name:<{width}}" + "".join(f"{self.cells[c][i]:>10}" for c in self.corpora))
+        rows.append("-" * len(head))
+        n = len(self.rules)
+        rows.append(f"{'derived (of ' + str(n) + ')':<{width}}" + "".join(
+            f"{self.totals()[c]:>10}" for c in self.corpora))
+        rows.append(f"{'on the example only':<{width}}" + "".join(
+            f"{sum(m == 'example' for m in self.cells[c]):>10}" for c in self.corpora))
+        rows.append(f"{'corpus rules':<{width}}" + "".join(f"{self.sizes[c]:>10}" for c in self.corpora))
+        rows.append(f"{'seconds':<{width}}" + "".join(f"{self.seconds[c]:>10.1f}" for c in self.corpora))
+        return "\n".join(rows)
+
+
+def derive_table(targets, corpora=CORPORA, orientations: str = "given",
+                 limits: Limits | None = None, batch: int = 1, progress=None) -> DerivationTable:
+    """Which of ``targets`` (rules with examples) each corpus derives by saturation
+    (:func:`check_derivable`). ``batch`` targets share an e-graph (1: each alone, so
+    that one target's growth never takes another's node budget)."""
+    targets = list(targets)
+    limits = limits or DERIVE_LIMITS
+    buildable = [i for i, r in enumerate(targets) if r.example and builds_on(r)]
+    cells, seconds, sizes = {}, {}, {}
+    for name in corpora:
+        corpus = corpus_for(name, orientations)
+        start = time.perf_counter()
+        d = check_derivable([targets[i] for i in buildable], corpus, limits, batch,
+                            progress=None if progress is None else lambda done, n: progress(name, done, n))
+        marks = ["-"] * len(targets)
+        for k, i in enumerate(buildable):
+            marks[i] = "yes" if d.derived[k] else "example" if d.example_only[k] else "no"
+        cells[name], sizes[name] = marks, len(corpus)
+        seconds[name] = time.perf_counter() - start
+    return DerivationTable(targets, tuple(corpora), cells, seconds, sizes)
+
+
+__all__ = ["Derivation", "check_derivable", "DEFAULT_LIMITS", "BATCH", "CORPORA", "DERIVE_LIMITS",
+           "corpus_for", "DerivationTable", "derive_table"]
