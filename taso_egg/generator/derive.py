@@ -21,6 +21,7 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import islice
+from pathlib import Path
 
 from taso_egg.egraph.saturate import Limits, rules_egraph, saturate
 from taso_egg.errors import RuleError, TasoEggError
