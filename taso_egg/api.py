@@ -71,7 +71,7 @@ class OptimizeStats:
     extractor_status: str
     ops_before: dict[str, int]      # operators that run after export
     ops_after: dict[str, int]
-    rules: int                      # rules compiled (those that can match the graph)
+    rules: int                      # rules compiled (those that came to match the e-graph)
     extracted_cost: float           # the extracted graph
     input_cost: float               # the input, every operator priced alone, no fusions
     kept_input: str                 # why the input is returned; "" when the result is
@@ -269,7 +269,7 @@ def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: 
         extractor_status=ext.status,
         ops_before=graph.op_counts(runtime_only=True),
         ops_after=decision.graph.op_counts(runtime_only=True),
-        rules=len(sat.rules),
+        rules=sat.admission.compiled,
         extracted_cost=after,
         input_cost=graph_cost(graph, model),
         kept_input=decision.kept_input,

@@ -110,6 +110,16 @@ def decode_padding(pads: tuple):
 
 @lru_cache(maxsize=1)
 def declarations() -> str:
+    """The whole language: :func:`base_declarations` and every operator's analysis rules."""
+    return base_declarations() + "".join(analysis_rules(op) for op in OPS)
+
+
+@lru_cache(maxsize=1)
+def base_declarations() -> str:
+    """Sorts, constructors, analyses and rulesets, and the ``commit`` rule; no operator's
+    analysis rules. Egglog compiles each rule it is given (about 0.2 s for every
+    operator's), so saturation adds an operator's with :func:`analysis_rules` once the
+    operator can be in the e-graph."""
     lines = [
         "(sort IVec (Vec i64))",
         "(sort T)",
@@ -133,21 +143,25 @@ def declarations() -> str:
         "(ruleset analysis)",
         "(ruleset rewrites)",
         "(ruleset multi)",
+        # A rewrite's result joins the class it replaces only with the same shape and dtype.
+        _rule(["(pending a b)", "(= s (shape a))", "(= s (shape b))",
+               "(= d (dtype a))", "(= d (dtype b))"], ["(union a b)"]),
     ]
-    return "\n".join(lines) + "\n" + "\n".join(_analysis_rules()) + "\n"
+    return "\n".join(lines) + "\n"
+
+
+@lru_cache(maxsize=None)
+def analysis_rules(op: str) -> str:
+    """The analysis rules of e-nodes of ``op``: its shape cases (OpSpec.shape), its
+    dtype and its weight-order range (empty for operators the bridge types itself)."""
+    rules = [_shape_rule(op, case) for case in OPS[op].shape]
+    if not takes_list(op):
+        rules += _dtype_rules(op) + _weight_order_rules(op)
+    return "".join(r + "\n" for r in rules)
 
 
 def _rule(facts: list[str], actions: list[str]) -> str:
     return f"(rule ({' '.join(facts)}) ({' '.join(actions)}) :ruleset analysis)"
-
-
-def _shape_rules() -> list[str]:
-    """Each operator's shape cases (OpSpec.shape), compiled."""
-    rules = []
-    for op, spec in OPS.items():
-        for case in spec.shape:
-            rules.append(_shape_rule(op, case))
-    return rules
 
 
 def _shape_rule(op: str, case: Case) -> str:
@@ -201,54 +215,36 @@ def _output_pattern(op: str) -> tuple[str, list[str]]:
     return (f"(= x (Proj {term} i))" if returns_tuple(op) else f"(= x {term})"), tensors
 
 
-def _typed_ops() -> list[str]:
-    """Operators whose outputs the analyses type (opaque outputs come from the bridge)."""
-    return [op for op in OPS if not takes_list(op)]
-
-
-def _dtype_rules() -> list[str]:
+def _dtype_rules(op: str) -> list[str]:
     """Leaves carry their dtype; other operators need one dtype on all their tensor
     inputs and keep it (ONNX's rule for most operators), unless OpSpec.out_dtype says
     otherwise (a test's bool, where's branches, cast's parameter)."""
-    rules = []
-    for op in _typed_ops():
-        pattern, tensors = _output_pattern(op)
-        if OPS[op].is_leaf:
-            rules.append(_rule([pattern], ["(set (dtype x) p_dtype)"]))
-            continue
-        how = OPS[op].out_dtype
-        if how.startswith("input:"):
-            rules.append(_rule([pattern, f"(= d (dtype t{how[6:]}))"], ["(set (dtype x) d)"]))
-        elif how.startswith("param:"):
-            rules.append(_rule([pattern], [f"(set (dtype x) p_{how[6:]})"]))
-        elif how:
-            rules.append(_rule([pattern], [f"(set (dtype x) {encode('String', how)})"]))
-        else:
-            rules.append(_rule([pattern] + [f"(= d (dtype {t}))" for t in tensors], ["(set (dtype x) d)"]))
-    return rules
+    pattern, tensors = _output_pattern(op)
+    if OPS[op].is_leaf:
+        return [_rule([pattern], ["(set (dtype x) p_dtype)"])]
+    how = OPS[op].out_dtype
+    if how.startswith("input:"):
+        return [_rule([pattern, f"(= d (dtype t{how[6:]}))"], ["(set (dtype x) d)"])]
+    if how.startswith("param:"):
+        return [_rule([pattern], [f"(set (dtype x) p_{how[6:]})"])]
+    if how:
+        return [_rule([pattern], [f"(set (dtype x) {encode('String', how)})"])]
+    return [_rule([pattern] + [f"(= d (dtype {t}))" for t in tensors], ["(set (dtype x) d)"])]
 
 
-def _weight_order_rules() -> list[str]:
+def _weight_order_rules(op: str) -> list[str]:
     """wlo/whi: leaves with an id (weights) start the range; other operators take the
     smallest and largest over their inputs."""
     rules = []
-    for op in _typed_ops():
-        pattern, tensors = _output_pattern(op)
-        if "id" in (p.name for p in egraph_params(op)):
-            rules.append(_rule([pattern], ["(set (wlo x) p_id)", "(set (whi x) p_id)"]))
-        if OPS[op].is_leaf or not tensors:
-            continue
-        facts = [pattern] + [f"(= lo{i} (wlo {t}))" for i, t in enumerate(tensors)] + \
-                [f"(= hi{i} (whi {t}))" for i, t in enumerate(tensors)]
-        lo, hi = "lo0", "hi0"
-        for i in range(1, len(tensors)):
-            lo, hi = f"(min {lo} lo{i})", f"(max {hi} hi{i})"
-        rules.append(_rule(facts, [f"(set (wlo x) {lo})", f"(set (whi x) {hi})"]))
+    pattern, tensors = _output_pattern(op)
+    if "id" in (p.name for p in egraph_params(op)):
+        rules.append(_rule([pattern], ["(set (wlo x) p_id)", "(set (whi x) p_id)"]))
+    if OPS[op].is_leaf or not tensors:
+        return rules
+    facts = [pattern] + [f"(= lo{i} (wlo {t}))" for i, t in enumerate(tensors)] + \
+            [f"(= hi{i} (whi {t}))" for i, t in enumerate(tensors)]
+    lo, hi = "lo0", "hi0"
+    for i in range(1, len(tensors)):
+        lo, hi = f"(min {lo} lo{i})", f"(max {hi} hi{i})"
+    rules.append(_rule(facts, [f"(set (wlo x) {lo})", f"(set (whi x) {hi})"]))
     return rules
-
-
-def _analysis_rules() -> list[str]:
-    # A rewrite's result joins the class it replaces only with the same shape and dtype.
-    commit = _rule(["(pending a b)", "(= s (shape a))", "(= s (shape b))",
-                    "(= d (dtype a))", "(= d (dtype b))"], ["(union a b)"])
-    return _shape_rules() + _dtype_rules() + _weight_order_rules() + [commit]

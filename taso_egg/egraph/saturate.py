@@ -14,15 +14,55 @@ Analyses and unions never add e-nodes.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import dataclass, field
 from itertools import count
 
 from ..errors import LimitError
 from ..graph import Graph
-from .convert import CONVERSION_OPS, GraphProgram, TensorEGraph, graph_to_program, read_serialized
-from .language import declarations
+from .admit import Admission, present_ops
+from .convert import GraphProgram, TensorEGraph, graph_to_program, read_serialized
+from .language import base_declarations, declarations
 from .rule_compiler import compile_probe, compile_rules
+
+def bindings():
+    """egglog's bindings (its Rust extension, ``egglog.bindings``), which is all this
+    package uses. Importing them the ordinary way first runs the ``egglog`` package's
+    Python front end (0.4 s in a fresh process, most of a small model's saturation),
+    so the extension is loaded alone where it can be; the front end still imports
+    normally later, onto the same module. Any failure falls back to the ordinary import."""
+    mod = sys.modules.get("egglog.bindings")
+    if mod is not None:
+        return mod
+    if "egglog" not in sys.modules:
+        try:
+            return _load_extension_alone()
+        except Exception:  # whatever it is, the ordinary import still works (or says why)
+            sys.modules.pop("egglog.bindings", None)
+    import egglog.bindings
+
+    return egglog.bindings
+
+
+def _load_extension_alone():
+    import importlib.machinery
+    import importlib.util
+    from pathlib import Path
+
+    package = importlib.util.find_spec("egglog")  # finds the package without running it
+    for folder in package.submodule_search_locations or ():
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            path = Path(folder) / f"bindings{suffix}"
+            if path.is_file():
+                loader = importlib.machinery.ExtensionFileLoader("egglog.bindings", str(path))
+                spec = importlib.util.spec_from_file_location("egglog.bindings", path, loader=loader)
+                mod = importlib.util.module_from_spec(spec)
+                sys.modules["egglog.bindings"] = mod
+                loader.exec_module(mod)
+                return mod
+    raise ImportError("egglog's bindings extension not found")
+
 
 # Functions that are analyses, not e-nodes of the tensor language.
 _ANALYSES = {"shape", "dtype", "wlo", "whi", "pending"}
@@ -97,15 +137,12 @@ class Saturation:
     seconds: float = 0.0
     rules: tuple = ()
     initial: IterationStats | None = None  # the e-graph before any rewrite ("iteration 0")
+    admission: Admission | None = None     # which rules were compiled (``admission.compiled``)
     _decoded: TensorEGraph | None = field(default=None, repr=False)
 
     def serialized(self) -> dict:
         """The e-graph in egraph-serialize JSON form (analysis rows included)."""
-        from egglog.bindings import PanicSpan, Var
-
-        span = PanicSpan()
-        roots = [Var(span, v) for v in self.program.output_vars]
-        return json.loads(self.egraph.serialize(roots).to_json())
+        return _serialized(self.egraph, self.program)
 
     def tensor_egraph(self) -> TensorEGraph:
         """The final e-graph, decoded (once: it no longer changes)."""
@@ -122,27 +159,32 @@ class Saturation:
         return self.iterations[-1].enodes if self.iterations else 0
 
 
-def _sizes(egraph) -> int:
-    from egglog.bindings import PrintAllFunctionsSize
+def _serialized(egraph, program) -> dict:
+    eb = bindings()
+    span = eb.PanicSpan()
+    return json.loads(egraph.serialize([eb.Var(span, v) for v in program.output_vars]).to_json())
 
+
+def _table_sizes(egraph) -> dict[str, int]:
+    """Rows of each egglog function (constructors and analyses)."""
     out = egraph.parse_and_run_program("(print-size)")
-    sizes = next(o for o in out if isinstance(o, PrintAllFunctionsSize)).sizes
-    return sum(n for name, n in sizes if name not in _ANALYSES)
+    return dict(next(o for o in out if isinstance(o, bindings().PrintAllFunctionsSize)).sizes)
+
+
+def _sizes(egraph) -> int:
+    return sum(n for name, n in _table_sizes(egraph).items() if name not in _ANALYSES)
 
 
 def _eclasses(egraph, program) -> int:
-    from egglog.bindings import PanicSpan, Var
-
-    data = json.loads(egraph.serialize([Var(PanicSpan(), program.output_vars[0])]).to_json())
+    eb = bindings()
+    data = json.loads(egraph.serialize([eb.Var(eb.PanicSpan(), program.output_vars[0])]).to_json())
     sorts = {cid: info.get("type") for cid, info in data.get("class_data", {}).items()}
     return sum(1 for s in sorts.values() if s in ("T", "TTup"))
 
 
 def _run(egraph, schedule: str):
-    from egglog.bindings import RunScheduleOutput
-
     out = egraph.parse_and_run_program(f"(run-schedule {schedule})")
-    return next(o.report for o in out if isinstance(o, RunScheduleOutput))
+    return next(o.report for o in out if isinstance(o, bindings().RunScheduleOutput))
 
 
 def built_terms(rule) -> list:
@@ -165,12 +207,28 @@ def built_terms(rule) -> list:
     return seen
 
 
+class _PerMatch(dict):
+    """Rule name -> the e-nodes one match can add (len of :func:`built_terms`), computed
+    for the rules that come to match only."""
+
+    def __init__(self, by_name: dict):
+        super().__init__()
+        self.by_name = by_name
+
+    def __missing__(self, name: str) -> int:
+        n = self[name] = len(built_terms(self.by_name[name]))
+        return n
+
+
 _PROBE = "probe-"       # the probe of rule R is rule probe-R of ruleset probe-rewrites or probe-multi
 _recounts = count()     # recount rulesets are named apart, for e-graphs that outlive a saturation
 
 
+_PROBE_RULESETS = f"(ruleset {_PROBE}rewrites)\n(ruleset {_PROBE}multi)\n"
+
+
 def _probes(rules) -> str:
-    return (f"(ruleset {_PROBE}rewrites)\n(ruleset {_PROBE}multi)\n" + "\n".join(
+    return (_PROBE_RULESETS + "\n".join(
         compile_probe(r, _PROBE + ("multi" if r.multi else "rewrites"), _PROBE + r.name) for r in rules) + "\n")
 
 
@@ -250,35 +308,12 @@ def _step(egraph, ruleset: str, rules: dict, per_match: dict[str, int], room: in
 
 def rules_egraph(rules):
     """An egglog e-graph holding the tensor language and ``rules`` (with their probes),
-    and no terms yet. Compiling a large corpus costs more than saturating a small graph
-    with it, so callers that saturate many graphs with one corpus reuse this one,
-    between egglog's ``(push)`` and ``(pop)``."""
-    import egglog.bindings as eb
-
-    egraph = eb.EGraph(num_threads=1)
+    and no terms yet. :func:`saturate` compiles only the rules that can match as it
+    goes (``admit.Admission``); callers that saturate many graphs with one corpus can
+    instead compile it once here and reuse it, between egglog's ``(push)`` and ``(pop)``."""
+    egraph = bindings().EGraph(num_threads=1)
     egraph.parse_and_run_program(declarations() + compile_rules(rules) + _probes(rules))
     return egraph
-
-
-def rules_that_can_match(rules, graph: Graph) -> list:
-    """The rules whose left-hand sides use only operators that can ever be in the
-    e-graph of ``graph``: its own, those of the conversion, and those the right-hand
-    sides of such rules add (to a fixed point). The others can never match, and
-    compiling them costs more than saturating most models (on the zoo, between half and
-    seven eighths of the default corpus can match; the rules over the generator's
-    constants, which no imported model holds, are not in it: rules/lang.STUDY_FILES)."""
-    from ..rules.lang import operators
-
-    sides = [(r, operators(r.lhs), operators(r.rhs)) for r in rules]
-    present = {n.op for n in graph.nodes.values()} | CONVERSION_OPS
-    grew = True
-    while grew:
-        grew = False
-        for _, lhs, rhs in sides:
-            if lhs <= present and not rhs <= present:
-                present |= rhs
-                grew = True
-    return [r for r, lhs, _ in sides if lhs <= present]
 
 
 def saturate(graph: Graph, rules=None, limits: Limits | None = None, progress=None,
@@ -296,18 +331,26 @@ def saturate(graph: Graph, rules=None, limits: Limits | None = None, progress=No
     rules = tuple(load_corpus() if rules is None else rules)
     start = time.perf_counter()
     program = graph_to_program(graph)
-    if egraph is None:
-        egraph = rules_egraph(rules_that_can_match(rules, graph))
+    given = egraph is not None
+    if not given:
+        egraph = bindings().EGraph(num_threads=1)
+        egraph.parse_and_run_program(base_declarations() + _PROBE_RULESETS)
+    admission = Admission(egraph, rules, _PROBE, compiled=given)
     egraph.parse_and_run_program(program.text)
+    admission.analyses(present_ops(_table_sizes(egraph)))
     _run(egraph, "(saturate (run analysis))")
     sat = Saturation(graph, egraph, program, "saturated", rules=rules)
     sat.initial = IterationStats(0, _sizes(egraph), _eclasses(egraph, program) if count_classes else 0,
                                  time.perf_counter() - start, {}, False)
+    sat.admission = admission
     has_multi = any(r.multi for r in rules)
     by_name = {r.name: r for r in rules}
-    per_match = {r.name: len(built_terms(r)) for r in rules}
+    per_match = _PerMatch(by_name)
     ceiling = limits.ceiling
     enodes = sat.initial.enodes
+
+    def serialized() -> dict:
+        return _serialized(egraph, program)
     for it in range(1, limits.iterations + 1):
         t0 = time.perf_counter()
         use_multi = has_multi and it <= limits.multi_iterations
@@ -315,6 +358,7 @@ def saturate(graph: Graph, rules=None, limits: Limits | None = None, progress=No
         matches: dict[str, int] = {}
         updated, cut = False, None
         for ruleset in ("rewrites", "multi") if use_multi else ("rewrites",):
+            admission.admit(ruleset, lambda: _table_sizes(egraph), enodes, serialized)
             step = _step(egraph, ruleset, by_name, per_match, ceiling - enodes)
             matches.update(step.matches)
             updated = updated or step.updated
