@@ -1,4 +1,4 @@
-"""``taso-egg rules generate | verify | stats``: discover rules, prove them, report
+"""``taso-egg rules generate | verify | stats | derive``: discover rules, prove them, report
 (parsing and printing; the work is the generator's pipeline and the verifier's).
 
 generate  enumerate graphs, fingerprint, prune, then size level by size level: drop the
@@ -11,6 +11,8 @@ verify    prove each rule of the named files with the Z3 verifier, float-check t
           proved ones, and write the proof records back into those files (atomically);
 stats     the table: graphs enumerated, candidates, pruned by reason, proved, rejected
           by reason, seconds (of the shipped corpus unless files are named).
+derive    which of a rule file's proved rules the hand rules, the default corpus and the
+          axioms (both ways) derive by saturation, rule by rule, with the totals.
 
 The shipped corpus (the ``taso_egg.rules`` package's ``*.rules``) changes only when its files are named
 as the output: ``-o`` for generate, the file arguments for verify.
@@ -61,6 +63,18 @@ def add_arguments(parser) -> None:
     _jobs_argument(p)
     p = sub.add_parser("stats", help="print the generation and verification table")
     p.add_argument("files", nargs="*", help=f"rule files (default: {', '.join(DEFAULT_FILES)})")
+    p = sub.add_parser("derive", help="how many of a rule file's rules each corpus derives "
+                       "by saturation")
+    p.add_argument("file", help="rule file whose proved rules are the targets (e.g. the reference "
+                   f"corpus {RULES_DIR / 'taso-reference.rules'})")
+    p.add_argument("--corpus", nargs="+", default=None, metavar="NAME",
+                   help="corpora to derive with: hand (the hand rules), default (hand + generated), "
+                        "axioms (the verifier's, both ways); default: all three")
+    p.add_argument("--orientations", default="given", help="given (as the files hold them), "
+                   "shrinking (adds the reverses that do not grow a term) or both (every reverse) "
+                   "for the hand and default corpora")
+    p.add_argument("--iterations", type=int, default=None, help="saturation iterations per target "
+                   "(default 8)")
 
 
 def _shipped_names() -> str:
@@ -90,7 +104,8 @@ def run(args) -> int:
     from ..rules.workers import ray_workers
 
     with ray_workers(getattr(args, "ray", None), getattr(args, "jobs", 1)):
-        return {"generate": _generate, "verify": _verify, "stats": _stats}[args.rules_command](args)
+        return {"generate": _generate, "verify": _verify, "stats": _stats,
+                "derive": _derive}[args.rules_command](args)
 
 
 def _bar(total: int, desc: str):
@@ -308,4 +323,37 @@ def stats_table(files) -> str:
 
 def _stats(args) -> int:
     print(stats_table(args.files))
+    return 0
+
+
+# --- derive --------------------------------------------------------------------------
+
+
+def _derive(args) -> int:
+    from dataclasses import replace
+
+    from ..rules.lang import ORIENTATIONS
+    from .derive import CORPORA, DERIVE_LIMITS, derive_table
+
+    corpora = tuple(args.corpus or CORPORA)
+    for name in corpora:
+        if name not in CORPORA:
+            raise RuleError(f"unknown corpus {name!r}; choose from {', '.join(CORPORA)}")
+    if args.orientations not in ORIENTATIONS:
+        raise RuleError(f"--orientations must be one of {', '.join(ORIENTATIONS)}, got "
+                        f"{args.orientations!r}")
+    if args.iterations is not None and args.iterations < 1:
+        raise RuleError(f"--iterations must be at least 1, got {args.iterations}")
+    (path,) = _files([args.file])
+    rules = load_rule_file(path)
+    targets = [r for r in rules if r.proved]
+    limits = DERIVE_LIMITS if args.iterations is None else replace(DERIVE_LIMITS, iterations=args.iterations)
+    bar = _bar(len(targets) * len(corpora), "deriving")
+    table = derive_table(targets, corpora, args.orientations, limits,
+                         progress=lambda name, done, n: bar.update())
+    bar.close()
+    print(table.text())
+    print(f"{len(targets)} proved rules of {path} ({len(rules) - len(targets)} not proved left out); "
+          f"each saturated alone, {limits.iterations} iterations, {limits.nodes} e-nodes at most; "
+          f"'example': derived on its example shapes, not on a variant")
     return 0
