@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import re
 import socket
+import subprocess
 import sys
 
 import pytest
@@ -18,6 +19,7 @@ from taso_egg.generator.cli import split_texts
 from taso_egg.generator.enumerate import LeafSpec, Menu, choice
 from taso_egg.generator.pipeline import generate_rules
 from taso_egg.rules import workers
+from taso_egg.rules.lang import load_rule_file
 
 
 def _menu() -> Menu:
@@ -74,6 +76,21 @@ class TestOnRay:
             assert list(workers.map_in_order(pool, workers.check_jobs, list(range(1, 40)), 2)) == list(range(1, 40))
             with pytest.raises(RuleError, match=r"^jobs must be a positive integer, got 0$"):
                 list(workers.map_in_order(pool, workers.check_jobs, [1, 2, 0, 3], 2))
+
+
+    def test_verify_joins_a_running_instance_by_address(self, on_ray, tmp_path):
+        """What a cluster's user does: ``--ray HOST:PORT`` from another process."""
+        import ray
+
+        rules = tmp_path / "two.rules"
+        rules.write_text("(rule t-add :lhs (ewadd ?a ?b) :rhs (ewadd ?b ?a) :example ((?a [2 3]) (?b [2 3])))\n"
+                         "(rule t-bad :lhs (ewadd ?a ?b) :rhs (ewmul ?b ?a) :example ((?a [2 3]) (?b [2 3])))\n")
+        address = ray.get_runtime_context().gcs_address
+        done = subprocess.run([sys.executable, "-m", "taso_egg.cli", "rules", "verify", str(rules), "--jobs", "2",
+                               "--ray", address], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        statuses = [r.proof.status for r in load_rule_file(rules)]
+        assert statuses == ["proved", "refuted"]
 
 
 def _error_line(capsys, *argv) -> str:
