@@ -169,9 +169,10 @@ def _probe(address: str) -> None:
     """A TCP connection to ``address`` (``HOST:PORT`` or ``ray://HOST:PORT``), or a
     WorkerError saying why not."""
     parts = urlsplit(address if "://" in address else f"tcp://{address}")
+    host = parts.hostname
     try:
-        host, port = parts.hostname, parts.port
-    except ValueError:
+        port = parts.port
+    except ValueError:  # not a number
         port = None
     if not host or port is None:
         raise WorkerError(f"--ray {address!r}: give HOST:PORT, ray://HOST:PORT, {RAY_AUTO} or {RAY_LOCAL}")
