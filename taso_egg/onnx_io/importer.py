@@ -32,9 +32,10 @@ _NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "Rando
 # than running the node costs: keep such nodes in the graph instead.
 _FOLD_LIMIT = 1 << 24
 # Mapped ops that fold anyway when all their inputs are known: no rewrite sees
-# through them (a lookup in a known table, as position embeddings are; the mask
-# operators, which rules leave out), so a known result is just data.
-_FOLD_ANYWAY = {"Gather", "GatherND", "Expand", "Cast", "Equal", "And", "Where", "IsNaN"}
+# through them (a lookup in a known table, as position embeddings are, or a slice of
+# known position ids; the mask operators, which rules leave out), so a known result
+# is just data.
+_FOLD_ANYWAY = {"Gather", "GatherND", "Slice", "Expand", "Cast", "Equal", "And", "Where", "IsNaN"}
 
 
 def load_onnx(model, input_shapes: Mapping[str, Sequence[int]] | None = None) -> Graph:

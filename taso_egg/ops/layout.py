@@ -340,6 +340,32 @@ def _import_gather(ctx, node, attrs):
     return [ctx.g.reshape(ctx.tensor(node.input[0]), shape)]
 
 
+@onnx_importer("Slice")
+def _import_slice(ctx, node, attrs):
+    """A Slice by known bounds with unit steps is a part of a split on each axis it
+    cuts (what the exporter writes for a split with one part read); other slices (a
+    step, run-time bounds, an empty result) stay opaque."""
+    x = ctx.tensor(node.input[0])
+    bounds = [ctx.const(node.input[i]) if len(node.input) > i and node.input[i] else None for i in range(1, 5)]
+    starts, ends, axes, steps = bounds
+    if starts is None or ends is None or (len(node.input) > 3 and node.input[3] and axes is None) \
+            or (len(node.input) > 4 and node.input[4] and steps is None):
+        return None
+    axes = range(len(starts)) if axes is None else axes
+    if steps is not None and any(int(s) != 1 for s in steps.reshape(-1)):
+        return None
+    y = x
+    for axis, lo, hi in zip(axes, starts.reshape(-1), ends.reshape(-1)):
+        axis = int(axis) % len(x.shape)
+        n = x.shape[axis]
+        lo, hi = (min(max(int(v) + n if v < 0 else int(v), 0), n) for v in (lo, hi))
+        if hi <= lo:
+            return None
+        if hi - lo < n:
+            y = ctx.g.split(y, axis, [s for s in (lo, hi - lo, n - hi) if s])[1 if lo else 0]
+    return [y]
+
+
 @onnx_importer("GatherND")
 def _import_gather_nd(ctx, node, attrs):
     """A GatherND that reads every element once, in order, is a reshape."""
