@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import math
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
 
 import numpy as np
@@ -275,10 +275,11 @@ def run_scaled(graph, feeds, wanted=None, perturb=None) -> dict:
     return {name: out[(t.node, t.index)] for name, t in graph.outputs}
 
 
-def _scaled_values(graph, feeds, wanted, perturb=None):
+def _scaled_values(graph, feeds, wanted, perturb=None, dtype=np.float64):
     """Yield ``(key, value)`` for each wanted tensor as ``graph`` computes it (in
     topological order), running only the nodes the wanted tensors depend on and
-    holding each intermediate only until its last consumer has run."""
+    holding each intermediate only until its last consumer has run. Float tensors
+    are computed in ``dtype``."""
     from .executor import leaf_value
 
     needed = {k[0] for k in wanted}
@@ -295,7 +296,7 @@ def _scaled_values(graph, feeds, wanted, perturb=None):
     for node in order:
         if node.id not in needed:
             continue
-        outs = _scaled_leaf(graph, node, feeds, leaf_value, perturb)
+        outs = _scaled_leaf(graph, node, feeds, leaf_value, perturb, dtype)
         if outs is None:
             outs = _scaled_apply(node, [values[(t.node, t.index)] for t in node.inputs])
             for t in node.inputs:
@@ -311,20 +312,29 @@ def _scaled_values(graph, feeds, wanted, perturb=None):
                 values[key] = v
 
 
-def _scaled_leaf(graph, node, feeds, leaf_value, perturb=None):
+def _scaled_leaf(graph, node, feeds, leaf_value, perturb=None, dtype=np.float64):
     leaf = leaf_value(graph, node, feeds, np)
     if leaf is None:
         return None
     outs = []
     for a in leaf:
         if a.dtype.kind == "f":
-            a = a.astype(np.float64)
+            m = a.astype(dtype, copy=False)
             if perturb is not None:
-                a *= 1 + _EPS["float64"] * perturb.standard_normal(a.shape)
-            outs.append(_normalize(a, 0, owned=True))
+                m = m * (1 + _EPS["float64"] * perturb.standard_normal(a.shape))
+            elif m is a:  # the graph's own data, not copied: left as it is unless far from 1
+                peak = _peak(m)
+                if peak == 0 or not math.isfinite(peak) or abs(math.frexp(peak)[1]) <= 16:
+                    outs.append((m, 0))
+                    continue
+            outs.append(_normalize(m, 0, owned=m is not a))
         else:
             outs.append((a, 0))
     return outs
+
+
+# operators whose output holds exactly its input's entries, rearranged
+_PERMUTATIONS = ("reshape", "transpose")
 
 
 def _scaled_apply(node, args) -> list[tuple[np.ndarray, int]]:
@@ -337,6 +347,8 @@ def _scaled_apply(node, args) -> list[tuple[np.ndarray, int]]:
     # transpose, split) and leaves' data may not
     owned = not (spec.is_view or spec.is_leaf)
     if all(m.dtype.kind == "f" for m in mantissas):
+        if node.op in _PERMUTATIONS:  # the same entries: the same peak, no pass to find it
+            return [(o, args[0][1]) for o in call_kernel(np, node, mantissas, True)]
         if scaling == "multilinear" and act in ("NONE", "RELU") and \
                 not (node.op == "conv2d" and len(args) == 3):  # a bias makes conv affine
             exponent = sum(e for _, e in args)
@@ -405,6 +417,11 @@ class LocalCheck:
     input_nodes_run: int  # the input's nodes run for the values the regions read and compare
     compared: int      # tensors compared
     projected: int     # of those, compared through random projections (``PROJECTIONS`` columns)
+    # True: each region against the input's own operators run from the same boundary
+    # values (the input's tensors computed in float32); False: against the input's
+    # tensors computed in float64 (where a boundary does not cut the input's
+    # computation, classes are shared, or the first way fails)
+    cones: bool = False
     # with ``outputs``: whether an output of the input lies beyond float32's range (then
     # no float32 run of it proves anything); None when not asked
     outputs_beyond_float32: bool | None = None
@@ -459,16 +476,19 @@ def check_locally(original, candidate, original_classes: Mapping, candidate_clas
                       seed, outputs).run()
 
 
-def _beyond_float32(value) -> bool:
+def _beyond_float32(value, margin: int = 0) -> bool:
     """A float tensor (``m * 2**e``) float32 cannot hold: not finite, all zeros, or
-    its largest entry past float32's largest or below its smallest normal number."""
+    its largest entry past float32's largest or below its smallest normal number.
+    ``margin`` > 0 (for a value computed in float32, whose round-off may be large):
+    only an entry past those limits by ``2**margin`` counts, and a tensor that is not
+    finite or all zeros does not."""
     m, e = value
     if m.dtype.kind != "f" or not m.size:
         return False
     peak = _peak(m)
     if peak == 0 or not math.isfinite(peak):
-        return True
-    return not -126 <= e + math.log2(peak) < 128
+        return not margin
+    return not -126 - margin <= e + math.log2(peak) < 128 + margin
 
 
 @dataclass
@@ -476,6 +496,11 @@ class _Region:
     nodes: list          # candidate nodes, in the candidate's topological order
     needs: set           # classes of the input graph's tensors it reads or compares
     waiting: int = 0     # of those, not yet computed
+    reads: set = field(default_factory=set)   # of ``needs``, those its nodes read
+    # the input's nodes that compute the classes it makes from the classes it reads (in
+    # the input's order); None where that computation reaches past them to a graph input
+    cone: list | None = None
+    need: set = field(default_factory=set)    # what this run waits for: ``needs``, or ``reads``
 
 
 class _Local:
@@ -505,30 +530,50 @@ class _Local:
         used = {ccls.get((t.node, t.index)) for n in cand.nodes.values() for t in n.inputs}
         used |= {ccls.get((t.node, t.index)) for _, t in cand.outputs}
         shared = {c for c in used if self.anchored(c) and len(self.by_class[c]) > 1}
-        wanted = {self.by_class[c][0] for r in regions for c in r.needs}
+        if not shared and all(self._cone(r) for r in regions):
+            try:
+                return self._run(regions, shared, cones=True)
+            except VerificationError as e:  # a region that may rely on its boundary's exact values
+                log.info("%s; checked again on the input's own float64 tensors", first_line(str(e)))
+                self.worst, self.compared, self.projected = 0.0, 0, 0
+        return self._run(regions, shared, cones=False)
+
+    def _run(self, regions, shared, cones: bool) -> LocalCheck:
+        """With ``cones``: the input's tensors that regions read are computed in float32
+        (tracked exponents; half a float64 run's cost), and each region is compared
+        with the input's own operators (``_Region.cone``) run in float64 from the same
+        boundary values, so both sides of a comparison start from the same numbers.
+        Else the input's tensors are computed in float64, regions compared with them."""
+        cand = self.candidate
+        for r in regions:
+            r.need = r.reads if cones else r.needs
+        wanted = {self.by_class[c][0] for r in regions for c in r.need}
         wanted |= {k for c in shared for k in self.by_class[c]}
         holds = {c: len(self.by_class[c]) - 1 for c in shared}  # comparisons still to come
         waiters: dict[str, list[_Region]] = {}
         for r in regions:
-            r.waiting = len(r.needs)
-            for c in r.needs:
+            r.waiting = len(r.need)
+            for c in r.need:
                 waiters.setdefault(c, []).append(r)
                 holds[c] = holds.get(c, 0) + 1
         values: dict[str, tuple[np.ndarray, int]] = {}
         outputs = {(t.node, t.index) for _, t in self.original.outputs} if self.outputs else set()
         beyond = False
         ran = self._needed_input_nodes(wanted | outputs)
+        dtype = np.float32 if cones else np.float64
 
         def release(c):
             holds[c] -= 1
             if not holds[c]:
                 values.pop(c, None)
 
-        for key, v in _scaled_values(self.original, self.feeds, wanted | outputs):
+        for key, v in _scaled_values(self.original, self.feeds, wanted | outputs, dtype=dtype):
             if key in outputs:
-                beyond = beyond or _beyond_float32(v)
+                beyond = beyond or _beyond_float32(v, margin=32 if cones else 0)
                 if key not in wanted:
                     continue
+            if cones and v[0].dtype == np.float32:
+                v = (v[0].astype(np.float64), v[1])
             c = self.ocls[key]
             if c in values:  # another input tensor of a class already computed
                 error = _scaled_error(values[c], v)
@@ -543,11 +588,11 @@ class _Local:
             for r in waiters.get(c, ()):
                 r.waiting -= 1
                 if not r.waiting:
-                    self._evaluate(r, values)
-                    for need in r.needs:
+                    self._evaluate(r, values, cones)
+                    for need in r.need:
                         release(need)
         return LocalCheck(self.worst, len(regions), sum(len(r.nodes) for r in regions),
-                          len(cand.nodes), ran, self.compared, self.projected,
+                          len(cand.nodes), ran, self.compared, self.projected, cones,
                           beyond if self.outputs else None)
 
     def _name(self, key) -> str:
@@ -607,10 +652,29 @@ class _Local:
         for n in changed:  # candidate order, so each region's nodes stay in it
             r = groups.setdefault(root(n.id), _Region([], set()))
             r.nodes.append(n)
-            r.needs.update(c for c in (ccls.get((t.node, t.index)) for t in n.inputs) if self.anchored(c))
+            r.reads.update(c for c in (ccls.get((t.node, t.index)) for t in n.inputs) if self.anchored(c))
+            r.needs.update(r.reads)
             r.needs.update(c for c in (ccls.get((n.id, i)) for i in range(len(n.outputs))) if self.anchored(c))
         return [r for r in groups.values()
                 if any(self.anchored(ccls.get((n.id, i))) for n in r.nodes for i in range(len(n.outputs)))]
+
+    def _cone(self, region: _Region) -> bool:
+        """Find the input's nodes that compute the classes ``region`` makes from the
+        classes it reads (``region.cone``); False where they reach a graph input, that
+        is, where the region's boundary does not cut the input's computation of them."""
+        made = {self.ccls.get((n.id, i)) for n in region.nodes for i in range(len(n.outputs))}
+        todo = [self.by_class[c][0] for c in made if self.anchored(c)]
+        seen: set[int] = set()
+        while todo:
+            node = self.original.nodes[todo.pop()[0]]
+            if node.id in seen:
+                continue
+            if node.op == "input":
+                return False
+            seen.add(node.id)
+            todo += [(t.node, t.index) for t in node.inputs if self.ocls[(t.node, t.index)] not in region.reads]
+        region.cone = [n for n in self.order if n.id in seen]
+        return True
 
     def _needed_input_nodes(self, wanted) -> int:
         needed = {k[0] for k in wanted}
@@ -619,21 +683,37 @@ class _Local:
                 needed.update(t.node for t in node.inputs)
         return len(needed)
 
-    def _evaluate(self, region: _Region, values) -> None:
+    def _region_values(self, region: _Region, values, perturb=None) -> _RegionValues:
+        return _RegionValues(self.candidate, region.nodes, self.ccls, self.anchored, values, self.feeds,
+                             perturb)
+
+    def _evaluate(self, region: _Region, values, cones: bool = False) -> None:
         """Compute the region from the input's tensors at its boundary and compare what it
-        makes with the input's tensors of the same classes: exactly, or, for tensors
-        made by matmuls (through splits, concats and adds), through random projections
-        (``_Projected``), which skip the matmuls' cubic cost."""
+        makes with the input's tensors of the same classes (with ``cones``: with what
+        the input's own operators make from the same boundary values): exactly, or, for
+        tensors made by matmuls (through splits, concats and adds), through random
+        projections (``_Projected``), which skip the matmuls' cubic cost."""
         rng = np.random.default_rng(self.seed + 3)
-        ev = _RegionValues(self, region, values)
+        ev = self._region_values(region, values)
         exact, groups = ev.plan(rng)
-        if groups and not all(np.all(np.isfinite(g.reference(values)[0])) for g in groups):
-            exact, groups = exact + [k for g in groups for k in g.keys], []  # compare entry by entry
+        if cones:
+            reads = region.reads
+            ref_ev = _RegionValues(self.original, region.cone, self.ocls, lambda c: c in reads, values,
+                                   self.feeds)
+            exact_ref = lambda key: ref_ev.make(self.by_class[self.ccls[key]][0])
+            group_ref = lambda g: ref_ev.project([(self.by_class[c][0], r, 0, True)
+                                                  for c, r in zip(g.classes, g.mats)])
+        else:
+            exact_ref = lambda key: values[self.ccls[key]]
+            group_ref = lambda g: g.reference(values)
+        refs = [group_ref(g) for g in groups]
+        if not all(np.all(np.isfinite(m)) for m, _ in refs):
+            exact, groups, refs = exact + [k for g in groups for k in g.keys], [], []  # entry by entry
         measured = {}
         for key in exact:
-            measured[("exact", key)] = (values[self.ccls[key]], ev.make(key), self.rtol)
-        for i, g in enumerate(groups):
-            measured[("projected", i)] = (g.reference(values), g.value(ev), g.floor(self.rtol))
+            measured[("exact", key)] = (exact_ref(key), ev.make(key), self.rtol)
+        for i, (g, ref) in enumerate(zip(groups, refs)):
+            measured[("projected", i)] = (ref, g.value(ev), g.floor(self.rtol))
         errors = {label: _scaled_error(ref, got) for label, (ref, got, _) in measured.items()}
         self.compared += len(exact) + sum(len(g.keys) for g in groups)
         self.projected += sum(len(g.keys) for g in groups)
@@ -647,20 +727,21 @@ class _Local:
                      if m.dtype.kind == "f" else (m, e) for c, (m, e) in values.items() if c in region.needs}
 
             def noise():
-                again = _RegionValues(self, region, noisy, rng)
+                again = self._region_values(region, noisy, rng)
                 got = again.make(worst[1]) if worst[0] == "exact" else groups[worst[1]].value(again)
                 return _scaled_error(measured[worst][1], got)
 
+            against = " (and the input's operators from the same values)" if cones else ""
             if worst[0] == "exact":
                 where = (f"{self.candidate.nodes[worst[1][0]].label()} (e-class {self.ccls[worst[1]]}; in a "
                          f"region of {len(region.nodes)} changed node(s), computed from the input's tensors "
-                         f"at its boundary)")
+                         f"at its boundary{against})")
             else:
                 g = groups[worst[1]]
                 where = (f"{', '.join(self.candidate.nodes[k[0]].label() for k in g.keys)} (e-classes "
                          f"{', '.join(self.ccls[k] for k in g.keys)}, compared through {g.columns} random "
                          f"projections; in a region of {len(region.nodes)} changed node(s), computed from "
-                         f"the input's tensors at its boundary)")
+                         f"the input's tensors at its boundary{against})")
             _tolerance(errors[worst], floor, noise, self.what, where)
         self.worst = max(self.worst, max(errors.values()))
 
@@ -693,12 +774,13 @@ class _Projected:
         return _sum_scaled([_times(values[c], r) for c, r in zip(self.classes, self.mats)])
 
     def value(self, ev: _RegionValues) -> tuple[np.ndarray, int]:
-        return ev.project([(k, r, True) for k, r in zip(self.keys, self.mats)])
+        return ev.project([(k, r, 0, True) for k, r in zip(self.keys, self.mats)])
 
 
-def _times(value, r: np.ndarray) -> tuple[np.ndarray, int]:
+def _times(value, r: np.ndarray, f: int = 0) -> tuple[np.ndarray, int]:
+    """``value @ (r * 2**f)``, ``value`` tracked as ``(m, e)``."""
     m, e = value
-    return _normalize(np.matmul(m, r), e, owned=True)
+    return _normalize(np.matmul(m, r), e + f, owned=True)
 
 
 def _sum_scaled(terms) -> tuple[np.ndarray, int]:
@@ -711,30 +793,33 @@ def _sum_scaled(terms) -> tuple[np.ndarray, int]:
 
 
 class _RegionValues:
-    """A region's tensors from ``values`` (the input's, by class) at its boundary:
-    whole (``make``), or contracted with random matrices (``project``)."""
+    """The tensors ``nodes`` (of ``graph``, in its order) compute from ``values`` (by
+    class) at their boundary, the tensors whose class ``stop`` accepts: whole
+    (``make``), or contracted with random matrices (``project``). A changed region of
+    the candidate, or its cone in the input."""
 
-    def __init__(self, local: _Local, region: _Region, values, perturb=None):
-        self.local, self.values, self.perturb = local, values, perturb
-        self.nodes = {n.id: n for n in region.nodes}
-        self.pos = {n.id: i for i, n in enumerate(region.nodes)}
+    def __init__(self, graph, nodes, classes, stop, values, feeds, perturb=None):
+        self.graph, self.classes, self.stop = graph, classes, stop
+        self.values, self.feeds, self.perturb = values, feeds, perturb
+        self.nodes = {n.id: n for n in nodes}
+        self.pos = {n.id: i for i, n in enumerate(nodes)}
         self.made: dict[tuple[int, int], tuple[np.ndarray, int]] = {}
 
     def _cls(self, key):
-        return self.local.ccls.get(key)
+        return self.classes.get(key)
 
     def read(self, key):
-        """A tensor as a region node reads it: the input's own where its class is one of
-        the input's, else made here."""
+        """A tensor as a node reads it: the boundary's value where its class is a
+        boundary class, else made here."""
         c = self._cls(key)
-        return self.values[c] if self.local.anchored(c) else self.make(key)
+        return self.values[c] if self.stop(c) else self.make(key)
 
     def make(self, key):
         if key not in self.made:
             from .executor import leaf_value
 
             node = self.nodes[key[0]]
-            outs = _scaled_leaf(self.local.candidate, node, self.local.feeds, leaf_value, self.perturb)
+            outs = _scaled_leaf(self.graph, node, self.feeds, leaf_value, self.perturb)
             if outs is None:
                 outs = _scaled_apply(node, [self.read((t.node, t.index)) for t in node.inputs])
             for i, v in enumerate(outs):
@@ -750,7 +835,7 @@ class _RegionValues:
         for n in self.nodes.values():
             for i, t in enumerate(n.outputs):
                 key = (n.id, i)
-                if not self.local.anchored(self._cls(key)):
+                if not self.stop(self._cls(key)):
                     continue
                 if len(t.shape) >= 2 and t.dtype.startswith("float") and self._reaches_matmul(key):
                     g = groups.setdefault(t.shape[:-1], _Projected([], [], []))
@@ -770,68 +855,75 @@ class _RegionValues:
             return False
         if pushed == "matmul":
             return True
-        return any(self._reaches_matmul(k) for k, _ in pushed if not self.local.anchored(self._cls(k)))
+        return any(self._reaches_matmul(k) for k, _, _ in pushed if not self.stop(self._cls(k)))
 
     def project(self, demands) -> tuple[np.ndarray, int]:
-        """``sum key @ R`` over ``demands`` (``(key, R, made)``; ``made``: the tensor this
-        region makes, else as a node reads it), all of one leading shape. Splits, concats
-        and adds pass the contraction to their inputs; a matmul ``A @ B`` becomes
-        ``A @ (B @ R)``; anything else is made whole and multiplied."""
-        pending: dict[tuple, np.ndarray] = {}
+        """``sum key @ (R * 2**e)`` over ``demands`` (``(key, R, e, made)``; ``made``: the
+        tensor these nodes make, else as a node reads it), all of one leading shape.
+        Splits, concats and adds pass the contraction to their inputs, and a matmul
+        ``A @ B`` becomes ``A @ (B @ R)``, ``A`` contracted in turn where ``B @ R`` is a
+        matrix (demands on one tensor add up, so it is contracted once); anything else
+        is made whole and multiplied."""
+        pending: dict[tuple, tuple[np.ndarray, int]] = {}
 
-        def add(key, r, made):
-            made = made or not self.local.anchored(self._cls(key))
-            pending[(key, made)] = pending[(key, made)] + r if (key, made) in pending else r
+        def add(key, r, e, made):
+            made = made or not self.stop(self._cls(key))
+            pending[(key, made)] = _sum_scaled([pending[(key, made)], (r, e)]) if (key, made) in pending \
+                else (r, e)
 
-        for key, r, made in demands:
-            add(key, r, made)
+        for key, r, e, made in demands:
+            add(key, r, e, made)
         terms = []
         while pending:
             # latest producer first, so that every demand on a node's outputs is in
             (key, made) = max(pending, key=lambda km: self.pos[km[0][0]] if km[1] else -1)
             if not made:
-                terms.append(_times(self.read(key), pending.pop((key, made))))
+                terms.append(_times(self.read(key), *pending.pop((key, made))))
                 continue
             node = self.nodes[key[0]]
             outs = {k[1]: pending.pop((k, m)) for k, m in list(pending) if m and k[0] == node.id}
             pushed = self._push(node, outs)
             if pushed is None:
-                terms += [_times(self.make((node.id, i)), r) for i, r in outs.items()]
+                terms += [_times(self.make((node.id, i)), *r) for i, r in outs.items()]
             elif isinstance(pushed, tuple):  # a matmul's term
                 terms.append(pushed)
             else:
-                for k, r in pushed:
-                    add(k, r, False)
+                for k, r, e in pushed:
+                    add(k, r, e, False)
         return _sum_scaled(terms)
 
     def _push(self, node, outs: dict, dry: bool = False):
-        """Where ``sum out_i @ R_i`` over ``node``'s outputs goes: a list of demands on
-        its inputs, a term (a matmul's; ``"matmul"`` when ``dry``), or None (made whole)."""
+        """Where ``sum out_i @ R_i`` over ``node``'s outputs (``R_i`` as ``(r, e)``) goes: a
+        list of demands ``(key, r, e)`` on its inputs, a term (``"matmul"`` when ``dry``),
+        or None (made whole)."""
         types = [t.type for t in node.inputs]
         if not all(t.dtype.startswith("float") for t in list(types) + list(node.outputs)):
             return None
         last = len(node.outputs[0].shape) - 1
+        keys = [(t.node, t.index) for t in node.inputs]
         if node.op == "matmul" and node.params.get("activation", "NONE") == "NONE":
             if dry:
                 return "matmul"
-            a, b = ((t.node, t.index) for t in node.inputs)
-            p = self.project([(b, outs[0], False)])
-            m, e = self.read(a)
-            return _normalize(np.matmul(m, p[0]), e + p[1], owned=True)
+            p, e = self.project([(keys[1], *outs[0], False)])
+            if p.ndim == 2:  # A @ P is a contraction of A's last axis as well
+                return [(keys[0], p, e)]
+            m, f = self.read(keys[0])
+            return _normalize(np.matmul(m, p), e + f, owned=True)
         if node.op == "split" and node.params["axis"] % (last + 1) == last:
             if dry:
-                return [((node.inputs[0].node, node.inputs[0].index), None)]
-            r = np.zeros((types[0].shape[-1], next(iter(outs.values())).shape[1]))
+                return [(keys[0], None, 0)]
+            top = max(e for _, e in outs.values())
+            r = np.zeros((types[0].shape[-1], next(iter(outs.values()))[0].shape[1]))
             offsets = np.cumsum((0,) + tuple(node.params["sizes"]))
-            for i, ri in outs.items():
-                r[offsets[i]:offsets[i + 1]] = ri
-            return [((node.inputs[0].node, node.inputs[0].index), r)]
+            for i, (ri, e) in outs.items():
+                r[offsets[i]:offsets[i + 1]] = ri * _pow2(e - top)
+            return [(keys[0], r, top)]
         if node.op == "concat" and node.params["axis"] % (last + 1) == last:
             offsets = np.cumsum((0,) + tuple(t.shape[-1] for t in types))
-            return [((t.node, t.index), None if dry else outs[0][offsets[j]:offsets[j + 1]])
-                    for j, t in enumerate(node.inputs)]
+            r, e = outs[0] if not dry else (None, 0)
+            return [(k, None if dry else r[offsets[j]:offsets[j + 1]], e) for j, k in enumerate(keys)]
         if node.op == "ewadd" and all(t.shape == node.outputs[0].shape for t in types):
-            return [((t.node, t.index), None if dry else outs[0]) for t in node.inputs]
+            return [(k, *(outs[0] if not dry else (None, 0))) for k in keys]
         return None
 
 
