@@ -573,6 +573,9 @@ class _Local:
                 if key not in wanted:
                     continue
             if cones and v[0].dtype == np.float32:
+                if not math.isfinite(_peak(v[0])):  # float64 may hold it: no place to compare from
+                    raise VerificationError(f"{self.what}: the input's {self._name(key)} is not finite "
+                                            f"in float32")
                 v = (v[0].astype(np.float64), v[1])
             c = self.ocls[key]
             if c in values:  # another input tensor of a class already computed

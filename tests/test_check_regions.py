@@ -9,7 +9,7 @@ import copy
 import numpy as np
 import pytest
 
-from taso_egg import zoo
+from taso_egg import verify, zoo
 from taso_egg.api import extract_graph, optimize, tensor_classes
 from taso_egg.egraph.saturate import Limits, saturate
 from taso_egg.errors import VerificationError
@@ -57,6 +57,50 @@ def test_deep_bert_passes_region_by_region(layers):
     assert lc.error < 1e-12  # no compounding through depth: float64 round-off of a few operators
     assert lc.regions >= 1 and lc.compared >= lc.regions
     assert lc.recomputed < lc.nodes / 2  # nodes that repeat an input node are not recomputed
+    # every region cuts the input's computation (its cone, run from the same values), and
+    # what the merged matmuls make is compared through projections
+    assert lc.cones and 0 < lc.projected <= lc.compared
+
+
+def _without_cones(monkeypatch):
+    monkeypatch.setattr(verify._Local, "_cone", lambda self, region: False)
+
+
+def test_on_the_inputs_own_float64_tensors_too(monkeypatch):
+    """The way taken where a boundary does not cut the input's computation (or classes
+    are shared, or the first way fails): regions against the input's float64 tensors."""
+    _without_cones(monkeypatch)
+    g, result, classes, result_classes = _extracted(32)
+    lc = check_locally(g, result, classes, result_classes, outputs=True)
+    assert not lc.cones and lc.error < 1e-12 and lc.projected > 0 and lc.outputs_beyond_float32
+    _scaled_weight(g, result, result_classes, last=True)
+    with pytest.raises(VerificationError, match="differs from the original"):
+        check_locally(g, result, classes, result_classes)
+
+
+@pytest.mark.parametrize("cones", [True, False], ids=["cones", "float64"])
+def test_projections_see_one_entry_off(monkeypatch, cones):
+    """One entry of a merged weight off by 1e-8 of the weight's scale moves one column of
+    q, k or v by ~1.5e-9 of its scale, which the entry-by-entry comparison sees (above
+    its 1e-9 floor) and so do the projections: the difference moves them by ~6e-10,
+    under 1e-9 but above their floor (1e-9 over the root of the contracted length)."""
+    if not cones:
+        _without_cones(monkeypatch)
+    g, result, classes, result_classes = _extracted(8)
+    concat = [n for n in result.topo_order() if n.op == "concat"][3]
+    w = concat.inputs[0]
+    data = np.zeros(w.type.shape, np.float32)
+    data[5, 7] = 1e-8 * float(np.abs(result.weight_array(result.nodes[w.node])).max())
+    _feed(result, concat, w, result.add(w, result.new_weight(w.type.shape, data=data, name="delta")))
+    with pytest.raises(VerificationError, match="compared through 4 random projections.*differs from"):
+        check_locally(g, result, classes, result_classes)
+
+
+def test_the_check_leaves_the_weights_as_they_were():
+    g, result, classes, result_classes = _extracted(8)
+    before = {n.params["name"]: g.weight_array(n).copy() for n in g.weights()}
+    check_locally(g, result, classes, result_classes, outputs=True)
+    assert all(np.array_equal(g.weight_array(n), before[n.params["name"]]) for n in g.weights())
 
 
 def test_the_whole_graph_check_follows_the_conditioning_and_says_when_it_cannot_tell():
