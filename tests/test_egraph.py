@@ -557,7 +557,8 @@ def test_leaving_out_rules_that_cannot_match_changes_nothing(nas_small, study):
 
 @pytest.mark.parametrize("kwargs", [
     {"nodes": 0}, {"nodes": -5}, {"iterations": 0}, {"iterations": -1}, {"seconds": 0},
-    {"seconds": -1.0}, {"seconds": float("nan")}, {"multi_iterations": -1}, {"nodes": 1.5}])
+    {"seconds": -1.0}, {"seconds": float("nan")}, {"multi_iterations": -1}, {"nodes": 1.5},
+    {"multi_growth": 0}, {"multi_growth": float("nan")}])
 def test_invalid_limits_raise(kwargs):
     with pytest.raises(LimitError):
         Limits(**kwargs)
@@ -699,3 +700,16 @@ def test_batched_q_k_v_projections_merge():
     assert "merge-matmul-shared-input" not in matches[0]
     merged = extract_graph(sat, extractor="greedy-dag").graph
     check_graphs_equivalent(g, merged)
+
+
+def test_later_merges_are_held_back_past_the_growth_bound():
+    """Round 2 of the three matmuls adds 10 e-nodes to 22: within 1x, past 0.25x."""
+    g = _three_matmuls()
+    loose = saturate(g, rules=_MERGE_MATMUL, limits=Limits(multi_growth=1.0))
+    assert [s.enodes for s in loose.iterations][-1] == 32 and loose.stop_reason == "saturated"
+    tight = saturate(g, rules=_MERGE_MATMUL, limits=Limits(multi_growth=0.25))
+    assert tight.iterations[0].matches == {"merge-matmul-shared-input": 3}
+    assert tight.iterations[1].deferred == {"merge-matmul-shared-input": 2}
+    assert tight.iterations[1].matches == {} and not tight.iterations[1].held_back
+    assert tight.enodes == 22
+    assert tight.stop_reason.startswith("saturated (multi-pattern matches held back by the growth bound")

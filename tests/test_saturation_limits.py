@@ -128,7 +128,7 @@ def test_probes_count_what_the_rules_then_apply(sizes, model):
         sat = saturate(zoo.MODELS[model]())
     finally:
         sat_mod._run = run
-    assert sat.stop_reason == "saturated"
+    assert sat.stop_reason.startswith("saturated")  # nasrnn: its merges of merges held back
     pairs = [(a[1], b[1]) for a, b in zip(reports, reports[1:])
              if a[0].startswith("(run probe-") and b[0] == a[0].replace("probe-", "")]
     assert len(pairs) >= len(sat.iterations)
