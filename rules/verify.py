@@ -425,8 +425,9 @@ def _example_builds(rule: Rule) -> bool:
 
 def _lhs_typing(enc: "_Encoder", pat, env: dict) -> list:
     """What typing requires of every operator application in a rule's left side (a
-    concat's operands agree off its axis, a conv's weight is of rank 4, ...): the
-    shape cases' ``requires``, which the quantified shape facts leave out. A rule
+    concat's axis is within its rank and its operands agree off it, a conv's weight
+    is of rank 4, ...): that one of its shape cases holds, with the case's
+    ``requires``, which the quantified shape facts leave out. A rule
     rewrites only a matched, hence well-typed, left side, so these are hypotheses it
     may use; the right side's are not (that it is well-typed is what the rule must
     keep). Conditions the encoding does not model are left out."""
@@ -443,11 +444,19 @@ def _lhs_typing(enc: "_Encoder", pat, env: dict) -> list:
             walk(t)
         shape_env = _ShapeEnv(dict(zip(names, params)), [_Shape(enc.term(t, env)) for t in p.inputs],
                               output)
+        cases = []  # (conditions, requirements) of each shape case
         for case in OPS[p.op].shape:
             when = [shape_env.cond(c) for c in case.when]
-            needs = [r for r in (shape_env.cond(c) for c in case.requires) if r is not None]
-            if needs and not any(w is None for w in when):
-                facts.append(z3.Implies(z3.And(*when), z3.And(*needs)) if when else z3.And(*needs))
+            if any(w is None for w in when):
+                return  # a case the encoding cannot state: nothing to say
+            cases.append((z3.And(*when), z3.And(*[r for r in map(shape_env.cond, case.requires)
+                                                  if r is not None])))
+        if OPS[p.op].broadcasts:
+            # a graph's operands of lower rank are in no case (the bridge reshapes them
+            # for the e-graph, the search matches them as they are)
+            facts.extend(z3.Implies(when, needs) for when, needs in cases)
+        elif cases:  # typed by the table, so in some case
+            facts.append(z3.Or(*[z3.And(when, needs) for when, needs in cases]))
 
     walk(pat)
     return facts
