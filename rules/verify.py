@@ -16,8 +16,13 @@ Each axiom becomes one or two quantified equations (one per side that contains a
 its variables, that side being the E-matching trigger; literal and computed parameters
 of the trigger are abstracted to bound variables so the pattern stays uninterpreted).
 A rule's variables become constants, its guards hypotheses (``weight`` and ``before``
-only schedule saturation, so they are ignored), and the prover asks whether
-``lhs != rhs`` is consistent with the axioms. Model-based quantifier instantiation is
+only schedule saturation, so they are ignored), and so is what typing requires of its
+left side, which a rule only ever rewrites once matched, hence well-typed (that each
+operator application there is in one of its shape cases, with the case's requirements:
+a concat's operands agree off its axis, a conv's weight has rank 4; stated where the
+rule's example shows they can hold with the guards); the right side's requirements are
+not (that the right side is well-typed is what the rule must keep). The prover asks
+whether ``lhs != rhs`` is consistent with the axioms. Model-based quantifier instantiation is
 off, so Z3 answers unsat (proved), or gives up once E-matching has nothing left to
 instantiate, or at the per-rule timeout. An unsat core names the axioms a proof used.
 
