@@ -120,6 +120,15 @@ class Structure:
         return text
 
 
+def _lhs_operators(rule) -> frozenset:
+    """The operators of ``rule``'s left side, kept on the rule (rules outlive saturations)."""
+    found = rule.__dict__.get("_lhs_operators")
+    if found is None:
+        found = frozenset(operators(rule.lhs))
+        object.__setattr__(rule, "_lhs_operators", found)  # not a field: equality ignores it
+    return found
+
+
 def _shape_key(pattern):
     """A hashable key of ``pattern`` with its variables anonymous (None for a variable)
     and its literal parameters as egglog literals; kept on the pattern."""
@@ -157,7 +166,7 @@ class Admission:
         self.probe_prefix = probe_prefix
         self.everything = compiled
         self.admitted: list[str] = [r.name for r in rules] if compiled else []
-        self._lhs_ops = {r.name: operators(r.lhs) for r in rules}
+        self._lhs_ops = {r.name: _lhs_operators(r) for r in rules}
         self._waiting = {"rewrites": [], "multi": []}
         self._analysed: set[str] = set()
         if not compiled:
