@@ -10,7 +10,7 @@ graph built on another member of the class is equal to one built on the
 representative by a smaller rule in context, so no rule is lost modulo implication,
 and the enumeration stays small.
 
-Fingerprints: inputs hold small random integers in float64; relu (and fused RELU
+Fingerprints: inputs hold small random nonzero integers in float64; relu (and fused RELU
 activations) is replaced by ``x*(x+1)+1`` so that zeros produce no false matches
 (REFERENCE.md). The value is hashed after rounding to float32, which absorbs the
 rounding-order differences of float64 sums; every candidate pair is then confirmed
@@ -35,7 +35,8 @@ from taso_egg.ops import OPS, TensorType
 
 @dataclass(frozen=True)
 class LeafSpec:
-    """A symbolic input. ``role`` is "activation", "weight", "scalar" or a constant
+    """A symbolic input. ``role`` is "activation", "weight", "bias" (a weight that
+    element-wise operators broadcast: never a kernel), "scalar" or a constant
     operator (``const_imm`` ...). Leaves of one ``kind`` (role and shape) are
     interchangeable: rules equal up to renaming them are duplicates. ``prefix`` names
     the rule variables made from the class."""
@@ -55,9 +56,9 @@ class OpChoice:
     """One operator with fixed parameters. ``split`` takes its sizes from the input:
     two halves along ``axis``. ``operands`` restricts each input to "data" (computed
     from an activation), "weight" (from weights, constants and the scalar only),
-    "leaf" (a weight itself), as a real model feeds a convolution, or "concat" (computed
-    through a concat: as in TASO, a split only takes apart what a concat put together);
-    None allows anything."""
+    "leaf" (a weight itself), as a real model feeds a convolution, "concat" (computed
+    through a concat: as in TASO, a split only takes apart what a concat put together)
+    or "matrix" (rank 2); None allows anything."""
 
     op: str
     params: tuple  # sorted (name, value) pairs, the operator's own parameters
@@ -93,17 +94,21 @@ class Menu:
     max_weight_ops: int = 2
 
 
-def _leaves_2d(activations: int, weights: int) -> list:
+def _leaves_2d(activations: int, weights: int, biases: int = 0) -> list:
     out = [LeafSpec(f"x{i}", (2, 4), "activation", "x") for i in range(activations)]
     out += [LeafSpec(f"w{i}", (4, 4), "weight", "w") for i in range(weights)]
+    # a per-column bias, which element-wise operators broadcast over a 2x4 activation
+    out += [LeafSpec(f"b{i}", (1, 4), "bias", "b") for i in range(biases)]
     return out
 
 
-def _leaves_4d(activations: int, kernels: int) -> list:
+def _leaves_4d(activations: int, kernels: int, channels: int = 0) -> list:
     out = [LeafSpec(f"X{i}", (2, 4, 5, 5), "activation", "X") for i in range(activations)]
     out += [LeafSpec(f"K{i}", (4, 4, 3, 3), "weight", "K") for i in range(kernels)]
     out += [LeafSpec("H0", (4, 4, 1, 3), "weight", "H"), LeafSpec("V0", (4, 4, 3, 1), "weight", "V"),
             LeafSpec("D0", (4, 1, 3, 3), "weight", "D")]
+    # a per-channel constant (a folded batchnorm's scale or shift), broadcast over NCHW
+    out += [LeafSpec(f"C{i}", (1, 4, 1, 1), "bias", "C") for i in range(channels)]
     return out
 
 
@@ -114,9 +119,14 @@ def _constants() -> list:
             LeafSpec("pool", (4, 1, 3, 3), "const_pool", "pool")]
 
 
-def _matrix_ops() -> list:
+def _matrix_ops(new: bool = False) -> list:
+    """TASO's matrix operators; ``new`` adds those of real models (issue 16): subtraction,
+    division, GELU and softmax along either axis."""
     ops = [choice("ewadd"), choice("ewmul"), choice("smul"), choice("relu"),
            choice("transpose", perm=(1, 0))]
+    if new:  # on matrices only: over the 4-D kinds they would multiply the convolutions' graphs
+        ops += [choice(op, ("matrix",) * OPS[op].inputs[0]) for op in ("ewsub", "ewdiv", "gelu")]
+        ops += [choice("softmax", ("matrix",), axis=a) for a in (0, 1)]
     ops += [choice("matmul", activation=a) for a in ("NONE", "RELU")]
     ops += [choice("concat", axis=a) for a in (0, 1)]
     ops += [choice("split", ("concat",), axis=a) for a in (0, 1)]
@@ -137,12 +147,15 @@ def _conv_ops(strides=((1, 1), (2, 2)), paddings=("SAME", "VALID")) -> list:
 
 
 def default_menu() -> Menu:
-    """TASO's menu (REFERENCE.md): 2-D 2x4 activations and 4x4 weights, 4-D 2x4x5x5
-    activations with 3x3/1x3/3x1 and depth-wise kernels, one scalar, the constants;
-    two inputs of each kind, which size 3 needs at most for a rule's interesting
-    variables and keeps generation within minutes."""
-    leaves = _leaves_2d(2, 2) + _leaves_4d(2, 2) + [LeafSpec("s", (), "scalar", "s")] + _constants()
-    return Menu("taso", tuple(leaves), tuple(_matrix_ops() + _conv_ops()))
+    """TASO's menu (REFERENCE.md) and real models' operators: 2-D 2x4 activations,
+    4x4 weights and a 1x4 per-column bias, 4-D 2x4x5x5 activations with 3x3/1x3/3x1 and
+    depth-wise kernels and a 1x4x1x1 per-channel constant, one scalar, the constants.
+    Three 2-D activations (three-input associativity, concat distributing over
+    element-wise operators) and two of every other kind, which size 3 needs at most for
+    a rule's interesting variables: the 4-D kinds multiply the convolutions' graphs."""
+    leaves = (_leaves_2d(3, 2, biases=1) + _leaves_4d(2, 2, channels=1) + [LeafSpec("s", (), "scalar", "s")]
+              + _constants())
+    return Menu("taso", tuple(leaves), tuple(_matrix_ops(new=True) + _conv_ops()))
 
 
 def reduced_menu() -> Menu:
@@ -196,7 +209,9 @@ class Term:
 _WEIGHT_ROLES = {"data": False, "weight": True, "leaf": True}  # role -> weight-only
 
 
-def _role_fails(role: str, kid: Term, terms: list) -> bool:
+def _role_fails(role: str, kid: Term, terms: list, biases: frozenset) -> bool:
+    if role in ("weight", "leaf") and kid.leaves & biases:
+        return True
     if role == "leaf":
         return kid.op != "leaf"
     if role == "concat":
@@ -257,12 +272,19 @@ class Evaluator:
         return out
 
 
+def integer_draw(rng, shape):
+    """Small nonzero integers in float64: a fingerprint draw (without zeros, a division
+    by an input is finite)."""
+    v = rng.integers(-3, 3, size=shape)
+    return np.where(v >= 0, v + 1, v).astype(np.float64)
+
+
 def leaf_value(leaf: LeafSpec, rng, integer: bool):
     if leaf.role.startswith("const_"):
         (v,) = OPS[leaf.role].kernel(np, {"shape": leaf.shape, "dtype": "float64"})
         return v
     if integer:
-        return rng.integers(-3, 4, size=leaf.shape).astype(np.float64)
+        return integer_draw(rng, leaf.shape)
     return rng.standard_normal(leaf.shape)
 
 
@@ -380,6 +402,7 @@ def enumerate_terms(menu: Menu, size: int = 3, seed: int = 0, progress=None,
             usable.setdefault(t.size, {}).setdefault((t.shape, t.weight_only), []).append(t.id)
 
     names = set()
+    biases = frozenset(lf.name for lf in menu.leaves if lf.role == "bias")
     for leaf in menu.leaves:
         if leaf.name in names:
             raise TasoEggError(f"menu {menu.name!r}: leaf name {leaf.name!r} used twice")
@@ -411,7 +434,7 @@ def enumerate_terms(menu: Menu, size: int = 3, seed: int = 0, progress=None,
         todo = []
         for kids in kid_tuples:  # each tuple comes once: its operator count fixes its level
             kid_terms = [terms[k] for k in kids]
-            if c.operands and any(_role_fails(role, k, terms) for role, k in zip(c.operands, kid_terms)):
+            if c.operands and any(_role_fails(role, k, terms, biases) for role, k in zip(c.operands, kid_terms)):
                 continue
             weight_only = all(k.weight_only for k in kid_terms)
             if weight_only and len(frozenset().union(*(k.nodes for k in kid_terms))) >= menu.max_weight_ops:
@@ -458,8 +481,8 @@ def enumerate_terms(menu: Menu, size: int = 3, seed: int = 0, progress=None,
         for c in menu.ops:
             arity = 2 if c.op == "concat" else OPS[c.op].inputs[0]
             for combo in itertools.product(types, repeat=arity):
-                if c.operands and any(_WEIGHT_ROLES.get(role, wo) != wo for role, (_, wo)
-                                      in zip(c.operands, combo)):
+                if c.operands and any(_WEIGHT_ROLES.get(role, wo) != wo or (role == "matrix" and len(sh) != 2)
+                                      for role, (sh, wo) in zip(c.operands, combo)):
                     continue
                 typed = out_types(c, tuple(sh for sh, _ in combo))
                 if typed is None:
@@ -479,4 +502,4 @@ def enumerate_terms(menu: Menu, size: int = 3, seed: int = 0, progress=None,
 
 __all__ = ["LeafSpec", "OpChoice", "Menu", "MENUS", "choice", "default_menu", "reduced_menu",
            "matrix_menu", "Term", "Enumeration", "enumerate_terms", "relu_standin",
-           "fingerprint"]
+           "fingerprint", "integer_draw"]

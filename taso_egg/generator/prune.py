@@ -25,6 +25,10 @@ Two-output candidates pair the outputs of one split with two separate terms whos
 fingerprints match them pairwise (TASO's merges: ``x.w1`` and ``x.w2`` become one
 matmul with ``concat(w1, w2)``, then a split). One is dropped as ``decomposes`` when
 each half is a rewrite on its own.
+
+When candidates become rules (:func:`to_rule`), one whose split cuts elsewhere than
+between two concatenated operands is dropped as ``split off a boundary``: its sizes
+are the generator's numbers, not the operands' dims, so it says nothing general.
 """
 
 from __future__ import annotations
@@ -39,11 +43,13 @@ import numpy as np
 from taso_egg.errors import RuleError, TasoEggError
 from taso_egg.ops import OPS
 
+from ..rules.instantiate import builds_on, evaluate_param
 from ..rules.lang import App, Guard, Lit, ParamOp, Proj, Rule, Var
-from .enumerate import Enumeration, Evaluator, fingerprint
+from .enumerate import Enumeration, Evaluator, fingerprint, integer_draw
+from .shapes import ShapeFacts, form_expr, general_example, shape_guards
 
 REASONS = ("transitive", "weight-only", "renamed duplicate", "false match", "implied in context",
-           "common subgraph", "unbound variables", "decomposes")
+           "common subgraph", "unbound variables", "decomposes", "split off a boundary")
 
 
 @dataclass
@@ -153,7 +159,7 @@ class _Substituted:
         self.e, self.replaced = e, replaced
         shape = e.terms[replaced].shape
         rng = np.random.default_rng(seed)
-        self.fresh = (rng.integers(-3, 4, size=shape).astype(np.float64), rng.standard_normal(shape))
+        self.fresh = (integer_draw(rng, shape), rng.standard_normal(shape))
         self.memo = ({}, {})
 
     def value(self, tid: int, draw: int):
@@ -339,7 +345,8 @@ def _all_halves(e: Enumeration, split: int, half_rules: list, rewrites: set):
 # --- candidates -> rules -------------------------------------------------------------
 
 
-def _pattern(e: Enumeration, tid: int, names: dict):
+def _pattern(e: Enumeration, tid: int, names: dict, sizes: dict | None = None):
+    """``sizes``: split node -> its sizes parameter (an expression), where not literal."""
     t = e.terms[tid]
     if t.op == "leaf":
         lf = t.leaf
@@ -347,11 +354,12 @@ def _pattern(e: Enumeration, tid: int, names: dict):
             return App(lf.role, (Lit(tuple(lf.shape)), Lit("float32")), ())
         return Var(names[lf.name])
     if t.op == "proj":
-        return Proj(t.index, _pattern(e, t.children[0], names))
-    kids = tuple(_pattern(e, c, names) for c in t.children)
+        return Proj(t.index, _pattern(e, t.children[0], names, sizes))
+    kids = tuple(_pattern(e, c, names, sizes) for c in t.children)
     if t.op == "concat":
         return App("concat", (Lit(t.params["axis"]),), kids)
-    params = tuple(Lit(_literal(t.params[k])) for k in OPS[t.op].defaults)
+    params = tuple(sizes[tid] if k == "sizes" and sizes and tid in sizes else Lit(_literal(t.params[k]))
+                   for k in OPS[t.op].defaults)
     return App(t.op, params, kids)
 
 
@@ -383,19 +391,57 @@ def orientations(e: Enumeration, c: Candidate) -> list:
     return ok
 
 
-def to_rule(e: Enumeration, lhs: tuple, rhs: tuple, name: str) -> Rule:
+def to_rule(e: Enumeration, lhs: tuple, rhs: tuple, name: str) -> Rule | None:
+    """The candidate as a rule. Its shape guards are what typing asks of both sides
+    (:mod:`.shapes`), a split's sizes the dims of what it takes apart (on the left side a
+    parameter variable ``?szN`` that a guard ties to them), and the example gives dims
+    no equation ties distinct sizes; where typing asks something no guard states, the
+    guards keep the example's shapes (``_pinned_shape_guards``). None when a split cuts
+    elsewhere than between concatenated operands (its sizes are no operand's dims: the
+    rule would hold on the generator's numbers only)."""
     names = _variables(e, lhs + rhs)
     leaves = {lf.name: lf for lf in e.menu.leaves}
+    multi = len(lhs) == 2
+    weights = _weight_guards(e, lhs, rhs, names, leaves)
+    example = {names[n]: tuple(leaves[n].shape) for n in _leaf_order(e, lhs + rhs) if n in names}
+    facts = ShapeFacts(e, lhs + rhs)
+    if facts.off_boundary:
+        return None
+    general = shape_guards(e, facts, names, leaves)
+    if general is not None:
+        guards, uf, linear = general
+        in_lhs = {n for t in lhs for n in e.terms[t].nodes}
+        sizes, size_vars = {}, {}
+        for k, (split, parts) in enumerate(sorted(facts.sizes.items())):
+            expr = ParamOp("vec", tuple(form_expr(f, names) for f in parts))
+            if split in in_lhs:
+                sizes[split] = Var(f"sz{k}")
+                size_vars[f"sz{k}"] = expr
+                guards.append(Guard("=", (Var(f"sz{k}"), expr)))
+            else:
+                sizes[split] = expr
+        lhs_p = tuple(_pattern(e, t, names, sizes) for t in lhs)
+        rhs_p = tuple(_pattern(e, t, names, sizes) for t in rhs)
+        for shapes in (general_example(list(example), names, leaves, uf, linear, example), example):
+            rule = Rule(name, lhs_p, rhs_p, tuple(guards + weights), _with_sizes(shapes, size_vars),
+                        "", ("<generated>", 0), multi)
+            if builds_on(rule):
+                return rule
     lhs_p = tuple(_pattern(e, t, names) for t in lhs)
     rhs_p = tuple(_pattern(e, t, names) for t in rhs)
-    example = {names[n]: tuple(leaves[n].shape) for n in _leaf_order(e, lhs + rhs) if n in names}
-    guards = list(_shape_guards(e, lhs + rhs, names, leaves))
-    multi = len(lhs) == 2
-    guards += _weight_guards(e, lhs, rhs, names, leaves)
-    return Rule(name, lhs_p, rhs_p, tuple(guards), example, "", ("<generated>", 0), multi)
+    guards = list(_pinned_shape_guards(e, lhs + rhs, names, leaves))
+    return Rule(name, lhs_p, rhs_p, tuple(guards + weights), example, "", ("<generated>", 0), multi)
 
 
-def _shape_guards(e, tids, names, leaves):
+def _with_sizes(shapes: dict, size_vars: dict) -> dict:
+    """The example with each split-size variable's value on those shapes."""
+    out = dict(shapes)
+    for v, expr in size_vars.items():
+        out[v] = evaluate_param(expr, out, out.__getitem__, v)
+    return out
+
+
+def _pinned_shape_guards(e, tids, names, leaves):
     """Inputs keep their rank, and inputs found with one shape keep equal shapes (no
     broadcasting they were never tried on); rules with a split keep the exact shapes
     (its sizes are literal)."""
@@ -434,7 +480,7 @@ def _weight_guards(e, lhs, rhs, names, leaves):
 
     for t in rhs:
         walk(t, False)
-    weights = [n for n in concatenated if leaves[n].role == "weight"]
+    weights = [n for n in concatenated if leaves[n].role in ("weight", "bias")]
     guards = [Guard("weight", (Var(names[n]),)) for n in weights]
     if len(lhs) == 2 and canonical(e, lhs, ()) == canonical(e, lhs[::-1], ()) and len(weights) >= 2:
         guards.append(Guard("before", (Var(names[weights[0]]), Var(names[weights[1]]))))
@@ -452,7 +498,11 @@ def sized_rules(e: Enumeration, pruned: Pruned, prefix: str) -> list:
     out = []
     for c in sorted(pruned.kept, key=lambda c: (c.size, len(c.lhs))):
         for lhs, rhs in orientations(e, c):
-            out.append((c.size, to_rule(e, lhs, rhs, f"{prefix}-{len(out) + 1}")))
+            rule = to_rule(e, lhs, rhs, f"{prefix}-{len(out) + 1}")
+            if rule is None:
+                pruned.dropped["split off a boundary"] += 1
+                break
+            out.append((c.size, rule))
     return out
 
 
@@ -483,6 +533,7 @@ def generalize_or_pin(rule: Rule) -> Rule:
             pins.append(Guard("=", (ParamOp("shape", (Var(v),)), ParamOp("vec", tuple(Lit(d) for d in shape)))))
         else:
             pins += [Guard("=", (ParamOp("dim", (Var(v), Lit(axis))), Lit(shape[axis]))) for axis in sorted(axes)]
+    pins = [g for g in dict.fromkeys(pins) if g not in rule.guards]  # the shape guards may hold some
     if not pins:
         return rule
     return Rule(rule.name, rule.lhs, rule.rhs, rule.guards + tuple(pins), rule.example, rule.doc,
