@@ -52,6 +52,7 @@ class Extraction:
     # the e-class each tensor of ``graph`` was built from, ``(node id, output index) ->
     # class id`` (what verify.check_locally compares with the input's tensors)
     classes: dict | None = None
+    cpu_seconds: float = 0.0  # this process's CPU time: pricing, the extractor, the rebuild
 
 
 @dataclass
@@ -94,6 +95,10 @@ class OptimizeStats:
     check: str = ""
     check_skipped: str = ""          # why onnxruntime's comparison would prove nothing
     local_check: LocalCheck | None = None
+    # this process's CPU seconds in saturation and in extraction (on a shared machine
+    # steadier than the wall-clock seconds above)
+    saturation_cpu: float | None = None
+    extraction_cpu: float | None = None
 
 
 @dataclass
@@ -124,6 +129,7 @@ def extract_graph(saturation: Saturation, extractor: str = DEFAULT_EXTRACTOR,
 
     if extractor not in EXTRACTORS:
         raise ExtractionError(f"unknown extractor {extractor!r}; choose from {sorted(EXTRACTORS)}")
+    cpu_start = time.process_time()
     xgraph, configs = priced_egraph(saturation, cost_model or load_cost_model())
     result = EXTRACTORS[extractor]().extract(xgraph, None, time_limit)
     class_ids, node_ids = xgraph.class_ids, xgraph.node_ids
@@ -131,7 +137,7 @@ def extract_graph(saturation: Saturation, extractor: str = DEFAULT_EXTRACTOR,
     classes: dict = {}
     graph = build_graph(configs.eg, picks, saturation.graph, saturation.program.opaque, classes)
     return Extraction(graph, result.dag_cost, result.seconds, extractor, result.status,
-                      [node for _, node in picks], classes)
+                      [node for _, node in picks], classes, time.process_time() - cpu_start)
 
 
 def priced_egraph(saturation: Saturation, model: CostModel):
@@ -281,6 +287,8 @@ def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: 
         check=check,
         check_skipped=ort.skipped if ort is not None else "",
         local_check=local,
+        saturation_cpu=sat.cpu_seconds,
+        extraction_cpu=ext.cpu_seconds,
     )
     cost_after = after if decision.graph is ext.graph else before
     return OptimizeResult(decision.graph, graph, before, cost_after, getattr(model, "name", "cost model"),

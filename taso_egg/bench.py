@@ -62,7 +62,8 @@ def main(argv=None) -> int:
 def _zoo_table(models, args) -> int:
     header = (f"{'model':<17}{'extractor':<11}{'nodes':>6}{'e-nodes':>8}{'iters':>6}{'load s':>8}"
               f"{'sat s':>7}{'ext s':>7}{'check s':>8}{'total s':>8}{'tensat s':>9}{'ratio':>7}"
-              f"{'RSS MB':>8}{'wts MB':>8}{'RSS/(2w+400)':>13}{'speedup':>9}  check, error / stop")
+              f"{'RSS MB':>8}{'wts MB':>8}{'RSS/(2w+400)':>13}{'speedup':>9}{'s+e cpu':>8}{'cpu s':>7}"
+              f"  check, error / stop")
     print(header, flush=True)
     context = multiprocessing.get_context("spawn")  # a fresh process: its own peak RSS
     worst_ratio, cost_model = 0.0, ""
@@ -86,14 +87,17 @@ def _zoo_table(models, args) -> int:
                   f"{row['load']:>8.2f}{row['sat']:>7.2f}{row['ext']:>7.2f}{row['check']:>8.2f}"
                   f"{row['total']:>8.2f}{_or_dash(tensat, '>9.1f')}{_or_dash(ratio, '>7.2f')}"
                   f"{row['rss_mb']:>8.0f}{row['weights_mb']:>8.0f}{row['rss_mb'] / budget:>13.2f}"
-                  f"{row['speedup']:>8.3f}x  {check} / {row['stop']}", flush=True)
+                  f"{row['speedup']:>8.3f}x{row['sat_ext_cpu']:>8.2f}{row['cpu']:>7.2f}"
+                  f"  {check} / {row['stop']}", flush=True)
     print(f"costs: {cost_model}. load s = building the model + loading the rule corpus; total s = "
           f"the optimize call (conversion, saturation, extraction, decision, the check of what is "
           f"returned; no onnxruntime timing); check s = the check stage (export, onnxruntime, our "
           f"executor), the last column naming the check that ran (onnxruntime, regions: the changed "
           f"regions in float64, whole) and its relative error; ratio = total / Tensat's published search time; RSS = "
           f"the process's peak resident memory (one process per row), wts = the model's float32 "
-          f"weights")
+          f"weights; s+e cpu = this process's CPU seconds in saturation and extraction, cpu s = in "
+          f"the whole optimize call (onnxruntime's threads included; on a shared machine steadier "
+          f"than the wall-clock columns)")
     return 0
 
 
@@ -109,16 +113,16 @@ def _zoo_row(name: str, kwargs: dict, extractor: str, options: dict) -> dict:
     rules = load_corpus()
     load = time.perf_counter() - t0
     weights = sum(n.outputs[0].size for n in g.weights()) * 4
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     r = optimize(g, rules=rules, limits=limits_from_args(argparse.Namespace(**options)),
                  extractor=extractor, profile=options["profile"], measure=0)
-    total = time.perf_counter() - t0
+    total, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     st = r.stats
     return {"nodes": len(g.nodes), "enodes": st.enodes, "iterations": st.iterations, "load": load,
             "sat": st.saturation_seconds, "ext": st.extraction_seconds, "check": st.check_seconds,
             "check_kind": st.check, "check_error": _error(st), "total": total, "stop": st.stop_reason,
             "speedup": r.speedup, "cost_model": r.cost_model, "weights_mb": weights / MB,
-            "rss_mb": _peak_rss_mb()}
+            "rss_mb": _peak_rss_mb(), "cpu": cpu, "sat_ext_cpu": st.saturation_cpu + st.extraction_cpu}
 
 
 # --- real exports --------------------------------------------------------------------------

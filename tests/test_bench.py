@@ -25,6 +25,8 @@ def test_zoo_row_has_phases_memory_and_tensat_ratio(capsys):
     assert total >= sat + ext + check - 0.05 and load > 0
     assert row[10] == "-" and row[11] == "-"  # Tensat published no -small figures
     assert float(row[12]) > 50  # a Python process with egglog and numpy loaded
+    sat_ext_cpu, cpu = float(row[16]), float(row[17])  # CPU seconds: saturation + extraction, optimize
+    assert 0 < sat_ext_cpu <= cpu + 0.01
     (layer,) = _rows(out, "bert-L1")
     assert int(layer[2]) < 40  # one layer of TASO's BERT, not eight
 

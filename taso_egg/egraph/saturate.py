@@ -153,6 +153,7 @@ class Saturation:
     stop_reason: str
     iterations: list[IterationStats] = field(default_factory=list)
     seconds: float = 0.0
+    cpu_seconds: float = 0.0        # this process's CPU time over the same span
     rules: tuple = ()
     initial: IterationStats | None = None  # the e-graph before any rewrite ("iteration 0")
     admission: Admission | None = None     # which rules were compiled (``admission.compiled``)
@@ -348,7 +349,7 @@ def saturate(graph: Graph, rules=None, limits: Limits | None = None, progress=No
 
     limits = limits or Limits()
     rules = tuple(load_corpus() if rules is None else rules)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     program = graph_to_program(graph)
     given = egraph is not None
     if not given:
@@ -429,4 +430,5 @@ def saturate(graph: Graph, rules=None, limits: Limits | None = None, progress=No
     else:
         sat.stop_reason = f"iteration limit ({limits.iterations})"
     sat.seconds = time.perf_counter() - start
+    sat.cpu_seconds = time.process_time() - cpu_start
     return sat
