@@ -9,9 +9,10 @@ it is returned or written.
   from; the input's tensors have classes too. A node of the result that repeats an
   input node (same operator and parameters, same input and output classes) is not
   recomputed; every other node is computed from the input's own tensors at its
-  region's boundary and compared with the input's tensor of the same class. Errors do
-  not compound through depth, so deep ill-conditioned graphs (TASO's BERT at 32
-  layers) are checked as tightly as shallow ones.
+  region's boundary and compared with what the input computes of the same class
+  (from the same boundary values; through random projections where matmuls make it).
+  Errors do not compound through depth, so deep ill-conditioned graphs (TASO's BERT
+  at 32 layers) are checked as tightly as shallow ones.
 - ``check_graphs_equivalent``: any two graphs, whole (float64, tracked exponents).
 
 A difference above a check's fixed floor passes only while it stays within SAFETY
@@ -446,7 +447,23 @@ def check_locally(original, candidate, original_classes: Mapping, candidate_clas
     input's of its class, outputs included, to within ``rtol`` per region (or SAFETY
     times the region's round-off noise, measured only when ``rtol`` is exceeded).
 
-    ``outputs`` also computes the input's outputs, for ``outputs_beyond_float32``.
+    Two ways (``LocalCheck.cones``). First: the input's tensors regions read are
+    computed in float32 (tracked exponents), and each region is compared with its
+    cone, the input's own operators from the classes it reads to the classes it makes,
+    run in float64 from the same values; both sides then start from the same numbers,
+    however far float32's round-off has moved them from float64's. Where a region's
+    cone reaches a graph input (its boundary does not cut the input's computation),
+    classes are shared, a read is not finite in float32, or a region fails, the check
+    runs again the second way, on the input's float64 tensors, whose verdict stands.
+    Tensors made by matmuls (through splits, concats and adds) are compared through
+    PROJECTIONS random projections (``_Projected``; Freivalds): ``sum_k T_k @ R_k``,
+    with ``A @ B @ R`` computed as ``A @ (B @ R)``, so neither side runs a matmul
+    whole; their floor is ``rtol`` over the root of the contracted length, what one
+    entry off by ``rtol`` moves a projection by.
+
+    ``outputs`` also computes the input's outputs, for ``outputs_beyond_float32`` (the
+    first way reads their range from float32 values, so only a margin of 2**32 past
+    float32's limits counts).
 
     Regions never read each other's results: a tensor one region makes and another
     reads is the input's own at the second one's boundary, and the first is compared
@@ -462,7 +479,9 @@ def check_locally(original, candidate, original_classes: Mapping, candidate_clas
     graph would amplify it; a region whose input path to a compared tensor is much
     worse conditioned than the region itself (its noise is measured on the region);
     inputs on which a wrong rewrite happens to agree (random inputs make this
-    unlikely); and the exporter, which only the onnxruntime check sees."""
+    unlikely; a projected difference is missed with probability zero, but its size
+    is judged from PROJECTIONS columns); and the exporter, which only the onnxruntime
+    check sees."""
     from .executor import random_inputs
 
     feeds = random_inputs(original, seed)
@@ -675,7 +694,8 @@ class _Local:
             if node.op == "input":
                 return False
             seen.add(node.id)
-            todo += [(t.node, t.index) for t in node.inputs if self.ocls[(t.node, t.index)] not in region.reads]
+            todo += [(t.node, t.index) for t in node.inputs
+                     if self.ocls[(t.node, t.index)] not in region.reads]
         region.cone = [n for n in self.order if n.id in seen]
         return True
 
