@@ -109,46 +109,88 @@ def _cycle_collector_paused():
 def _generate_level(candidates, known, found_by, timeout_s, workers, progress_bars, failed):
     """One size level of :func:`generate_rules`: derivability, numeric check, proof,
     each spread over ``workers`` (a worker pool or None, and its size). Returns
-    ``(rules, stats, seconds proving)``; numeric failures go to ``failed``."""
+    ``(rules, stats, seconds proving)``; numeric failures go to ``failed``.
+
+    A candidate emitted in both orientations (sides of one size) is one equation:
+    derivation, checks and proof run on its first orientation, and the reverse takes
+    their outcome (the same pins, the same proof record)."""
     pool, jobs = workers
-    bar = _bar(len(candidates), "derivable?") if progress_bars else None
-    derivation = check_derivable(candidates, known, pool=pool, jobs=jobs,
+    first = _first_orientations(candidates)
+    work = [candidates[i] for i in sorted(set(first))]
+    position = {i: k for k, i in enumerate(sorted(set(first)))}
+    bar = _bar(len(work), "derivable?") if progress_bars else None
+    derivation = check_derivable(work, known, pool=pool, jobs=jobs,
                                  progress=(lambda d, n: bar.update(d - bar.n)) if bar else None)
     if bar:
         bar.close()
     start = time.perf_counter()
-    checked, derivable, pinned = [], sum(derivation.derived), 0
-    todo = [(r, ex) for r, d, ex in zip(candidates, derivation.derived, derivation.example_only) if not d]
+    derived = [derivation.derived[position[first[i]]] for i in range(len(candidates))]
+    todo = [k for k, r in enumerate(work) if not derivation.derived[k]]
     bar = _bar(len(todo), "checking on other shapes") if progress_bars else None
-    for (r, example_only), (g, error) in zip(todo, map_in_order(pool, _generalize, [r for r, _ in todo], jobs)):
+    general = {}
+    for k, (g, error) in zip(todo, map_in_order(pool, _generalize, [work[k] for k in todo], jobs)):
         if bar:
             bar.update()
-        if g is None:  # both draws agreed, yet the float32 example does not
-            failed.append(f"{r.lhs[0]} => {r.rhs[0]}: {error}")
-            continue
-        if g.guards != r.guards:
-            if example_only and pinned_to_example(g):  # where smaller rules derive it
-                derivable += 1
-                continue
-            pinned += 1
-        checked.append(g)
+        general[k] = (g, error)
     if bar:
         bar.close()
     check_seconds = time.perf_counter() - start
+    checked, derivable, pinned = [], sum(derived), 0
+    for i, r in enumerate(candidates):
+        if derived[i]:
+            continue
+        k = position[first[i]]
+        g, error = general[k]
+        if g is None:  # both draws agreed, yet the float32 example does not
+            failed.append(f"{r.lhs[0]} => {r.rhs[0]}: {error}")
+            continue
+        if first[i] != i:  # the reverse: the same pins, on the same example (its own guards are
+            # the same equations, perhaps in other words; the example may list its sizes otherwise)
+            g = _reversed_like(r, g, work[k])
+        if g.guards != r.guards:
+            if derivation.example_only[k] and pinned_to_example(g):  # where smaller rules derive it
+                derivable += 1
+                continue
+            pinned += 1
+        checked.append((k, g))
     start = time.perf_counter()
-    bar = _bar(len(checked), f"proving ({jobs} jobs)") if progress_bars else None
-    results = verify_rules(checked, timeout_s, progress=(lambda i, n, res: bar.update()) if bar else None,
+    to_prove = list(dict.fromkeys(k for k, _ in checked))
+    proving = {k: g for k, g in reversed(checked)}  # the first orientation's rule
+    bar = _bar(len(to_prove), f"proving ({jobs} jobs)") if progress_bars else None
+    results = verify_rules([proving[k] for k in to_prove], timeout_s,
+                           progress=(lambda i, n, res: bar.update()) if bar else None,
                            jobs=jobs, float_checked=True, pool=pool)  # _generalize ran the float checks
     if bar:
         bar.close()
-    rules = [_with_proof(r, Proof(res.status, found_by, tuple(res.axioms_used), round(res.seconds, 4),
-                                  res.reason)) for r, res in zip(checked, results)]
+    result = dict(zip(to_prove, results))
+    rules = [_with_proof(g, Proof(result[k].status, found_by, tuple(result[k].axioms_used),
+                                  round(result[k].seconds, 4), result[k].reason)) for k, g in checked]
     proving_seconds = time.perf_counter() - start
-    return rules, {"candidate_rules": len(candidates), "derivable": derivable,
+    return rules, {"candidate_rules": len(candidates), "equations": len(work), "derivable": derivable,
                    "derivation_seconds": derivation.seconds, "derivation_stops": derivation.stop_reasons,
                    "pinned": pinned, "emitted": len(rules), "proved": sum(r.proved for r in rules),
                    "check_seconds": round(check_seconds, 3),
                    "proving_seconds": round(proving_seconds, 3)}, proving_seconds
+
+
+def _first_orientations(candidates) -> list:
+    """For each candidate, the index of the first candidate stating its equation: itself,
+    or the earlier one with the sides swapped."""
+    seen: dict = {}
+    out = []
+    for i, r in enumerate(candidates):
+        j = seen.get((r.rhs, r.lhs))
+        out.append(i if j is None else j)
+        seen.setdefault((r.lhs, r.rhs), i)
+    return out
+
+
+def _reversed_like(rule: Rule, checked: Rule, first: Rule) -> Rule:
+    """``rule``, the reverse of ``first``, with the pins ``checked`` (``first`` after its
+    checks) added to ``first``'s guards, and ``checked``'s example."""
+    pins = tuple(x for x in checked.guards if x not in first.guards)
+    return Rule(rule.name, rule.lhs, rule.rhs, rule.guards + pins, checked.example, rule.doc, rule.source,
+                rule.multi, rule.proof)
 
 
 def _generalize(rule: Rule) -> tuple[Rule | None, str]:
