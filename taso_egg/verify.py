@@ -458,8 +458,8 @@ def check_locally(original, candidate, original_classes: Mapping, candidate_clas
     Tensors made by matmuls (through splits, concats and adds) are compared through
     PROJECTIONS random projections (``_Projected``; Freivalds): ``sum_k T_k @ R_k``,
     with ``A @ B @ R`` computed as ``A @ (B @ R)``, so neither side runs a matmul
-    whole; their floor is ``rtol`` over the root of the contracted length, what one
-    entry off by ``rtol`` moves a projection by.
+    whole; their floor is ``rtol`` over 4 times the root of the contracted length,
+    about what one entry off by ``rtol`` moves a projection by.
 
     ``outputs`` also computes the input's outputs, for ``outputs_beyond_float32`` (the
     first way reads their range from float32 values, so only a margin of 2**32 past
@@ -789,9 +789,11 @@ class _Projected:
         return self.mats[0].shape[1]
 
     def floor(self, rtol: float) -> float:
-        # one entry off by ``rtol`` moves a projection by ~rtol / sqrt(contracted length)
-        # of its scale, so the floor scales down with it (still far above round-off)
-        return rtol / math.sqrt(sum(r.shape[0] for r in self.mats))
+        # A projection's scale, its largest entry, is up to ~4 standard deviations of a
+        # row's random sum, sqrt(contracted length) entries of the tensor's scale; one
+        # entry off by ``rtol`` moves it by ~rtol times a standard normal. So the floor
+        # is that much lower (and still far above float64 round-off).
+        return rtol / (4 * math.sqrt(sum(r.shape[0] for r in self.mats)))
 
     def reference(self, values) -> tuple[np.ndarray, int]:
         return _sum_scaled([_times(values[c], r) for c, r in zip(self.classes, self.mats)])

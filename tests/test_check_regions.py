@@ -83,7 +83,8 @@ def test_projections_see_one_entry_off(monkeypatch, cones):
     """One entry of a merged weight off by 1e-8 of the weight's scale moves one column of
     q, k or v by ~1.5e-9 of its scale, which the entry-by-entry comparison sees (above
     its 1e-9 floor) and so do the projections: the difference moves them by ~6e-10,
-    under 1e-9 but above their floor (1e-9 over the root of the contracted length)."""
+    under 1e-9 but above their floor (1e-9 over 4 times the root of the contracted
+    length)."""
     if not cones:
         _without_cones(monkeypatch)
     g, result, classes, result_classes = _extracted(8)
