@@ -9,6 +9,9 @@ pass, checked before the step from counts of what it can add (see :func:`_step`)
 step that fits runs as it always did; one that does not applies only the rules whose
 matches fit, and saturation stops after it with the node limit as its reason.
 Analyses and unions never add e-nodes.
+
+A rule is compiled into egglog only before the first step whose e-graph could match
+it (``admit.Admission``), which gives the same matches as compiling the corpus up front.
 """
 
 from __future__ import annotations
