@@ -713,3 +713,14 @@ def test_later_merges_are_held_back_past_the_growth_bound():
     assert tight.iterations[1].matches == {} and not tight.iterations[1].held_back
     assert tight.enodes == 22
     assert tight.stop_reason.startswith("saturated (multi-pattern matches held back by the growth bound")
+
+
+def test_saturation_loads_egglog_bindings_alone_and_the_package_still_imports():
+    import subprocess
+
+    code = ("import sys; from taso_egg import zoo; from taso_egg.egraph.saturate import saturate; "
+            "sat = saturate(zoo.nasrnn_small(), rules=[]); front = 'egglog' in sys.modules; "
+            "import egglog; print(front, egglog.bindings is sys.modules['egglog.bindings'], "
+            "egglog.EGraph is not None)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True", "True"]

@@ -63,8 +63,32 @@ def _load_extension_alone():
                 mod = importlib.util.module_from_spec(spec)
                 sys.modules["egglog.bindings"] = mod
                 loader.exec_module(mod)
+                sys.meta_path.insert(0, _LinkBindings())
                 return mod
     raise ImportError("egglog's bindings extension not found")
+
+
+class _LinkBindings:
+    """A one-shot import hook: when the ``egglog`` package itself is imported later, its
+    ``bindings`` attribute is the extension already loaded (Python sets a package's
+    attribute only for a submodule it imports itself)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "egglog":
+            return None
+        import importlib.util
+
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.loader is not None:
+            run = spec.loader.exec_module
+
+            def exec_module(module):
+                module.bindings = sys.modules["egglog.bindings"]
+                run(module)
+
+            spec.loader.exec_module = exec_module
+        return spec
 
 
 # Functions that are analyses, not e-nodes of the tensor language.
