@@ -101,22 +101,27 @@ class Structure:
         if found is None:
             found = self._with[key] = [
                 (cid, kids) for cid, params, kids in self.by_op.get(op, ())
-                if all(self._render(params[i], sort) == text for i, sort, text in checks)]
+                if all(self._render(params[i], sort) in (text, None) for i, sort, text in checks)]
         return found
 
-    def _render(self, nid: str, sort: str) -> str:
-        """The serialized value ``nid`` as the egglog literal ``language.encode`` writes."""
-        text = self._text.get(nid)
-        if text is None:
-            node = self.nodes[nid]
+    def _render(self, nid: str, sort: str) -> str | None:
+        """The serialized value ``nid`` as the egglog literal ``language.encode`` writes;
+        None where it cannot be read back, which then matches any literal (the check
+        may only over-approximate)."""
+        if nid in self._text:
+            return self._text[nid]
+        node = self.nodes[nid]
+        try:
             if sort == "IVec":
-                kids = node["children"]
-                text = "(vec-of " + " ".join(self._render(k, "i64") for k in kids) + ")" if kids else "(vec-empty)"
+                items = [self._render(k, "i64") for k in node["children"]]
+                text = None if None in items else "(vec-of " + " ".join(items) + ")" if items else "(vec-empty)"
             elif sort == "String":
                 text = encode(sort, json.loads(node["op"]))
             else:
                 text = encode(sort, float(node["op"]) if sort == "f64" else int(node["op"]))
-            self._text[nid] = text
+        except (ValueError, TypeError):
+            text = None
+        self._text[nid] = text
         return text
 
 
