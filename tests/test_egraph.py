@@ -724,3 +724,16 @@ def test_saturation_loads_egglog_bindings_alone_and_the_package_still_imports():
             "egglog.EGraph is not None)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "True", "True"]
+
+
+def test_past_the_structure_limit_only_operators_are_checked(nas_small, monkeypatch):
+    import taso_egg.egraph.admit as admit
+
+    rules = load_corpus()
+    structural = saturate(nas_small, rules=rules)
+    monkeypatch.setattr(admit, "STRUCTURE_LIMIT", 0)  # every e-graph is past it
+    by_operators = saturate(nas_small, rules=rules)
+    assert by_operators.admission.compiled > 2 * structural.admission.compiled
+    assert set(structural.admission.admitted) <= set(by_operators.admission.admitted)
+    assert [s.matches for s in by_operators.iterations] == [s.matches for s in structural.iterations]
+    assert by_operators.enodes == structural.enodes
