@@ -183,13 +183,20 @@ register(OpSpec(
 
 # --- gelu --------------------------------------------------------------------------
 
-_SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
+# GELU's constants as float32 holds them, which is how the exporters' formulas hold them
+# (float32 weights; ax-gelu-erf and ax-gelu-tanh name these values): a gelu recognized
+# from the formula then computes what the formula does in float64 too, where the check
+# compares them (with sqrt 2 itself they differ by 1e-9 relative, past its floor). In
+# float32 these are the constants themselves.
+_SQRT_2 = float(np.float32(math.sqrt(2)))
+_SQRT_2_OVER_PI = float(np.float32(math.sqrt(2 / math.pi)))
+_TANH_CUBIC = float(np.float32(0.044715))
 
 
 def _gelu_kernel(xp, p, x):
     if p["approximate"] == "tanh":
-        return [0.5 * x * (1 + xp.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)))]
-    return [0.5 * x * (1 + erf(xp, x / math.sqrt(2)))]
+        return [0.5 * x * (1 + xp.tanh(_SQRT_2_OVER_PI * (x + _TANH_CUBIC * x * x * x)))]
+    return [0.5 * x * (1 + erf(xp, x / _SQRT_2))]
 
 
 def _gelu_infer(p, ins):
@@ -217,13 +224,13 @@ def _gelu_export(ctx, p, in_types, ins, outs):
         if p["approximate"] == "tanh":
             cube, inner, scaled, t = (ctx.fresh(outs[0] + s) for s in ("_cube", "_inner", "_scaled", "_t"))
             ctx.node("Pow", [x, c(3.0, "gelu_three")], [cube])
-            ctx.node("Mul", [cube, c(0.044715, "gelu_k")], [inner + "_k"])
+            ctx.node("Mul", [cube, c(_TANH_CUBIC, "gelu_k")], [inner + "_k"])
             ctx.node("Add", [x, inner + "_k"], [inner])
             ctx.node("Mul", [inner, c(_SQRT_2_OVER_PI, "gelu_s")], [scaled])
             ctx.node("Tanh", [scaled], [t])
         else:
             scaled, t = ctx.fresh(outs[0] + "_scaled"), ctx.fresh(outs[0] + "_erf")
-            ctx.node("Div", [x, c(math.sqrt(2), "gelu_sqrt2")], [scaled])
+            ctx.node("Div", [x, c(_SQRT_2, "gelu_sqrt2")], [scaled])
             ctx.node("Erf", [scaled], [t])
         one = ctx.fresh(outs[0] + "_one")
         ctx.node("Add", [t, c(1.0, "gelu_one")], [one])
