@@ -66,6 +66,7 @@ class Structure:
                 (node["eclass"], params, tuple(nodes[k]["eclass"] for k in inputs)))
         self._classes: dict = {}
         self._with: dict = {}
+        self._by_input: dict = {}
         self._text: dict = {}
 
     def matches(self, pattern) -> bool:
@@ -87,10 +88,34 @@ class Structure:
             op, literals, inputs = key
             spec = egraph_params(op)
             checks = tuple((spec.index(param), SORTS[param.kind], text) for param, text in literals)
-            below = [None if k is None else self.classes(k) for k in inputs]
-            found = {cid for cid, kids in self._with_params(op, checks)
-                     if all(b is None or k in b for b, k in zip(below, kids))}
+            below = []
+            for k in inputs:
+                b = None if k is None else self.classes(k)
+                if b is not None and not b:  # an input no class matches: none can
+                    found = set()
+                    break
+                below.append(b)
+            else:
+                nodes = self._with_params(op, checks)
+                # scan only the users of the input with the fewest matching classes
+                narrow = min(((i, b) for i, b in enumerate(below) if b is not None),
+                             key=lambda ib: len(ib[1]), default=None)
+                if narrow is not None and len(narrow[1]) < len(nodes):
+                    users = self._users(op, checks, narrow[0])
+                    nodes = [e for c in narrow[1] for e in users.get(c, ())]
+                found = {cid for cid, kids in nodes if all(b is None or k in b for b, k in zip(below, kids))}
         self._classes[key] = found
+        return found
+
+    def _users(self, op: str, checks: tuple, i: int) -> dict:
+        """Input class -> the (class, input classes) of ``_with_params(op, checks)``
+        with that class as input ``i``."""
+        key = (op, checks, i)
+        found = self._by_input.get(key)
+        if found is None:
+            found = self._by_input[key] = {}
+            for entry in self._with_params(op, checks):
+                found.setdefault(entry[1][i], []).append(entry)
         return found
 
     def _with_params(self, op: str, checks: tuple) -> list:
