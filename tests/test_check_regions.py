@@ -78,6 +78,22 @@ def test_on_the_inputs_own_float64_tensors_too(monkeypatch):
         check_locally(g, result, classes, result_classes)
 
 
+def test_a_region_failing_from_float32_values_is_checked_again_on_float64_ones(monkeypatch):
+    """Where the first way fails (a region that would need its boundary's exact float64
+    relations, say), the float64 way decides."""
+    real = verify._Local._evaluate
+
+    def evaluate(self, region, values, cones=False):
+        if cones:
+            raise VerificationError("first way: differs from the original (planted)")
+        return real(self, region, values, cones)
+
+    monkeypatch.setattr(verify._Local, "_evaluate", evaluate)
+    g, result, classes, result_classes = _extracted(8)
+    lc = check_locally(g, result, classes, result_classes)
+    assert not lc.cones and lc.error < 1e-12 and lc.compared >= lc.regions
+
+
 @pytest.mark.parametrize("cones", [True, False], ids=["cones", "float64"])
 def test_projections_see_one_entry_off(monkeypatch, cones):
     """One entry of a merged weight off by 1e-8 of the weight's scale moves one column of
