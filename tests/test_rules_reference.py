@@ -149,3 +149,10 @@ def test_derive_command_prints_the_table(tmp_path, capsys):
     assert "derived (of 2)" in out and "1 not proved left out" in out
     assert main(["rules", "derive", str(path), "--corpus", "nothing"]) == 1
     assert "unknown corpus 'nothing'" in capsys.readouterr().err
+
+
+def test_weight_guarded_corpus_rules_derive_targets_built_as_weights():
+    merge = next(r for r in RULES if r.name == "taso-merge-matmul-shared-input")
+    # the hand merge applies to weights only (a scheduling guard): so does its derivation
+    assert derive_table([merge], ("hand",)).cells["hand"] == ["no"]
+    assert derive_table([merge], ("hand",), weights=True).cells["hand"] == ["yes"]

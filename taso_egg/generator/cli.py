@@ -75,6 +75,9 @@ def add_arguments(parser) -> None:
                    "for the hand and default corpora")
     p.add_argument("--iterations", type=int, default=None, help="saturation iterations per target "
                    "(default 8)")
+    p.add_argument("--weights", action="store_true", help="build the targets' tensors as weights, "
+                   "so that the corpus rules guarded to weight-only tensors (merges, scalars moved "
+                   "into weights) apply")
 
 
 def _shipped_names() -> str:
@@ -350,10 +353,12 @@ def _derive(args) -> int:
     limits = DERIVE_LIMITS if args.iterations is None else replace(DERIVE_LIMITS, iterations=args.iterations)
     bar = _bar(len(targets) * len(corpora), "deriving")
     table = derive_table(targets, corpora, args.orientations, limits,
-                         progress=lambda name, done, n: bar.update())
+                         progress=lambda name, done, n: bar.update(), weights=args.weights)
     bar.close()
     print(table.text())
     print(f"{len(targets)} proved rules of {path} ({len(rules) - len(targets)} not proved left out); "
-          f"each saturated alone, {limits.iterations} iterations, {limits.nodes} e-nodes at most; "
-          f"'example': derived on its example shapes, not on a variant")
+          f"each saturated alone, {limits.iterations} iterations ({limits.multi_iterations} with the "
+          f"multi-pattern rules), {limits.nodes} e-nodes at most; "
+          f"'example': derived on its example shapes, not on a variant"
+          + ("; tensors built as weights" if args.weights else ""))
     return 0

@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import islice
 from pathlib import Path
 
@@ -28,7 +28,7 @@ from taso_egg.errors import RuleError, TasoEggError
 from taso_egg.graph import Graph
 
 from ..rules.instantiate import add_rule_sides, builds_on, other_examples
-from ..rules.lang import Rule
+from ..rules.lang import Guard, Rule, Var
 from ..rules.workers import fetch, map_in_order, shared
 
 # A handful of rewrites reach what smaller rules imply for a candidate; the node and
@@ -207,8 +207,10 @@ def _corpus_egraph(ref: _CorpusRef):
 # The corpora a rule file is measured against: the hand rules, the default corpus
 # (hand + generated), and the verifier's axioms as rewrites in both orientations.
 CORPORA = ("hand", "default", "axioms")
-# Deeper than the generator's pruning: a reference rule may be several steps away.
-DERIVE_LIMITS = Limits(nodes=60_000, iterations=8, seconds=60.0, multi_iterations=0)
+# Deeper than the generator's pruning: a reference rule may be several steps away. Each
+# target is saturated alone, so the corpus's multi-pattern rules (its merges) run as in
+# saturation's default: they cannot pair up across targets.
+DERIVE_LIMITS = Limits(nodes=60_000, iterations=8, seconds=60.0, multi_iterations=2)
 
 
 def corpus_for(name: str, orientations: str = "given") -> list:
@@ -258,19 +260,31 @@ class DerivationTable:
         return "\n".join(rows)
 
 
+def as_weights(rule: Rule) -> Rule:
+    """The rule with every tensor variable guarded ``(weight ?v)``: its instances are
+    built of weights, so corpus rules that apply only to weight-only tensors (the
+    merges, the scalar moves into weights: scheduling, not truth) can fire on them."""
+    have = set(rule.weight_vars())
+    extra = tuple(Guard("weight", (Var(v),)) for v in rule.tensor_vars() if v not in have)
+    return replace(rule, guards=rule.guards + extra)
+
+
 def derive_table(targets, corpora=CORPORA, orientations: str = "given",
-                 limits: Limits | None = None, batch: int = 1, progress=None) -> DerivationTable:
+                 limits: Limits | None = None, batch: int = 1, progress=None,
+                 weights: bool = False) -> DerivationTable:
     """Which of ``targets`` (rules with examples) each corpus derives by saturation
     (:func:`check_derivable`). ``batch`` targets share an e-graph (1: each alone, so
-    that one target's growth never takes another's node budget)."""
+    that one target's growth never takes another's node budget). ``weights``: build
+    the targets' tensors as weights (:func:`as_weights`)."""
     targets = list(targets)
     limits = limits or DERIVE_LIMITS
     buildable = [i for i, r in enumerate(targets) if r.example and builds_on(r)]
+    built = [as_weights(r) if weights else r for r in targets]
     cells, seconds, sizes = {}, {}, {}
     for name in corpora:
         corpus = corpus_for(name, orientations)
         start = time.perf_counter()
-        d = check_derivable([targets[i] for i in buildable], corpus, limits, batch,
+        d = check_derivable([built[i] for i in buildable], corpus, limits, batch,
                             progress=None if progress is None else lambda done, n: progress(name, done, n))
         marks = ["-"] * len(targets)
         for k, i in enumerate(buildable):
@@ -281,4 +295,4 @@ def derive_table(targets, corpora=CORPORA, orientations: str = "given",
 
 
 __all__ = ["Derivation", "check_derivable", "DEFAULT_LIMITS", "BATCH", "CORPORA", "DERIVE_LIMITS",
-           "corpus_for", "DerivationTable", "derive_table"]
+           "corpus_for", "DerivationTable", "derive_table", "as_weights"]
