@@ -86,12 +86,30 @@ class _Set:
     size each, not O(n^2) entries. ``bits`` marks the member classes; ``flat()`` gives
     the dict, in the insertion order the union below defines, built once when needed."""
 
-    __slots__ = ("base", "extra", "cost", "size", "bits", "_flat")
+    __slots__ = ("base", "extra", "cost", "size", "bits", "_flat", "_pos")
 
     def __init__(self, base: _Set | None, extra: list[tuple[int, float]], cost: float, bits: int):
         self.base, self.extra, self.cost, self.bits = base, extra, cost, bits
         self.size = len(extra) + (base.size if base is not None else 0)
         self._flat: dict[int, float] | None = None
+        self._pos: dict[int, int] | None = None
+
+    def members_in_order(self, bits: int) -> list[tuple[int, float]]:
+        """The (class, cost) pairs of the members marked in ``bits``, in ``flat()``'s
+        order (so that sums over them round as a walk of the whole set would), found
+        from the bits rather than by testing every member: a test of one bit of a
+        big int costs as much as the int is long."""
+        flat = self.flat()
+        if self._pos is None:
+            self._pos = {c: i for i, c in enumerate(flat)}
+        found = []
+        while bits:
+            low = bits & -bits
+            found.append(low.bit_length() - 1)
+            bits ^= low
+        pos = self._pos
+        found.sort(key=pos.__getitem__)
+        return [(c, flat[c]) for c in found]
 
     def flat(self) -> dict[int, float]:
         if self._flat is None:
@@ -128,10 +146,13 @@ def _union_if_cheaper(sets, best_cost, children, cls, own, bound):
         new = s.bits & ~seen
         if new:
             seen |= new
-            for c, v in s.flat().items():
-                if (new >> c) & 1:
-                    extra.append((c, v))
-                    total += v
+            if 2 * new.bit_count() > s.size:  # most of the set is new: walk it
+                pairs = [(c, v) for c, v in s.flat().items() if (new >> c) & 1]
+            else:
+                pairs = s.members_in_order(new)
+            for c, v in pairs:
+                extra.append((c, v))
+                total += v
         if total >= bound:
             return None
     extra.append((cls, own))
