@@ -100,7 +100,7 @@ def test_projections_see_one_entry_off(monkeypatch, cones):
     q, k or v by ~1.5e-9 of its scale, which the entry-by-entry comparison sees (above
     its 1e-9 floor) and so do the projections: the difference moves them by ~6e-10,
     under 1e-9 but above their floor (1e-9 over 4 times the root of the contracted
-    length)."""
+    length), so the group is compared whole, which fails it."""
     if not cones:
         _without_cones(monkeypatch)
     g, result, classes, result_classes = _extracted(8)
@@ -109,8 +109,25 @@ def test_projections_see_one_entry_off(monkeypatch, cones):
     data = np.zeros(w.type.shape, np.float32)
     data[5, 7] = 1e-8 * float(np.abs(result.weight_array(result.nodes[w.node])).max())
     _feed(result, concat, w, result.add(w, result.new_weight(w.type.shape, data=data, name="delta")))
-    with pytest.raises(VerificationError, match="compared through 4 random projections.*differs from"):
+    with pytest.raises(VerificationError, match="4 random projections differ by .* differs from the orig"):
         check_locally(g, result, classes, result_classes)
+
+
+@pytest.mark.parametrize("cones", [True, False], ids=["cones", "float64"])
+def test_projections_past_their_floor_defer_to_the_whole_tensors(monkeypatch, cones):
+    """A weight made 1 + 1e-10 times itself (plus 1e-10 of itself: float32 holds that,
+    not the factor) moves every entry below the entry-by-entry floor (1e-9) but the
+    projections past theirs: compared whole, it passes, as it did before projections."""
+    if not cones:
+        _without_cones(monkeypatch)
+    g, result, classes, result_classes = _extracted(8)
+    w = _weight(result, "l3.wo")
+    tiny = result.new_weight(w.outputs[0].shape, data=(result.weight_array(w) * 1e-10).astype(np.float32),
+                             name="tiny")
+    user = next(n for n in result.topo_order() if w.out() in n.inputs)
+    _feed(result, user, w.out(), result.add(w.out(), tiny))
+    lc = check_locally(g, result, classes, result_classes)
+    assert lc.rechecked >= 1 and 1e-12 < lc.error < 1e-9 and lc.cones == cones
 
 
 def test_the_check_leaves_the_weights_as_they_were():
