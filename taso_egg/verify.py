@@ -460,7 +460,9 @@ def check_locally(original, candidate, original_classes: Mapping, candidate_clas
     PROJECTIONS random projections (``_Projected``; Freivalds): ``sum_k T_k @ R_k``,
     with ``A @ B @ R`` computed as ``A @ (B @ R)``, so neither side runs a matmul
     whole; their floor is ``rtol`` over 4 times the root of the contracted length,
-    about what one entry off by ``rtol`` moves a projection by.
+    about what one entry off by ``rtol`` moves a projection by, and a group past it is
+    compared whole, entry by entry (``LocalCheck.rechecked``): projections only speed
+    up a pass.
 
     ``outputs`` also computes the input's outputs, for ``outputs_beyond_float32`` (the
     first way reads their range from float32 values, so only a margin of 2**32 past
