@@ -104,3 +104,17 @@ def test_reverse_orientations_are_found_as_one_equation(concat3):
     for i in twins:
         a, b = concat3[first[i]], concat3[i]
         assert (a.lhs, a.rhs) == (b.rhs, b.lhs)
+
+
+def test_broadcasting_operators_take_operands_of_one_rank():
+    leaves = _x(1) + [LeafSpec("C0", (1, 4, 1, 1), "bias", "C")]
+    e = enumerate_terms(Menu("t", tuple(leaves), (choice("ewadd"), choice("ewmul"))), 2)
+    assert all(len({len(e.terms[c].shape) for c in t.children}) == 1 for t in e.terms if t.children)
+
+
+def test_merges_of_activations_alone_are_dropped():
+    e = enumerate_terms(Menu("t", tuple(_x(2)), (choice("relu"), choice("concat", axis=0),
+                                                 choice("split", ("concat",), axis=0))), 3)
+    p = prune(e)
+    assert p.dropped["merges no weight"] > 0
+    assert not any(r.multi for r in rules_from(e, p, "t"))

@@ -484,6 +484,8 @@ def enumerate_terms(menu: Menu, size: int = 3, seed: int = 0, progress=None,
                 if c.operands and any(_WEIGHT_ROLES.get(role, wo) != wo or (role == "matrix" and len(sh) != 2)
                                       for role, (sh, wo) in zip(c.operands, combo)):
                     continue
+                if OPS[c.op].broadcasts and len({len(sh) for sh, _ in combo}) > 1:
+                    continue  # the bridge reshapes a lower-rank operand first: no graph has these
                 typed = out_types(c, tuple(sh for sh, _ in combo))
                 if typed is None:
                     continue

@@ -24,7 +24,9 @@ when (in this order, each reason counted):
 Two-output candidates pair the outputs of one split with two separate terms whose
 fingerprints match them pairwise (TASO's merges: ``x.w1`` and ``x.w2`` become one
 matmul with ``concat(w1, w2)``, then a split). One is dropped as ``decomposes`` when
-each half is a rewrite on its own.
+each half is a rewrite on its own, and as ``merges no weight`` when no concat of the
+merged side reads a weight: nothing folds at export, and such a rule pairs every two
+same-shaped tensors of a graph (NasRNN's relus: 22,000 matches an iteration).
 
 When candidates become rules (:func:`to_rule`), one whose split cuts elsewhere than
 between two concatenated operands is dropped as ``split off a boundary``: its sizes
@@ -49,7 +51,7 @@ from .enumerate import Enumeration, Evaluator, fingerprint, integer_draw
 from .shapes import ShapeFacts, form_expr, general_example, shape_guards
 
 REASONS = ("transitive", "weight-only", "renamed duplicate", "false match", "implied in context",
-           "common subgraph", "unbound variables", "decomposes", "split off a boundary")
+           "common subgraph", "unbound variables", "decomposes", "merges no weight", "split off a boundary")
 
 
 @dataclass
@@ -322,6 +324,9 @@ def _multi(e: Enumeration, half_rules: list, rewrites: set, seen: set, out: Prun
             if len(e.terms[t1].nodes | e.terms[t2].nodes) > e.size:
                 continue
             out.multi_candidates += 1
+            if not _concatenates_weight(e, u1):
+                out.dropped["merges no weight"] += 1
+                continue
             key = _unordered_key(e, (t1, t2), (u1, u2))
             if key in seen:
                 out.dropped["renamed duplicate"] += 1
@@ -331,6 +336,17 @@ def _multi(e: Enumeration, half_rules: list, rewrites: set, seen: set, out: Prun
                 out.dropped["decomposes"] += 1
                 continue
             out.kept.append(Candidate((t1, t2), (u1, u2), len(e.terms[u1].nodes)))
+
+
+def _concatenates_weight(e: Enumeration, tid: int) -> bool:
+    """Whether a concat in the term reads a weight (or bias) leaf: a merge pays only
+    when that concat folds at export; one of activations alone would pair every two
+    same-shaped tensors of a graph (two relus become a relu of their concat, split)."""
+    roles = {lf.name: lf.role for lf in e.menu.leaves}
+    t = e.terms[tid]
+    if t.op == "concat" and any(roles[n] in ("weight", "bias") for c in t.children for n in e.terms[c].leaves):
+        return True
+    return any(_concatenates_weight(e, c) for c in t.children)
 
 
 def _all_halves(e: Enumeration, split: int, half_rules: list, rewrites: set):
