@@ -134,3 +134,15 @@ def test_probes_count_what_the_rules_then_apply(sizes, model):
     assert len(pairs) >= len(sat.iterations)
     for probed, applied in pairs:
         assert {k.removeprefix("probe-"): v for k, v in probed.items()} == applied
+
+
+def test_missing_terms_bound_assumes_the_worst_where_a_term_counts_twice():
+    """A built term present in every match leaves nothing to add; one present in some
+    adds the rest; one whose query counts more substitutions than the rule has matches
+    (held in several forms) may be missing from every match (NasRNN with the corpus
+    read both ways counted matmul-relu-fusion's term 204 times in 198 matches)."""
+    from taso_egg.egraph.saturate import missing_terms_bound
+
+    assert missing_terms_bound(10, [10, 10]) == 0
+    assert missing_terms_bound(10, [4, 0]) == 16
+    assert missing_terms_bound(198, [204]) == 198
