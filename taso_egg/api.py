@@ -110,9 +110,19 @@ class OptimizeResult:
     cost_model: str
     stats: OptimizeStats
     saturation: Saturation | None = None
-    # ``graph`` exported to ONNX, as checked in onnxruntime (the input graph's export when
-    # the re-export is chosen); None when the original is returned or verify is off
-    exported: onnx.ModelProto | None = None
+    # what was checked in onnxruntime: an ONNX model, or the ``export_for_check`` pair
+    # (model, weights fed) that ``exported`` turns into one when it is first read
+    checked: tuple | onnx.ModelProto | None = field(default=None, repr=False)
+
+    @property
+    def exported(self) -> onnx.ModelProto | None:
+        """``graph`` exported to ONNX, as checked in onnxruntime (the input graph's
+        export when the re-export is chosen); None when the original is returned or
+        verify is off. Made when first read (copying the weights into protobuf is
+        writing's cost, not the search's: VGG-19's is 0.5 GB)."""
+        if isinstance(self.checked, tuple):
+            self.checked = with_weights(*self.checked)
+        return self.checked
 
     @property
     def speedup(self) -> float:
@@ -246,7 +256,7 @@ def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: 
     # The returned graph is checked once: in onnxruntime (float32) where that proves
     # something, else in our executor (float64, tracked exponents).
     t_check = time.perf_counter()
-    exported, ort, check, check_error, local = None, None, "", None, None
+    checked, ort, check, check_error, local = None, None, "", None, None
     if verify and decision.chosen != "original":
         ort, written = _check_in_onnxruntime(graph, decision.graph, reference, phase, decision.exported, seed)
         if ort.error is not None:
@@ -259,8 +269,7 @@ def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: 
             # the written model's float32 outputs proved nothing: neither may the input's
             check_float32_proves_nothing(export_for_check(graph) if reference is None else reference, graph,
                                          ort.skipped, seed)
-        exported = with_weights(*written) if isinstance(written, tuple) else written
-        del written  # the folded weights now live in the model
+        checked = written
     stats = OptimizeStats(
         saturation_seconds=sat.seconds,
         extraction_seconds=ext.seconds,
@@ -292,7 +301,7 @@ def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: 
     )
     cost_after = after if decision.graph is ext.graph else before
     return OptimizeResult(decision.graph, graph, before, cost_after, getattr(model, "name", "cost model"),
-                          stats, sat, exported)
+                          stats, sat, checked)
 
 
 def _check_numerically(graph: Graph, sat: Saturation, ext: Extraction, seed: int, phase,
