@@ -176,10 +176,11 @@ def _onnx_row(path: str, extractor: str, options: dict) -> dict:
     seconds = time.perf_counter() - t0
     st = r.stats
     speedups = {1: None, 2: None}
+    feeds = random_inputs(g)
     if st.chosen != "original":  # else the file written is the original's bytes
         written = r.exported if r.exported is not None else export_onnx(r.graph)
         for threads in speedups:
-            runs = timing.ort_runs({"original": reference, "written": written}, random_inputs(g),
+            runs = timing.ort_runs({"original": reference, "written": written}, feeds,
                                    options["measure"], threads=threads)
             speedups[threads] = statistics.median(runs["original"]) / statistics.median(runs["written"])
     ms = st.measured_ms or {}
@@ -188,7 +189,7 @@ def _onnx_row(path: str, extractor: str, options: dict) -> dict:
             "result": ms["original"] / ms["result"] if "result" in ms and "original" in ms else None,
             "speedup1": speedups[1], "speedup2": speedups[2], "error": _error(st),
             "chosen": st.chosen, "rss_mb": _peak_rss_mb(),
-            "shares": _kernel_shares(reference, random_inputs(g)) if options["kernel_shares"] else []}
+            "shares": _kernel_shares(reference, feeds) if options["kernel_shares"] else []}
 
 
 def _kernel_shares(model, feeds, runs: int = 10, shown: int = 6) -> list[tuple[str, float]]:
