@@ -24,7 +24,10 @@ rule's example shows they can hold with the guards); the right side's requiremen
 not (that the right side is well-typed is what the rule must keep). The prover asks
 whether ``lhs != rhs`` is consistent with the axioms. Model-based quantifier instantiation is
 off, so Z3 answers unsat (proved), or gives up once E-matching has nothing left to
-instantiate, or at the per-rule timeout. An unsat core names the axioms a proof used.
+instantiate, or at the per-rule limit: wall-clock seconds, or Z3's resource count
+(``rlimit``), which depends on the work alone and not on the machine's load (the
+generator's, so that two runs prove the same rules). An unsat core names the axioms a
+proof used.
 
 Soundness rests on the axioms, each of which the tests check numerically through the
 kernels, and on two assumptions: every term the prover reasons about is well-typed
@@ -549,14 +552,24 @@ def _axiom_set(axioms) -> _AxiomSet:
 # other shapes, or pinned to its example): the same checks with the same seeds.
 FLOAT_CHECKED = "passed when the rule was generated"
 
+# The generator's per-rule proof budget in Z3 resource units, in place of a wall-clock
+# timeout: 10 million is 2-9 s of a failing proof on this project's 2-core machine, and
+# about a hundred times what a proof of the shipped corpus uses (0.1 million). One
+# proof's count varies by a fraction of a percent with what its process built before,
+# so only a proof ending that close to the limit could differ between two runs.
+DEFAULT_RLIMIT = 10_000_000
+
 
 def prove_rule(rule: Rule, timeout_s: float = 10.0, axioms=None,
-               float_checked: bool = False) -> ProofResult:
-    """Prove ``rule`` (each ``lhs[i] = rhs[i]``) from ``axioms`` (default: the file's).
+               float_checked: bool = False, rlimit: int = 0) -> ProofResult:
+    """Prove ``rule`` (each ``lhs[i] = rhs[i]``) from ``axioms`` (default: the file's)
+    within ``timeout_s`` seconds, or, when ``rlimit`` is positive, within that many Z3
+    resource units instead (a bound that does not depend on the machine's load).
     A rule not proved is checked on floats for the reason (refuted on a disagreement),
     unless ``float_checked`` says it passed those checks already."""
-    if not timeout_s > 0:
-        raise RuleError(f"{rule.where}: timeout must be positive, got {timeout_s}")
+    if rlimit < 0 or (not rlimit and not timeout_s > 0):
+        raise RuleError(f"{rule.where}: proof limit must be positive, got "
+                        f"{f'rlimit {rlimit}' if rlimit else f'timeout {timeout_s}'}")
     start = time.perf_counter()
     axset = _axiom_set(load_axioms() if axioms is None else axioms)
 
@@ -565,7 +578,10 @@ def prove_rule(rule: Rule, timeout_s: float = 10.0, axioms=None,
 
     enc = axset.rule_encoder()
     solver = z3.Solver()
-    solver.set("timeout", max(1, int(timeout_s * 1000)))
+    if rlimit:
+        solver.set("rlimit", rlimit)
+    else:
+        solver.set("timeout", max(1, int(timeout_s * 1000)))
     solver.set("smt.mbqi", False)
     for name, formula in axset.formulas.items():
         solver.assert_and_track(formula, axset.trackers[name])
@@ -597,7 +613,8 @@ def prove_rule(rule: Rule, timeout_s: float = 10.0, axioms=None,
     if answer == z3.sat or reason == "(incomplete quantifiers)":
         why = "no proof from the axioms (E-matching ran out of instances)"
     elif reason in ("timeout", "canceled"):
-        why = f"no proof within the {timeout_s:g} s timeout"
+        why = (f"no proof within Z3's resource limit ({rlimit:,})" if rlimit
+               else f"no proof within the {timeout_s:g} s timeout")
     else:
         why = f"no proof from the axioms (Z3: {reason})"
     if float_checked:
@@ -628,11 +645,11 @@ def _float_evidence(rule: Rule, trials: int = 3, seed: int = 0) -> tuple[bool | 
 
 
 def prove_and_check(rule: Rule, timeout_s: float = 10.0, axioms=None,
-                    float_checked: bool = False) -> ProofResult:
+                    float_checked: bool = False, rlimit: int = 0) -> ProofResult:
     """:func:`prove_rule`, then the float check a proof must also pass (on the example
     and on other shapes): a proved rule whose floats disagree is ``refuted``.
     ``float_checked``: the rule passed these float checks already (the generator's)."""
-    res = prove_rule(rule, timeout_s, axioms, float_checked)
+    res = prove_rule(rule, timeout_s, axioms, float_checked, rlimit)
     if res.status != "proved" or float_checked:
         return res
     try:
@@ -645,12 +662,12 @@ def prove_and_check(rule: Rule, timeout_s: float = 10.0, axioms=None,
 
 
 def _prove_in_worker(job: tuple) -> ProofResult:
-    rule, timeout_s, float_checked = job
-    return prove_and_check(rule, timeout_s, None, float_checked)  # axioms encoded once per worker
+    rule, timeout_s, float_checked, rlimit = job
+    return prove_and_check(rule, timeout_s, None, float_checked, rlimit)  # axioms encoded once per worker
 
 
 def verify_rules(rules, timeout_s: float = 10.0, progress=None, jobs: int = 1,
-                 float_checked: bool = False, pool=None) -> list[ProofResult]:
+                 float_checked: bool = False, pool=None, rlimit: int = 0) -> list[ProofResult]:
     """:func:`prove_and_check` every rule (axioms loaded once per process), in rule
     order; ``progress(i, n, result)`` is called after each (``i`` counts from 0).
     ``jobs`` > 1 proves in that many worker processes (or in ``pool``, a
@@ -660,12 +677,13 @@ def verify_rules(rules, timeout_s: float = 10.0, progress=None, jobs: int = 1,
     check_jobs(jobs)
     if pool is None and jobs > 1 and len(rules) > 1:
         with worker_pool(min(jobs, len(rules))) as own:
-            return verify_rules(rules, timeout_s, progress, jobs, float_checked, own)
+            return verify_rules(rules, timeout_s, progress, jobs, float_checked, own, rlimit)
     if pool is None:
         axioms = load_axioms()
-        results_iter = (prove_and_check(r, timeout_s, axioms, float_checked) for r in rules)
+        results_iter = (prove_and_check(r, timeout_s, axioms, float_checked, rlimit) for r in rules)
     else:
-        results_iter = map_in_order(pool, _prove_in_worker, [(r, timeout_s, float_checked) for r in rules], jobs)
+        results_iter = map_in_order(pool, _prove_in_worker, [(r, timeout_s, float_checked, rlimit) for r in rules],
+                                    jobs)
     results = []
     for i, res in enumerate(results_iter):
         results.append(res)
@@ -702,5 +720,5 @@ def float_check(rule: Rule, trials: int = 3, seed: int = 0) -> tuple[bool, str]:
     return agrees is True, why
 
 
-__all__ = ["ProofResult", "STATUSES", "load_axioms", "prove_rule", "prove_and_check",
+__all__ = ["ProofResult", "STATUSES", "DEFAULT_RLIMIT", "load_axioms", "prove_rule", "prove_and_check",
            "verify_rules", "verify_file", "float_check", "AXIOM_FILE"]

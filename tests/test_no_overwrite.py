@@ -55,7 +55,7 @@ def _help(capsys, *command) -> str:
 def test_rules_generate_writes_to_the_working_directory(tmp_path, monkeypatch, capsys,
                                                         shipped_files_unchanged):
     monkeypatch.chdir(tmp_path)
-    assert main(["rules", "generate", "--size", "1", "--jobs", "1", "--timeout", "2"]) == 0
+    assert main(["rules", "generate", "--size", "1", "--jobs", "1", "--rlimit", "2000000"]) == 0
     # the split the generator writes: rules over a generated constant go to the study file
     default = load_rule_file(tmp_path / "generated.rules")
     constants = load_rule_file(tmp_path / "generated-constants.rules")
@@ -68,7 +68,7 @@ def test_rules_generate_writes_to_the_working_directory(tmp_path, monkeypatch, c
 def test_rules_generate_will_not_default_onto_the_shipped_corpus(monkeypatch, capsys,
                                                                  shipped_files_unchanged):
     monkeypatch.chdir(RULES_DIR)  # ./generated.rules is the shipped corpus here
-    assert main(["rules", "generate", "--size", "1", "--jobs", "1", "--timeout", "2"]) == 1
+    assert main(["rules", "generate", "--size", "1", "--jobs", "1", "--rlimit", "2000000"]) == 1
     assert "-o" in capsys.readouterr().err
 
 

@@ -227,7 +227,7 @@ def test_cli_generate_verify_stats(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(generate.MENUS, "tiny", lambda: tiny)
     out = tmp_path / "tiny.rules"
     assert main(["rules", "generate", "--size", "2", "--menu", "tiny", "-o", str(out),
-                 "--jobs", "1", "--timeout", "2"]) == 0
+                 "--jobs", "1", "--rlimit", "2000000"]) == 0
     rules = load_rule_file(out)
     assert rules and all(r.proof.found_by == "generator-2" for r in rules)
     assert all(r.proof.status in ("proved", "unknown") for r in rules) and any(r.proved for r in rules)

@@ -31,11 +31,13 @@ from ..rules.instantiate import add_rule_sides, builds_on, other_examples
 from ..rules.lang import Guard, Rule, Var
 from ..rules.workers import fetch, map_in_order, shared
 
-# A handful of rewrites reach what smaller rules imply for a candidate; the node and
-# time limits keep one exploding candidate from starving its batch. Multi-pattern
+# A handful of rewrites reach what smaller rules imply for a candidate; the node limit
+# keeps one exploding candidate from starving its batch (and bounds it within an
+# iteration). No time limit: where a batch stops must not depend on the machine's load,
+# or two runs of the generator (local, Ray) would drop different candidates. Multi-pattern
 # rules (merges) stay off: the constants every candidate shares made them pair up
 # across candidates (thousands of matches, 40 s per batch), for few derivations.
-DEFAULT_LIMITS = Limits(nodes=60_000, iterations=4, seconds=20.0, multi_iterations=0)
+DEFAULT_LIMITS = Limits(nodes=60_000, iterations=4, seconds=float("inf"), multi_iterations=0)
 BATCH = 500
 
 

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from taso_egg.errors import RuleError, TasoEggError
 
 from ..rules.lang import Proof, Rule, load_corpus
-from ..rules.verify import STATUSES, verify_rules
+from ..rules.verify import DEFAULT_RLIMIT, STATUSES, verify_rules
 from ..rules.workers import map_in_order, worker_pool
 from .derive import check_derivable
 from .enumerate import MENUS, enumerate_terms
@@ -26,15 +26,17 @@ def _bar(total: int, desc: str):
 
 
 def generate_rules(size: int = 3, menu=None, seed: int = 0, progress_bars: bool = False,
-                   timeout_s: float = 5.0, jobs: int = 1, base=None):
+                   rlimit: int = DEFAULT_RLIMIT, jobs: int = 1, base=None):
     """Enumerate, prune, and emit rules one level at a time (by size, then by number
     of input variables, most first). A level's candidate rules that follow from
     ``base`` (default: the proved hand rules) and the rules proved at the levels before
     are dropped as ``derivable`` (:mod:`.derive`); the rest pass the float check on
     their example (and are pinned to it where they do not generalize), then Z3 with
-    ``timeout_s`` per rule, and the proved ones join the
+    ``rlimit`` resource units per rule, and the proved ones join the
     derivation corpus of the next level. Derivation, checks and proofs run in ``jobs``
-    processes. Returns ``(rules, stats)``; every rule
+    processes. No step stops at a wall-clock limit (derivation is bounded by e-nodes and
+    iterations, proofs by ``rlimit``), so a run's rules do not depend on the machine's
+    load or on where its workers run. Returns ``(rules, stats)``; every rule
     carries its proof record. Derivable rules are not emitted: saturation derives
     them from the emitted ones."""
     if menu is None:
@@ -67,7 +69,7 @@ def generate_rules(size: int = 3, menu=None, seed: int = 0, progress_bars: bool 
     proving_seconds = 0.0
     with worker_pool(jobs) as pool:
         for k, minus_vars in sorted(by_level):
-            rules, level, seconds = _generate_level(by_level[k, minus_vars], known, found_by, timeout_s,
+            rules, level, seconds = _generate_level(by_level[k, minus_vars], known, found_by, rlimit,
                                                     (pool, jobs), progress_bars, failed)
             proving_seconds += seconds
             emitted += rules
@@ -87,7 +89,7 @@ def generate_rules(size: int = 3, menu=None, seed: int = 0, progress_bars: bool 
         "levels": levels,
         "generation_seconds": round(time.perf_counter() - start - proving_seconds, 3),
         "verification": {"rules": len(emitted), **{s: counts.get(s, 0) for s in STATUSES},
-                         "timeout_s": timeout_s, "jobs": jobs, "seconds": round(proving_seconds, 2)},
+                         "rlimit": rlimit, "jobs": jobs, "seconds": round(proving_seconds, 2)},
     })
     return emitted, stats
 
@@ -106,7 +108,7 @@ def _cycle_collector_paused():
             gc.enable()
 
 
-def _generate_level(candidates, known, found_by, timeout_s, workers, progress_bars, failed):
+def _generate_level(candidates, known, found_by, rlimit, workers, progress_bars, failed):
     """One size level of :func:`generate_rules`: derivability, numeric check, proof,
     each spread over ``workers`` (a worker pool or None, and its size). Returns
     ``(rules, stats, seconds proving)``; numeric failures go to ``failed``.
@@ -157,9 +159,8 @@ def _generate_level(candidates, known, found_by, timeout_s, workers, progress_ba
     to_prove = list(dict.fromkeys(k for k, _ in checked))
     proving = {k: g for k, g in reversed(checked)}  # the first orientation's rule
     bar = _bar(len(to_prove), f"proving ({jobs} jobs)") if progress_bars else None
-    results = verify_rules([proving[k] for k in to_prove], timeout_s,
-                           progress=(lambda i, n, res: bar.update()) if bar else None,
-                           jobs=jobs, float_checked=True, pool=pool)  # _generalize ran the float checks
+    results = verify_rules([proving[k] for k in to_prove], progress=(lambda i, n, res: bar.update()) if bar else None,
+                           jobs=jobs, float_checked=True, pool=pool, rlimit=rlimit)  # _generalize ran the float checks
     if bar:
         bar.close()
     result = dict(zip(to_prove, results))
