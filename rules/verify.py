@@ -553,11 +553,29 @@ def _axiom_set(axioms) -> _AxiomSet:
 FLOAT_CHECKED = "passed when the rule was generated"
 
 # The generator's per-rule proof budget in Z3 resource units, in place of a wall-clock
-# timeout: 10 million is 2-9 s of a failing proof on this project's 2-core machine, and
-# about a hundred times what a proof of the shipped corpus uses (0.1 million). One
-# proof's count varies by a fraction of a percent with what its process built before,
-# so only a proof ending that close to the limit could differ between two runs.
+# timeout: proofs of the shipped corpus use about 0.1 million, and 10 million is 2-9 s
+# of a failing proof on this project's 2-core machine. Under it a proof's count depends
+# on the rule alone (each runs in a fresh Z3 context), so two runs prove the same rules.
 DEFAULT_RLIMIT = 10_000_000
+
+
+def _solver(axset: _AxiomSet, facts: list, timeout_s: float, rlimit: int) -> z3.Solver:
+    """A solver holding the axioms (tracked, for the unsat core) and ``facts``. Under
+    an ``rlimit`` it works in a fresh Z3 context: the ids of the terms earlier proofs
+    left in the process's context steer Z3's search, so a proof's outcome, resource
+    count and unsat core would depend on which proofs its worker ran before."""
+    ctx = z3.Context() if rlimit else None
+    move = (lambda f: f.translate(ctx)) if ctx else (lambda f: f)
+    solver = z3.Solver(ctx=ctx)
+    if rlimit:
+        solver.set("rlimit", rlimit)
+    else:
+        solver.set("timeout", max(1, int(timeout_s * 1000)))
+    solver.set("smt.mbqi", False)
+    for name, formula in axset.formulas.items():
+        solver.assert_and_track(move(formula), move(axset.trackers[name]))
+    solver.add(*[move(f) for f in facts])
+    return solver
 
 
 def prove_rule(rule: Rule, timeout_s: float = 10.0, axioms=None,
@@ -577,34 +595,28 @@ def prove_rule(rule: Rule, timeout_s: float = 10.0, axioms=None,
         return ProofResult(rule.name, status, time.perf_counter() - start, tuple(used), reason)
 
     enc = axset.rule_encoder()
-    solver = z3.Solver()
-    if rlimit:
-        solver.set("rlimit", rlimit)
-    else:
-        solver.set("timeout", max(1, int(timeout_s * 1000)))
-    solver.set("smt.mbqi", False)
-    for name, formula in axset.formulas.items():
-        solver.assert_and_track(formula, axset.trackers[name])
+    facts = []
     try:
         env = {v: z3.Const(v, s) for v, s in _var_sorts(rule).items()}
-        solver.add(*[_past_rank_zero(_Shape(env[v])) for v in rule.tensor_vars()])
+        facts += [_past_rank_zero(_Shape(env[v])) for v in rule.tensor_vars()]
         for g in rule.guards:
             formula = enc.guard(g, env)
             if formula is not None:
-                solver.add(formula)
+                facts.append(formula)
         # Typing's requirements of the left side, where the example shows that they can
         # hold with the guards (else they might contradict them: a proof of nothing;
         # deciding that with Z3 costs more than most proofs).
         if _example_builds(rule):
             for pat in rule.lhs:
-                solver.add(*_lhs_typing(enc, pat, env))
+                facts += _lhs_typing(enc, pat, env)
         sides = [enc.term(l, env) == enc.term(r, env) for l, r in zip(rule.lhs, rule.rhs)]
     except _Unsupported as e:
         return result("unsupported", str(e))
     except (z3.Z3Exception, TypeError) as e:  # e.g. arithmetic on a vector parameter
         return result("unsupported", f"parameter expressions of mismatched kinds: {e}")
-    solver.add(z3.Not(z3.And(*sides)))
-    solver.add(*axset.shapes_for(enc))
+    facts.append(z3.Not(z3.And(*sides)))
+    facts += axset.shapes_for(enc)
+    solver = _solver(axset, facts, timeout_s, rlimit)
     answer = solver.check()
     if answer == z3.unsat:
         core = {str(b) for b in solver.unsat_core()}

@@ -9,7 +9,7 @@ import pytest
 
 from taso_egg.cli import main
 from taso_egg.egraph.rule_compiler import compile_rules
-from taso_egg.errors import RuleError
+from taso_egg.errors import RuleError, TasoEggError
 from taso_egg.generator import enumerate as generate
 from taso_egg.generator.enumerate import LeafSpec, Menu, choice, enumerate_terms, matrix_menu
 from taso_egg.generator.prune import canonical, prune as prune_candidates, rules_from
@@ -365,3 +365,41 @@ def test_check_draw_is_the_same_in_every_process():
                            env={**os.environ, "PYTHONHASHSEED": seed}).stdout
             for seed in ("1", "2")}
     assert len(runs) == 1 and runs != {""}
+
+
+def _norm_menu():
+    from taso_egg.generator.enumerate import _norm_ops, _norm_params
+
+    leaves = (LeafSpec("x0", (2, 4), "activation", "x"), LeafSpec("x1", (2, 4), "activation", "x"),
+              *_norm_params())
+    return Menu("norms", leaves, (choice("concat", axis=0), choice("concat", axis=1), *_norm_ops()))
+
+
+def test_normalizations_take_their_parameters_from_the_leaves_they_name():
+    e = enumerate_terms(_norm_menu(), 1)
+    norm = [t for t in e.terms if t.op in ("layernorm", "batchnorm")]
+    names = {t.leaf.name: t.id for t in e.terms if t.op == "leaf"}
+    # one per activation: the parameters are never enumerated, nor used elsewhere
+    assert sorted(t.op for t in norm) == ["batchnorm", "batchnorm", "layernorm", "layernorm"]
+    assert all(t.children[1:] == tuple(names[n] for n in ("p0", "p1", "p2", "v0")[:len(t.children) - 1])
+               for t in norm)
+    assert not any(names[p] in t.children for t in e.terms if t.op == "concat" for p in ("p0", "v0"))
+    assert (e.values[names["v0"]] > 0).all()  # a variance, drawn positive
+    bad = Menu("bad", _norm_menu().leaves, (choice("layernorm", ("matrix", "=p0", "=nope")),))
+    with pytest.raises(TasoEggError, match="names leaf 'nope'"):
+        enumerate_terms(bad, 1)
+
+
+def test_generator_discovers_and_proves_normalization_rules():
+    from taso_egg.generator.pipeline import generate_rules
+
+    rules, _ = generate_rules(3, _norm_menu(), base=[])
+    proved = {r.to_text().split(":lhs ")[1].split("\n")[0].strip(): r for r in rules if r.proved}
+    ln = "(concat 0 (layernorm 1e-05 ?x0 ?p0 ?p1) (layernorm 1e-05 ?x1 ?p0 ?p1))"
+    bn = "(concat 0 (batchnorm 1e-05 ?x0 ?p0 ?p1 ?p2 ?v0) (batchnorm 1e-05 ?x1 ?p0 ?p1 ?p2 ?v0))"
+    assert ln in proved and "ax-layernorm-concat" in proved[ln].proof.axioms
+    assert bn in proved and "ax-batchnorm-concat" in proved[bn].proof.axioms
+    # the parameters are weights (every model's are), so the float checks draw a positive variance
+    assert "(weight ?v0)" in proved[bn].to_text()
+    # along the normalized axis nothing splits: no such rule is proved
+    assert not any("(concat 1 (layernorm" in k for k in proved)

@@ -277,3 +277,34 @@ def test_shapes_compare_by_rank_and_every_dimension():
     assert prove_rule(longer, TIMEOUT, AXIOMS).status == "unknown"
     (other,) = parse_rules(one_by_shape.replace("SHAPE", "(vec 2 4)").replace("EXAMPLE", "[2 4]"))
     assert prove_rule(other, TIMEOUT, AXIOMS).status != "proved"
+
+
+def test_a_proof_under_an_rlimit_does_not_depend_on_the_proofs_before_it(monkeypatch):
+    # Z3's search follows the ids of the terms in its context; under an rlimit each
+    # proof runs in a fresh context, so its resource count and unsat core are the rule's
+    import z3
+
+    from taso_egg.rules.verify import prove_rule
+
+    counts = []
+    check = z3.Solver.check
+
+    def counting(self, *args):
+        answer = check(self, *args)
+        counts.append(self.statistics().get_key_value("rlimit count"))
+        return answer
+
+    monkeypatch.setattr(z3.Solver, "check", counting)
+
+    def outcomes(rules):
+        out = {}
+        for r in rules:
+            res = prove_rule(r, axioms=AXIOMS, rlimit=5_000_000)
+            out[r.name] = (res.status, res.axioms_used, counts[-1])
+        return out
+
+    rules = [r for r in HAND if not r.multi][:12]
+    forward, backward = outcomes(rules), outcomes(rules[::-1])
+    assert forward == backward and {s for s, _, _ in forward.values()} == {"proved"}
+    stalls = prove_rule(rules[0], axioms=AXIOMS, rlimit=1)
+    assert stalls.status == "unknown" and "resource limit (1)" in stalls.reason

@@ -36,7 +36,9 @@ from taso_egg.ops import OPS, TensorType
 @dataclass(frozen=True)
 class LeafSpec:
     """A symbolic input. ``role`` is "activation", "weight", "bias" (a weight that
-    element-wise operators broadcast: never a kernel), "scalar" or a constant
+    element-wise operators broadcast: never a kernel), "scalar", "param" (a
+    normalization's per-feature vector: only ever an operand a choice names, drawn
+    positive where the operator needs it, as a variance) or a constant
     operator (``const_imm`` ...). Leaves of one ``kind`` (role and shape) are
     interchangeable: rules equal up to renaming them are duplicates. ``prefix`` names
     the rule variables made from the class."""
@@ -57,8 +59,10 @@ class OpChoice:
     two halves along ``axis``. ``operands`` restricts each input to "data" (computed
     from an activation), "weight" (from weights, constants and the scalar only),
     "leaf" (a weight itself), as a real model feeds a convolution, "concat" (computed
-    through a concat: as in TASO, a split only takes apart what a concat put together)
-    or "matrix" (rank 2); None allows anything."""
+    through a concat: as in TASO, a split only takes apart what a concat put together),
+    "matrix" (rank 2) or "=NAME", that leaf of the menu and nothing else (a
+    normalization's parameters: in a model they are always its own initializers, so
+    enumerating other terms there only multiplies graphs); None allows anything."""
 
     op: str
     params: tuple  # sorted (name, value) pairs, the operator's own parameters
@@ -66,6 +70,11 @@ class OpChoice:
 
     def param_dict(self) -> dict:
         return dict(self.params)
+
+    def fixed(self, index: int) -> str | None:
+        """The leaf operand ``index`` is fixed to, if any."""
+        role = self.operands[index] if self.operands and index < len(self.operands) else ""
+        return role[1:] if role.startswith("=") else None
 
     def label(self) -> str:
         if not self.params:
@@ -112,6 +121,18 @@ def _leaves_4d(activations: int, kernels: int, channels: int = 0) -> list:
     return out
 
 
+def _norm_params() -> list:
+    """Layer norm's scale and bias over a 2x4 matrix's rows and batchnorm's four
+    per-channel vectors over the 4 channels of the 4-D activations (one set: the
+    operand positions are fixed, so sharing them conflates nothing)."""
+    return [LeafSpec(f"p{i}", (4,), "param", "p") for i in range(3)] + [LeafSpec("v0", (4,), "param", "v")]
+
+
+def _norm_ops() -> list:
+    return [choice("layernorm", ("matrix", "=p0", "=p1")),
+            choice("batchnorm", ("data", "=p0", "=p1", "=p2", "=v0"))]
+
+
 def _constants() -> list:
     return [LeafSpec("imm", (4, 4), "const_imm", "imm"), LeafSpec("one", (2, 4), "const_one", "one"),
             LeafSpec("iconv", (4, 4, 3, 3), "const_iconv", "iconv"),
@@ -149,13 +170,14 @@ def _conv_ops(strides=((1, 1), (2, 2)), paddings=("SAME", "VALID")) -> list:
 def default_menu() -> Menu:
     """TASO's menu (REFERENCE.md) and real models' operators: 2-D 2x4 activations,
     4x4 weights and a 1x4 per-column bias, 4-D 2x4x5x5 activations with 3x3/1x3/3x1 and
-    depth-wise kernels and a 1x4x1x1 per-channel constant, one scalar, the constants.
+    depth-wise kernels and a 1x4x1x1 per-channel constant, one scalar, the constants,
+    and layer norm (on matrices) and batchnorm with their parameter vectors.
     Three 2-D activations (three-input associativity, concat distributing over
     element-wise operators) and two of every other kind, which size 3 needs at most for
     a rule's interesting variables: the 4-D kinds multiply the convolutions' graphs."""
     leaves = (_leaves_2d(3, 2, biases=1) + _leaves_4d(2, 2, channels=1) + [LeafSpec("s", (), "scalar", "s")]
-              + _constants())
-    return Menu("taso", tuple(leaves), tuple(_matrix_ops(new=True) + _conv_ops()))
+              + _norm_params() + _constants())
+    return Menu("taso", tuple(leaves), tuple(_matrix_ops(new=True) + _conv_ops() + _norm_ops()))
 
 
 def reduced_menu() -> Menu:
@@ -279,13 +301,17 @@ def integer_draw(rng, shape):
     return np.where(v >= 0, v + 1, v).astype(np.float64)
 
 
-def leaf_value(leaf: LeafSpec, rng, integer: bool):
+def positive_leaves(menu) -> frozenset:
+    """Leaves a choice fixes as an input its operator needs positive (a variance)."""
+    return frozenset(c.fixed(i) for c in menu.ops for i in OPS[c.op].positive_inputs if c.fixed(i))
+
+
+def leaf_value(leaf: LeafSpec, rng, integer: bool, positive: bool = False):
     if leaf.role.startswith("const_"):
         (v,) = OPS[leaf.role].kernel(np, {"shape": leaf.shape, "dtype": "float64"})
         return v
-    if integer:
-        return integer_draw(rng, leaf.shape)
-    return rng.standard_normal(leaf.shape)
+    v = integer_draw(rng, leaf.shape) if integer else rng.standard_normal(leaf.shape)
+    return np.abs(v) + (0 if integer else 0.5) if positive else v
 
 
 def fingerprint(value) -> tuple | None:
@@ -297,6 +323,18 @@ def fingerprint(value) -> tuple | None:
 
 
 # --- enumeration -------------------------------------------------------------------
+
+
+def _with_fixed(c: OpChoice, leaf_ids: dict, arity: int, kid_tuples):
+    """``kid_tuples`` over the enumerated operands of ``c``, with the leaves it fixes
+    put in their places."""
+    fixed = {i: leaf_ids[c.fixed(i)] for i in range(arity) if c.fixed(i)}
+    if not fixed:
+        yield from kid_tuples
+        return
+    for kids in kid_tuples:
+        it = iter(kids)
+        yield tuple(fixed[i] if i in fixed else next(it) for i in range(arity))
 
 
 def _child_tuples(pool, containing, terms, shapes, want):
@@ -354,7 +392,8 @@ class Enumeration:
         if tid not in self.checks:
             t = self.terms[tid]
             if t.op == "leaf":
-                self.checks[tid] = leaf_value(t.leaf, self._check_rng(t.leaf), integer=False)
+                self.checks[tid] = leaf_value(t.leaf, self._check_rng(t.leaf), integer=False,
+                                              positive=t.leaf.name in positive_leaves(self.menu))
             elif t.op == "proj":
                 self.checks[tid] = self.check_outputs(t.children[0])[t.index]
             else:
@@ -401,16 +440,26 @@ def enumerate_terms(menu: Menu, size: int = 3, seed: int = 0, progress=None,
         if not representatives_only or len(members) == 1:
             usable.setdefault(t.size, {}).setdefault((t.shape, t.weight_only), []).append(t.id)
 
-    names = set()
+    leaf_ids: dict = {}
     biases = frozenset(lf.name for lf in menu.leaves if lf.role == "bias")
+    positive = positive_leaves(menu)
     for leaf in menu.leaves:
-        if leaf.name in names:
+        if leaf.name in leaf_ids:
             raise TasoEggError(f"menu {menu.name!r}: leaf name {leaf.name!r} used twice")
-        names.add(leaf.name)
         t = Term(len(terms), "leaf", None, (), leaf.shape, frozenset(), frozenset([leaf.name]), leaf,
                  weight_only=leaf.role != "activation")
-        value = leaf_value(leaf, rng, integer=True)
-        add_tensor(t, value, fingerprint(value))
+        leaf_ids[leaf.name] = t.id
+        value = leaf_value(leaf, rng, integer=True, positive=leaf.name in positive)
+        if leaf.role == "param":  # an operand only where a choice names it
+            terms.append(t)
+            values[t.id] = value
+            fps[t.id] = fingerprint(value)
+        else:
+            add_tensor(t, value, fingerprint(value))
+    for c in menu.ops:
+        for i in range(OPS[c.op].inputs[0]):
+            if c.fixed(i) and c.fixed(i) not in leaf_ids:
+                raise TasoEggError(f"menu {menu.name!r}: {c.label()} names leaf {c.fixed(i)!r}, not in the menu")
 
     def out_types(c: OpChoice, shapes: tuple):
         key = (c, shapes)
@@ -434,7 +483,8 @@ def enumerate_terms(menu: Menu, size: int = 3, seed: int = 0, progress=None,
         todo = []
         for kids in kid_tuples:  # each tuple comes once: its operator count fixes its level
             kid_terms = [terms[k] for k in kids]
-            if c.operands and any(_role_fails(role, k, terms, biases) for role, k in zip(c.operands, kid_terms)):
+            if c.operands and any(_role_fails(role, k, terms, biases) for role, k in zip(c.operands, kid_terms)
+                                  if not role.startswith("=")):
                 continue
             weight_only = all(k.weight_only for k in kid_terms)
             if weight_only and len(frozenset().union(*(k.nodes for k in kid_terms))) >= menu.max_weight_ops:
@@ -480,17 +530,22 @@ def enumerate_terms(menu: Menu, size: int = 3, seed: int = 0, progress=None,
         types = sorted({ty for by_type in pool.values() for ty in by_type})
         for c in menu.ops:
             arity = 2 if c.op == "concat" else OPS[c.op].inputs[0]
-            for combo in itertools.product(types, repeat=arity):
-                if c.operands and any(_WEIGHT_ROLES.get(role, wo) != wo or (role == "matrix" and len(sh) != 2)
-                                      for role, (sh, wo) in zip(c.operands, combo)):
+            free = [i for i in range(arity) if not c.fixed(i)]
+            for combo in itertools.product(types, repeat=len(free)):
+                if c.operands and any(_WEIGHT_ROLES.get(c.operands[i], wo) != wo
+                                      or (c.operands[i] == "matrix" and len(sh) != 2)
+                                      for i, (sh, wo) in zip(free, combo)):
                     continue
                 if OPS[c.op].broadcasts and len({len(sh) for sh, _ in combo}) > 1:
                     continue  # the bridge reshapes a lower-rank operand first: no graph has these
-                typed = out_types(c, tuple(sh for sh, _ in combo))
+                shapes = dict(zip(free, (sh for sh, _ in combo)))
+                typed = out_types(c, tuple(shapes[i] if i in shapes else terms[leaf_ids[c.fixed(i)]].shape
+                                           for i in range(arity)))
                 if typed is None:
                     continue
                 with np.errstate(all="ignore"):
-                    build_all(c, _child_tuples(pool, containing, terms, combo, s - 1), *typed)
+                    build_all(c, _with_fixed(c, leaf_ids, arity, _child_tuples(pool, containing, terms, combo, s - 1)),
+                              *typed)
             done += 1
             if progress:
                 progress(done, total)

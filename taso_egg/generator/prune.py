@@ -500,7 +500,10 @@ def _weight_guards(e, lhs, rhs, names, leaves):
     guards = [Guard("weight", (Var(names[n]),)) for n in weights]
     if len(lhs) == 2 and canonical(e, lhs, ()) == canonical(e, lhs[::-1], ()) and len(weights) >= 2:
         guards.append(Guard("before", (Var(names[weights[0]]), Var(names[weights[1]]))))
-    return guards
+    # A normalization's parameters are its initializers in every model (and so the float
+    # checks draw a variance positive, as the operator needs).
+    params = sorted(n for n in names if leaves[n].role == "param" and n not in weights)
+    return guards + [Guard("weight", (Var(names[n]),)) for n in params]
 
 
 def rules_from(e: Enumeration, pruned: Pruned, prefix: str) -> list:
