@@ -121,6 +121,11 @@ def _leaves_4d(activations: int, kernels: int, channels: int = 0) -> list:
     return out
 
 
+def _scalars(n: int) -> list:
+    # two, for the scalar algebra's rules of two scalars (smul associativity)
+    return [LeafSpec("s" if i == 0 else f"s{i}", (), "scalar", "s") for i in range(n)]
+
+
 def _norm_params() -> list:
     """Layer norm's scale and bias over a 2x4 matrix's rows and batchnorm's four
     per-channel vectors over the 4 channels of the 4-D activations (one set: the
@@ -170,12 +175,12 @@ def _conv_ops(strides=((1, 1), (2, 2)), paddings=("SAME", "VALID")) -> list:
 def default_menu() -> Menu:
     """TASO's menu (REFERENCE.md) and real models' operators: 2-D 2x4 activations,
     4x4 weights and a 1x4 per-column bias, 4-D 2x4x5x5 activations with 3x3/1x3/3x1 and
-    depth-wise kernels and a 1x4x1x1 per-channel constant, one scalar, the constants,
+    depth-wise kernels and a 1x4x1x1 per-channel constant, two scalars, the constants,
     and layer norm (on matrices) and batchnorm with their parameter vectors.
     Three 2-D activations (three-input associativity, concat distributing over
     element-wise operators) and two of every other kind, which size 3 needs at most for
     a rule's interesting variables: the 4-D kinds multiply the convolutions' graphs."""
-    leaves = (_leaves_2d(3, 2, biases=1) + _leaves_4d(2, 2, channels=1) + [LeafSpec("s", (), "scalar", "s")]
+    leaves = (_leaves_2d(3, 2, biases=1) + _leaves_4d(2, 2, channels=1) + _scalars(2)
               + _norm_params() + _constants())
     return Menu("taso", tuple(leaves), tuple(_matrix_ops(new=True) + _conv_ops() + _norm_ops()))
 
