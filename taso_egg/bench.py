@@ -4,7 +4,9 @@
   peak memory is the model's own): load (building the model and loading the rule
   corpus), saturation, extraction, check and total ``optimize`` seconds (``measure=0``:
   everything but timing candidates in onnxruntime), next to Tensat's published search
-  time and the ratio; peak RSS next to the model's float32 weights.
+  time and the ratio; peak RSS next to the model's float32 weights. ``--corpora hand
+  default`` runs each model with each rule corpus (interleaved), to see what the
+  generated rules find that the hand rules miss.
 - ``--bert-layers 1 2 4 ...``: TASO's BERT at those depths, to see how time and
   memory grow per layer.
 - ``--onnx DIR``: every ``*.onnx`` file of a folder (real exports), optimized as
@@ -41,6 +43,11 @@ def main(argv=None) -> int:
                    help="also TASO's BERT with N layers (each a row)")
     p.add_argument("--onnx", metavar="DIR", help="benchmark every *.onnx file of DIR instead")
     p.add_argument("--extractors", nargs="+", default=["greedy-dag", "ilp"])
+    p.add_argument("--corpora", nargs="+", default=["default"], metavar="CORPUS",
+                   help="zoo: rule corpora, a row each, interleaved per model: 'default' (what "
+                        "optimize loads), 'hand' (the hand rules alone), or a generated rule "
+                        "file's path (the hand rules and that file's proved rules, in place of "
+                        "the shipped generated ones)")
     add_limit_arguments(p)
     p.add_argument("--profile", default="cpu-ort", help="cost profile name or path, or 'analytic'")
     p.add_argument("--measure", type=int, default=9,
@@ -50,6 +57,9 @@ def main(argv=None) -> int:
                         "by operator as it runs them after its own fusions (what any rewrite "
                         "can win at most)")
     args = p.parse_args(argv)
+    for corpus in args.corpora:
+        if corpus not in ("default", "hand") and not Path(corpus).is_file():
+            p.error(f"--corpora: {corpus!r} is neither 'default', 'hand' nor a rule file")
     if args.onnx:
         return _onnx_table(args)
     models = [(name, {}) for name in (args.models or ([] if args.bert_layers else ZOO_DEFAULT))]
@@ -60,7 +70,7 @@ def main(argv=None) -> int:
 # --- zoo -----------------------------------------------------------------------------------
 
 def _zoo_table(models, args) -> int:
-    header = (f"{'model':<17}{'extractor':<11}{'nodes':>6}{'e-nodes':>8}{'iters':>6}{'load s':>8}"
+    header = (f"{'model':<17}{'extractor':<11}{'corpus':<10}{'rules':>6}{'nodes':>6}{'e-nodes':>8}{'iters':>6}{'load s':>8}"
               f"{'sat s':>7}{'ext s':>7}{'check s':>8}{'total s':>8}{'tensat s':>9}{'ratio':>7}"
               f"{'RSS MB':>8}{'wts MB':>8}{'RSS/(2w+400)':>13}{'speedup':>9}{'s+e cpu':>8}{'cpu s':>7}"
               f"  check, error / stop")
@@ -68,12 +78,13 @@ def _zoo_table(models, args) -> int:
     context = multiprocessing.get_context("spawn")  # a fresh process: its own peak RSS
     worst_ratio, cost_model = 0.0, ""
     for name, kwargs in models:
-        for extractor in args.extractors:
+        for extractor, corpus in ((x, c) for x in args.extractors for c in args.corpora):
+            label = corpus if corpus in ("default", "hand") else Path(corpus).name
             with context.Pool(1) as pool:
                 try:
-                    row = pool.apply(_zoo_row, (name, kwargs, extractor, vars(args)))
+                    row = pool.apply(_zoo_row, (name, kwargs, extractor, corpus, vars(args)))
                 except Exception as e:  # a failing model is a row, not the end of the table
-                    print(f"{name:<17}{extractor:<11}  failed: {type(e).__name__}: {e}", flush=True)
+                    print(f"{name:<17}{extractor:<11}{label:<10}  failed: {type(e).__name__}: {e}", flush=True)
                     continue
             cost_model = row["cost_model"]
             tensat = TENSAT_SECONDS.get(name)
@@ -83,7 +94,7 @@ def _zoo_table(models, args) -> int:
             check = row["check_kind"] or "input returned, not checked"
             if row["check_error"] is not None:
                 check += f" {row['check_error']:.1e}"
-            print(f"{name:<17}{extractor:<11}{row['nodes']:>6}{row['enodes']:>8}{row['iterations']:>6}"
+            print(f"{name:<17}{extractor:<11}{label[:9]:<10}{row['rules']:>6}{row['nodes']:>6}{row['enodes']:>8}{row['iterations']:>6}"
                   f"{row['load']:>8.2f}{row['sat']:>7.2f}{row['ext']:>7.2f}{row['check']:>8.2f}"
                   f"{row['total']:>8.2f}{_or_dash(tensat, '>9.1f')}{_or_dash(ratio, '>7.2f')}"
                   f"{row['rss_mb']:>8.0f}{row['weights_mb']:>8.0f}{row['rss_mb'] / budget:>13.2f}"
@@ -101,16 +112,25 @@ def _zoo_table(models, args) -> int:
     return 0
 
 
-def _zoo_row(name: str, kwargs: dict, extractor: str, options: dict) -> dict:
+def _corpus(corpus: str) -> list:
+    from .rules.lang import load_corpus, load_rule_file
+
+    if corpus == "default":
+        return load_corpus()
+    if corpus == "hand":
+        return load_corpus(["taso_hand"])
+    return load_corpus(["taso_hand"]) + [r for r in load_rule_file(corpus) if r.proved]
+
+
+def _zoo_row(name: str, kwargs: dict, extractor: str, corpus: str, options: dict) -> dict:
     from . import zoo
     from .api import optimize
     from .cli_args import limits_from_args
-    from .rules.lang import load_corpus
 
     t0 = time.perf_counter()
     build = zoo.MODELS["bert" if name.startswith("bert-L") else name]
     g = build(**kwargs)
-    rules = load_corpus()
+    rules = _corpus(corpus)
     load = time.perf_counter() - t0
     weights = sum(n.outputs[0].size for n in g.weights()) * 4
     t0, cpu0 = time.perf_counter(), time.process_time()
@@ -118,7 +138,7 @@ def _zoo_row(name: str, kwargs: dict, extractor: str, options: dict) -> dict:
                  extractor=extractor, profile=options["profile"], measure=0)
     total, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     st = r.stats
-    return {"nodes": len(g.nodes), "enodes": st.enodes, "iterations": st.iterations, "load": load,
+    return {"rules": len(rules), "nodes": len(g.nodes), "enodes": st.enodes, "iterations": st.iterations, "load": load,
             "sat": st.saturation_seconds, "ext": st.extraction_seconds, "check": st.check_seconds,
             "check_kind": st.check, "check_error": _error(st), "total": total, "stop": st.stop_reason,
             "speedup": r.speedup, "cost_model": r.cost_model, "weights_mb": weights / MB,

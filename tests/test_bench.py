@@ -19,16 +19,30 @@ def test_zoo_row_has_phases_memory_and_tensat_ratio(capsys):
     out = capsys.readouterr().out
     assert "tensat s" in out.splitlines()[0] and "RSS MB" in out.splitlines()[0]
     (row,) = _rows(out, "squeezenet-small")
-    nodes, enodes = int(row[2]), int(row[3])
-    load, sat, ext, check, total = map(float, row[5:10])
+    assert row[2] == "default" and int(row[3]) > 100  # the rules optimize loads
+    nodes, enodes = int(row[4]), int(row[5])
+    load, sat, ext, check, total = map(float, row[7:12])
     assert enodes >= nodes > 0
     assert total >= sat + ext + check - 0.05 and load > 0
-    assert row[10] == "-" and row[11] == "-"  # Tensat published no -small figures
-    assert float(row[12]) > 50  # a Python process with egglog and numpy loaded
-    sat_ext_cpu, cpu = float(row[16]), float(row[17])  # CPU seconds: saturation + extraction, optimize
+    assert row[12] == "-" and row[13] == "-"  # Tensat published no -small figures
+    assert float(row[14]) > 50  # a Python process with egglog and numpy loaded
+    sat_ext_cpu, cpu = float(row[18]), float(row[19])  # CPU seconds: saturation + extraction, optimize
     assert 0 < sat_ext_cpu <= cpu + 0.01
     (layer,) = _rows(out, "bert-L1")
-    assert int(layer[2]) < 40  # one layer of TASO's BERT, not eight
+    assert int(layer[4]) < 40  # one layer of TASO's BERT, not eight
+
+
+def test_zoo_rows_per_corpus(tmp_path, capsys):
+    from taso_egg.rules.lang import load_corpus
+
+    one = tmp_path / "one.rules"
+    one.write_text(next(r for r in load_corpus(["generated"]) if not r.multi).to_text())
+    assert bench.main(["--models", "squeezenet-small", "--extractors", "greedy-dag",
+                       "--corpora", "hand", str(one), "default"]) == 0
+    rows = _rows(capsys.readouterr().out, "squeezenet-small")
+    hand = len(load_corpus(["taso_hand"]))
+    assert [(r[2], int(r[3])) for r in rows] == [("hand", hand), ("one.rules", hand + 1),
+                                                 ("default", len(load_corpus()))]
 
 
 def test_onnx_folder_table(tmp_path, capsys):
