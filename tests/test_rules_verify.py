@@ -308,3 +308,19 @@ def test_a_proof_under_an_rlimit_does_not_depend_on_the_proofs_before_it(monkeyp
     assert forward == backward and {s for s, _, _ in forward.values()} == {"proved"}
     stalls = prove_rule(rules[0], axioms=AXIOMS, rlimit=1)
     assert stalls.status == "unknown" and "resource limit (1)" in stalls.reason
+
+
+def test_hypotheses_that_contradict_each_other_prove_nothing():
+    # a batched matmul broadcasting its batch dims is in no shape case: typing its left
+    # side contradicts the guards, which would "prove" any right side
+    from taso_egg.rules.verify import prove_rule
+
+    (rule,) = parse_rules("""
+(rule broadcast-batch
+  :lhs (ewadd (matmul NONE ?c (concat 0 ?c ?c)) ?x)
+  :rhs (ewadd (matmul NONE ?c ?c) ?x)
+  :if ((= (shape ?c) (vec 1 4 1 1)) (= (shape ?x) (vec 2 4 5 5)))
+  :example ((?x [2 4 5 5]) (?c [1 4 1 1])))
+""")
+    for res in (prove_rule(rule, TIMEOUT, AXIOMS), prove_rule(rule, axioms=AXIOMS, rlimit=5_000_000)):
+        assert res.status == "unknown" and "contradict each other" in res.reason

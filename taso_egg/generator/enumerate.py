@@ -29,6 +29,7 @@ import numpy as np
 
 from taso_egg.errors import TasoEggError
 from taso_egg.ops import OPS, TensorType
+from taso_egg.ops import shapes as shape_cases
 
 # --- the menu ----------------------------------------------------------------------
 
@@ -481,6 +482,13 @@ def enumerate_terms(menu: Menu, size: int = 3, seed: int = 0, progress=None,
                 outs = OPS[c.op].infer(params, [TensorType(s) for s in shapes])
                 infer_cache[key] = (params, tuple(o.shape for o in outs))
             except TasoEggError:
+                infer_cache[key] = None
+            # Only what the e-graph holds: an application in one of the operator's shape
+            # cases (a batched matmul broadcasting its batch dims runs, but is in none;
+            # the verifier, which types left sides by the cases, would prove its rules
+            # from contradicting hypotheses).
+            if infer_cache[key] is not None and OPS[c.op].shape and \
+                    shape_cases.evaluate(OPS[c.op].shape, params, list(shapes)) is None:
                 infer_cache[key] = None
         return infer_cache[key]
 
