@@ -146,3 +146,16 @@ def test_missing_terms_bound_assumes_the_worst_where_a_term_counts_twice():
     assert missing_terms_bound(10, [10, 10]) == 0
     assert missing_terms_bound(10, [4, 0]) == 16
     assert missing_terms_bound(198, [204]) == 198
+
+
+def test_a_step_that_outgrows_its_count_stops_saturation_without_failing(monkeypatch):
+    # should the rules apply more matches than were counted (the bound's premise), the
+    # e-graph is still sound: saturation stops there, saying so, rather than failing
+    step = sat_mod._step
+    monkeypatch.setattr(sat_mod, "_step", lambda egraph, ruleset, rules, per_match, room:
+                        step(egraph, ruleset, rules, per_match, 10 ** 9))  # as if every count fit
+    limits = Limits(nodes=3_000)
+    sat = saturate(_shared_input_matmuls(30), limits=limits, count_classes=False)
+    assert sat.enodes > limits.ceiling
+    assert sat.stop_reason.startswith(f"node limit ({limits.nodes}): the e-graph passed its ceiling of "
+                                      f"{limits.ceiling} e-nodes in iteration {len(sat.iterations)}")

@@ -414,7 +414,7 @@ def saturate(graph: Graph, rules=None, limits: Limits | None = None, progress=No
         before = enodes
         matches: dict[str, int] = {}
         deferred: dict[str, int] = {}
-        updated, cut = False, None
+        updated, cut, passed = False, None, None
         for ruleset in ("rewrites", "multi") if use_multi else ("rewrites",):
             admission.admit(ruleset, lambda: _table_sizes(egraph), enodes, serialized)
             room = ceiling - enodes
@@ -423,9 +423,13 @@ def saturate(graph: Graph, rules=None, limits: Limits | None = None, progress=No
             matches.update(step.matches)
             updated = updated or step.updated
             enodes = _sizes(egraph)
-            if enodes > max(ceiling, before):  # what the counting promised; a bug if not
-                raise RuntimeError(f"saturation passed its ceiling of {ceiling} e-nodes "
-                                   f"({enodes} after {ruleset} in iteration {it})")
+            if enodes > max(ceiling, before):
+                # The probes counted fewer matches than the rules then applied: a rule can
+                # see more than its probe run just before it (seen with generated rules
+                # merging convs on SqueezeNet; the cause in egglog's semi-naive windows is
+                # not pinned down). The e-graph is sound: stop here, past the promise.
+                passed = ruleset
+                break
             if step.held_back and step.worst > room:
                 cut = step
                 break
@@ -440,6 +444,11 @@ def saturate(graph: Graph, rules=None, limits: Limits | None = None, progress=No
         if progress:
             progress(stats)
         elapsed = time.perf_counter() - start
+        if passed:
+            sat.stop_reason = (f"node limit ({limits.nodes}): the e-graph passed its ceiling of "
+                               f"{ceiling} e-nodes in iteration {it} ({enodes} after its {passed} step: "
+                               f"the rules applied more matches than were counted beforehand)")
+            break
         if cut:
             held = sorted(cut.held_back.items(), key=lambda kv: (-kv[1], kv[0]))
             names = ", ".join(f"{rule} x{n}" for rule, n in held[:3]) + \
