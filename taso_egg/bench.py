@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     p.add_argument("--onnx", metavar="DIR", help="benchmark every *.onnx file of DIR instead")
     p.add_argument("--extractors", nargs="+", default=["greedy-dag", "ilp"])
     p.add_argument("--corpora", nargs="+", default=["default"], metavar="CORPUS",
-                   help="zoo: rule corpora, a row each, interleaved per model: 'default' (what "
+                   help="rule corpora, a row each, interleaved per model: 'default' (what "
                         "optimize loads), 'hand' (the hand rules alone), or a generated rule "
                         "file's path (the hand rules and that file's proved rules, in place of "
                         "the shipped generated ones)")
@@ -79,7 +79,7 @@ def _zoo_table(models, args) -> int:
     worst_ratio, cost_model = 0.0, ""
     for name, kwargs in models:
         for extractor, corpus in ((x, c) for x in args.extractors for c in args.corpora):
-            label = corpus if corpus in ("default", "hand") else Path(corpus).name
+            label = _corpus_label(corpus)
             with context.Pool(1) as pool:
                 try:
                     row = pool.apply(_zoo_row, (name, kwargs, extractor, corpus, vars(args)))
@@ -94,7 +94,7 @@ def _zoo_table(models, args) -> int:
             check = row["check_kind"] or "input returned, not checked"
             if row["check_error"] is not None:
                 check += f" {row['check_error']:.1e}"
-            print(f"{name:<17}{extractor:<11}{label[:9]:<10}{row['rules']:>6}{row['nodes']:>6}{row['enodes']:>8}{row['iterations']:>6}"
+            print(f"{name:<17}{extractor:<11}{label:<10}{row['rules']:>6}{row['nodes']:>6}{row['enodes']:>8}{row['iterations']:>6}"
                   f"{row['load']:>8.2f}{row['sat']:>7.2f}{row['ext']:>7.2f}{row['check']:>8.2f}"
                   f"{row['total']:>8.2f}{_or_dash(tensat, '>9.1f')}{_or_dash(ratio, '>7.2f')}"
                   f"{row['rss_mb']:>8.0f}{row['weights_mb']:>8.0f}{row['rss_mb'] / budget:>13.2f}"
@@ -110,6 +110,10 @@ def _zoo_table(models, args) -> int:
           f"the whole optimize call (onnxruntime's threads included; on a shared machine steadier "
           f"than the wall-clock columns)")
     return 0
+
+
+def _corpus_label(corpus: str) -> str:
+    return (corpus if corpus in ("default", "hand") else Path(corpus).name)[:9]
 
 
 def _corpus(corpus: str) -> list:
@@ -152,18 +156,19 @@ def _onnx_table(args) -> int:
     if not files:
         print(f"error: {args.onnx}: no *.onnx files", file=sys.stderr)
         return 2
-    print(f"{'model':<28}{'nodes':>6}{'opaque':>8}{'optimize s':>11}{'predicted':>10}{'result':>9}"
+    print(f"{'model':<28}{'corpus':<10}{'nodes':>6}{'opaque':>8}{'optimize s':>11}{'predicted':>10}{'result':>9}"
           f"{'1 thread':>10}{'2 threads':>10}{'max rel err':>12}{'RSS MB':>8}  written", flush=True)
     context = multiprocessing.get_context("spawn")
-    for path in files:
+    for path, corpus in ((p, c) for p in files for c in args.corpora):
+        label = _corpus_label(corpus)
         with context.Pool(1) as pool:
             try:
-                row = pool.apply(_onnx_row, (str(path), args.extractors[-1], vars(args)))
+                row = pool.apply(_onnx_row, (str(path), args.extractors[-1], corpus, vars(args)))
             except Exception as e:  # one bad file is a row, not the end of the table
-                print(f"{path.name:<28}  failed: {type(e).__name__}: {e}", flush=True)
+                print(f"{path.name:<28}{label:<10}  failed: {type(e).__name__}: {e}", flush=True)
                 continue
         err = "-" if row["error"] is None else f"{row['error']:.1e}"
-        print(f"{path.name:<28}{row['nodes']:>6}{row['opaque']:>8}{row['seconds']:>11.1f}"
+        print(f"{path.name:<28}{label:<10}{row['nodes']:>6}{row['opaque']:>8}{row['seconds']:>11.1f}"
               f"{row['predicted']:>9.3f}x{_ratio(row['result'], 9)}{_ratio(row['speedup1'], 10, 'same')}"
               f"{_ratio(row['speedup2'], 10, 'same')}{err:>12}{row['rss_mb']:>8.0f}  {row['chosen']}", flush=True)
         if row["shares"]:
@@ -180,7 +185,7 @@ def _onnx_table(args) -> int:
     return 0
 
 
-def _onnx_row(path: str, extractor: str, options: dict) -> dict:
+def _onnx_row(path: str, extractor: str, corpus: str, options: dict) -> dict:
     from . import timing
     from .api import optimize
     from .cli_args import limits_from_args
@@ -191,7 +196,7 @@ def _onnx_row(path: str, extractor: str, options: dict) -> dict:
     reference = upgraded(read_model(path))  # what onnxruntime runs as the original
     g = load_onnx(reference)
     t0 = time.perf_counter()
-    r = optimize(g, limits=limits_from_args(argparse.Namespace(**options)), extractor=extractor,
+    r = optimize(g, rules=_corpus(corpus), limits=limits_from_args(argparse.Namespace(**options)), extractor=extractor,
                  profile=options["profile"], measure=options["measure"], reference=reference)
     seconds = time.perf_counter() - t0
     st = r.stats

@@ -53,7 +53,8 @@ def test_onnx_folder_table(tmp_path, capsys):
     (broken,) = _rows(out, "broken.onnx")
     assert "failed:" in broken
     (row,) = _rows(out, "conv.onnx")
-    assert row[1] == "9"  # the file's nodes, clutter included
+    assert row[1] == "default" and row[2] == "9"  # the corpus; the file's nodes, clutter included
+    row = row[1:]
     assert row[2] == "0" and row[4].endswith("x")  # nothing opaque; the predicted speedup
     assert row[-1] in ("original", "re-export", "result")
     if row[-1] == "original":  # the written file is the original: nothing to time against it
