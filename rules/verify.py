@@ -568,10 +568,10 @@ CONSISTENCY_RLIMIT = 300_000
 
 def _solver(axset: _AxiomSet | None, facts: list, timeout_s: float, rlimit: int) -> z3.Solver:
     """A solver holding the axioms (tracked, for the unsat core; none without
-    ``axset``) and ``facts``. Under
-    an ``rlimit`` it works in a fresh Z3 context: the ids of the terms earlier proofs
-    left in the process's context steer Z3's search, so a proof's outcome, resource
-    count and unsat core would depend on which proofs its worker ran before."""
+    ``axset``) and ``facts``. Under an ``rlimit`` it works in a fresh Z3 context: the
+    ids of the terms earlier proofs left in the process's context steer Z3's search,
+    so a proof's outcome, resource count and unsat core would depend on which proofs
+    its worker ran before."""
     ctx = z3.Context() if rlimit else None
     move = (lambda f: f.translate(ctx)) if ctx else (lambda f: f)
     solver = z3.Solver(ctx=ctx)
