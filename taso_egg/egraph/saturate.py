@@ -424,10 +424,10 @@ def saturate(graph: Graph, rules=None, limits: Limits | None = None, progress=No
             updated = updated or step.updated
             enodes = _sizes(egraph)
             if enodes > max(ceiling, before):
-                # The probes counted fewer matches than the rules then applied: a rule can
-                # see more than its probe run just before it (seen with generated rules
-                # merging convs on SqueezeNet; the cause in egglog's semi-naive windows is
-                # not pinned down). The e-graph is sound: stop here, past the promise.
+                # The probes counted fewer matches than the rules then applied: egglog's
+                # per-rule counts for a join are not the matches a step applies
+                # (architecture.md, known gaps; seen with generated conv merges on
+                # SqueezeNet). The e-graph is sound: stop here, past the promise.
                 passed = ruleset
                 break
             if step.held_back and step.worst > room:
