@@ -138,7 +138,7 @@ def path_bound(
     nodes: the largest, over the roots, of the least costliest-path value (see the
     module docstring). None where a cost is negative (a path is then no bound), a
     root has no acyclic derivation, or the deadline passed first."""
-    cost = egraph.node_cost
+    cost = egraph.low_cost  # an absorbed node is free on the path
     if (cost < 0).any():
         return None
     cost = cost.tolist()

@@ -49,12 +49,36 @@ def used_classes(egraph: EGraph, choice: Mapping[int, int], roots: Iterable[int]
 
 
 def check_choice(egraph: EGraph, choice: Mapping[int, int], roots: Iterable[int] | None = None) -> float:
-    """DAG cost of a valid choice: every chosen node reachable from the roots, paid once."""
+    """DAG cost of a valid choice: every chosen node reachable from the roots, paid
+    once, except absorbed ones (a non-root class whose chosen users all absorb its
+    chosen node; see egraph.py)."""
+    roots = egraph.roots if roots is None else tuple(roots)
     classes = used_classes(egraph, choice, roots)
-    cost = math.fsum(float(egraph.node_cost[choice[c]]) for c in classes)
+    waived = absorbed_classes(egraph, choice, classes, roots)
+    cost = math.fsum(float(egraph.node_cost[choice[c]]) for c in classes if c not in waived)
     if math.isinf(cost):
         raise ExtractionError(f"{egraph.source}: choice uses a node of infinite cost")
     return cost
+
+
+def absorbed_classes(egraph: EGraph, choice: Mapping[int, int], classes: Iterable[int],
+                     roots: Iterable[int]) -> set[int]:
+    """The used ``classes`` whose chosen node is absorbed by all its chosen users."""
+    classes = list(classes)
+    if not egraph.absorbers:
+        return set()
+    users: dict[int, set[int]] = {}
+    for c in classes:
+        node = choice[c]
+        for d in egraph.child_sets[node]:
+            users.setdefault(d, set()).add(node)
+    roots = set(roots)
+    out = set()
+    for c in classes:
+        absorbers = egraph.absorbers.get(choice[c])
+        if absorbers and c not in roots and users.get(c) and users[c] <= absorbers:
+            out.add(c)
+    return out
 
 
 def _children(egraph: EGraph, choice: Mapping[int, int], cls: int) -> tuple[int, ...]:

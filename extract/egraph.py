@@ -11,6 +11,14 @@ extraction-gym allow, or +inf ("never extract this node"). The DAG cost of a cho
 the costs of those chosen nodes, each paid once however many nodes use its class.
 With negative costs that sum is what every extractor minimizes and what check.py
 computes; a node is paid for only if its class is in use, never for being picked.
+
+A node may also be *absorbed* by some of its users (``absorbers``): then it is free
+whenever its class is no root and every chosen node that uses its class is one of
+them. That is how a nested concat costs what the one flat concat it becomes costs: an
+inner concat read only by concats on its axis is never materialized (the graph
+builder flattens it into them), so a chain of binary concats pays for one copy of
+its output, not one per level. Lower bounds (bounds.py, shrink.py) take an absorbable
+node at 0 (``low_cost``); the ILP prices it exactly (ilp_model.py).
 What is guaranteed then: the ILP is exact for this objective (its model only lets a
 class be chosen when a chosen node uses it, so unused negative nodes cannot lower
 it); tree and greedy DAG are heuristics on shifted costs (see tree.py) and return a
@@ -46,6 +54,7 @@ class EGraph:
         roots: list[int],
         ops: list[str],
         source: str = "<e-graph>",
+        absorbers: Mapping[int, Iterable[int]] | None = None,
     ):
         self.class_ids = tuple(class_ids)
         self.node_ids = tuple(node_ids)
@@ -56,6 +65,11 @@ class EGraph:
         self.roots = tuple(roots)
         self.ops = tuple(ops)
         self.source = source
+        # node -> the user nodes that absorb it (see the module docstring); only
+        # absorbable nodes are keys
+        # only nodes that cost something can be waived
+        self.absorbers = {int(n): frozenset(users) for n, users in (absorbers or {}).items()
+                          if users and self.node_cost[int(n)] > 0}
         members: list[list[int]] = [[] for _ in class_ids]
         for node, cls in enumerate(node_class):
             members[cls].append(node)
@@ -68,6 +82,13 @@ class EGraph:
     @property
     def n_classes(self) -> int:
         return len(self.class_ids)
+
+    @cached_property
+    def low_cost(self) -> np.ndarray:
+        """The least each node can cost in a choice: its cost, 0 where absorbable."""
+        low = self.node_cost.copy()
+        low[list(self.absorbers)] = 0.0
+        return low
 
     @cached_property
     def class_index(self) -> dict[str, int]:

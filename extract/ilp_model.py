@@ -1,8 +1,9 @@
 """The DAG-extraction integer program over a subset of e-nodes, built for HiGHS.
 
 Columns: one binary x per node, paid by its cost (so a shared node is paid once), then
-one continuous order variable t per class that lies on a cycle of the model's class
-graph. Rows:
+one continuous y in [0, 1] per absorbable node (egraph.py), which carries that node's
+cost instead of its x, then one continuous order variable t per class that lies on a
+cycle of the model's class graph. Rows:
 - each root class, and each class every extraction uses (``required``, from
   bounds.Necessity; valid for every acyclic choice, and what lifts the LP bound on
   resnet50 from 1 % of the optimum to 99.8 %): sum of its nodes = 1;
@@ -11,6 +12,10 @@ graph. Rows:
 - each node n of class c with a child class d in the same strongly connected component
   (size M): t_c - t_d >= 1 - M (1 - x_n), so chosen edges strictly descend in t.
   Edges between components can never close a cycle and get no order row.
+- each absorbable node m of class c and each node p of the model that uses c but does
+  not absorb m: y_m >= x_m + x_p - 1; and y_m >= x_m where c is a root. So m is paid
+  exactly when it is chosen and some chosen user does not absorb it (the objective
+  equals check.check_choice's cost on the used nodes);
 - only where some node of the model costs less than zero: each non-root class c:
   sum of c's nodes <= sum of the nodes that have c as a child (a class is chosen only
   if a chosen node uses it). With the order rows no chosen set of classes can hold
@@ -26,7 +31,7 @@ from collections import Counter
 import highspy
 import numpy as np
 
-from .check import used_classes
+from .check import absorbed_classes, used_classes
 from .cycles import strongly_connected
 from .egraph import EGraph
 from .result import OPTIMAL_GAP
@@ -53,13 +58,24 @@ class IlpModel:
             succ[cls].update(self.col_children[col])
         self.component = strongly_connected(len(classes), succ)
         self.component_size = Counter(self.component)
+        self.users: list[list[int]] = [[] for _ in classes]
+        for col, children in enumerate(self.col_children):
+            for child in children:
+                self.users[child].append(col)
+        # absorbable columns -> their y column
+        self.absorb_col = {col: len(nodes) + i for i, col in enumerate(
+            col for col, n in enumerate(nodes) if n in egraph.absorbers)}
+        first_order = len(nodes) + len(self.absorb_col)
         cyclic = [c for c in range(len(classes)) if self.component_size[self.component[c]] > 1]
-        self.order_col = {c: len(nodes) + i for i, c in enumerate(cyclic)}
+        self.order_col = {c: first_order + i for i, c in enumerate(cyclic)}
         self.negative = bool((egraph.node_cost[nodes] < 0).any()) if nodes else False
 
     @property
     def n_cols(self) -> int:
-        return len(self.nodes) + len(self.order_col)
+        return len(self.nodes) + len(self.absorb_col) + len(self.order_col)
+
+    def _cols(self, order: bool) -> int:
+        return self.n_cols if order else len(self.nodes) + len(self.absorb_col)
 
     def build(self, integer: bool, order: bool, verbose: bool = False, gap: float = OPTIMAL_GAP) -> highspy.Highs:
         """A HiGHS instance holding the model (the LP relaxation if not ``integer``;
@@ -72,14 +88,19 @@ class IlpModel:
         # Relative gaps only: the default absolute gap (1e-6) is 3 % of a 0.035 ms model.
         h.setOptionValue("mip_abs_gap", 0.0)
         nx = len(self.nodes)
-        n_cols = self.n_cols if order else nx
+        n_cols = self._cols(order)
         upper = np.ones(n_cols)
         if order:
             for cls, col in self.order_col.items():
                 upper[col] = self.component_size[self.component[cls]] - 1
         h.addVars(n_cols, np.zeros(n_cols), upper)
+        cost = np.zeros(n_cols)
+        cost[:nx] = self.egraph.node_cost[self.nodes]
+        for col, y in self.absorb_col.items():
+            cost[y], cost[col] = cost[col], 0.0
+        idx = np.arange(n_cols, dtype=np.int32)
+        h.changeColsCost(n_cols, idx, cost)
         idx = np.arange(nx, dtype=np.int32)
-        h.changeColsCost(nx, idx, self.egraph.node_cost[self.nodes])
         if integer:
             h.changeColsIntegrality(nx, idx, np.full(nx, highspy.HighsVarType.kInteger))
         _add_rows(h, self._rows(order))
@@ -100,22 +121,33 @@ class IlpModel:
                 if order and self.component[child] == self.component[cls] and cls in self.order_col:
                     big = float(self.component_size[self.component[cls]])
                     yield 1.0 - big, inf, [self.order_col[cls], self.order_col[child], col], [1.0, -1.0, -big]
+        roots = {self.class_pos[r] for r in self.roots}
+        for col, y in self.absorb_col.items():
+            cls = self.col_class[col]
+            absorbers = self.egraph.absorbers[self.nodes[col]]
+            if cls in roots:
+                yield 0.0, inf, [y, col], [1.0, -1.0]
+            for user in self.users[cls]:
+                if self.nodes[user] not in absorbers:
+                    yield -1.0, inf, [y, col, user], [1.0, -1.0, -1.0]
         if self.negative:
-            users: list[list[int]] = [[] for _ in self.members]
-            for col, children in enumerate(self.col_children):
-                for child in children:
-                    users[child].append(col)
-            roots = {self.class_pos[r] for r in self.roots}
             for cls, m in enumerate(self.members):
                 if cls not in roots:
-                    yield -inf, 0.0, m + users[cls], [1.0] * len(m) + [-1.0] * len(users[cls])
+                    yield -inf, 0.0, m + self.users[cls], [1.0] * len(m) + [-1.0] * len(self.users[cls])
 
     def start(self, choice: dict[int, int], order: bool) -> highspy.HighsSolution:
         """Column values of a valid choice whose nodes are all in the model."""
-        values = np.zeros(self.n_cols if order else len(self.nodes))
+        values = np.zeros(self._cols(order))
         col_of = {n: i for i, n in enumerate(self.nodes)}
         for node in choice.values():
             values[col_of[node]] = 1.0
+        if self.absorb_col:
+            classes = used_classes(self.egraph, choice, self.roots)
+            waived = absorbed_classes(self.egraph, choice, classes, self.roots)
+            for cls in classes:
+                y = self.absorb_col.get(col_of[choice[cls]])
+                if y is not None and cls not in waived:
+                    values[y] = 1.0
         if order:
             # Height within the component: children first, so each edge descends by >= 1.
             for cls0 in used_classes(self.egraph, choice, self.roots):

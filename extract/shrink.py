@@ -6,7 +6,9 @@ Every rule keeps at least one optimal solution (or the incumbent, for the bound 
 - a node costing more than a known solution on its own cannot be in a better one;
 - a node is dominated by another node of its class that costs no more and needs a
   subset of its child classes: swapping them keeps a solution complete and acyclic
-  (no new edges) and no dearer;
+  (no new edges) and no dearer. With absorption (egraph.py) "no more" compares the
+  other's full cost with the node's least (``low_cost``), and the other must absorb
+  every child node the node absorbs, so that the swap frees no child of its waiver;
 - a node that cannot be grounded (a child class with no kept node, or only nodes that
   lead back into cycles) can never be completed;
 - a node whose children all need its own class (bounds.Necessity) closes a cycle in
@@ -42,13 +44,14 @@ def shrink(
     deadline: float | None = None,
 ) -> Shrunk:
     cost = egraph.node_cost
+    low = egraph.low_cost
     child_sets = egraph.child_sets
     node_class = egraph.node_class.tolist()
     negative = bool((cost < 0).any())
     if negative:
         upper_bound = math.inf
     alive = [
-        n in protect or (cost[n] <= upper_bound and node_class[n] not in child_sets[n])
+        n in protect or (low[n] <= upper_bound and node_class[n] not in child_sets[n])
         for n in range(egraph.n_nodes)
     ]
 
@@ -59,7 +62,7 @@ def shrink(
         for i, members in enumerate(egraph.class_nodes):
             if i % 1024 == 0 and late():
                 break
-            _drop_dominated(members, alive, cost, child_sets, protect)
+            _drop_dominated(egraph, members, alive, protect)
     _settle(egraph, roots, alive, late)
     necessity = Necessity(egraph, alive, deadline)
     cyclic = [n for n in range(egraph.n_nodes) if alive[n] and n not in protect and necessity.cyclic(n)]
@@ -81,16 +84,40 @@ def _settle(egraph: EGraph, roots: tuple[int, ...], alive: list[bool], late) -> 
             break
 
 
-def _drop_dominated(members, alive, cost, child_sets, protect) -> None:
-    # Sorted by cost then fewer children, a node can only be dominated by an earlier one.
-    live = sorted((n for n in members if alive[n]), key=lambda n: (cost[n], len(child_sets[n]), n))
-    kept: list[frozenset] = []
+def _drop_dominated(egraph: EGraph, members, alive, protect) -> None:
+    cost, low, child_sets = egraph.node_cost, egraph.low_cost, egraph.child_sets
+    if not egraph.absorbers:
+        # Sorted by cost then fewer children, a node can only be dominated by an earlier one.
+        live = sorted((n for n in members if alive[n]), key=lambda n: (cost[n], len(child_sets[n]), n))
+        kept: list[frozenset] = []
+        for n in live:
+            children = frozenset(child_sets[n])
+            if n not in protect and any(kids <= children for kids in kept):
+                alive[n] = False
+            else:
+                kept.append(children)
+        return
+    live = sorted((n for n in members if alive[n]), key=lambda n: (low[n], len(child_sets[n]), n))
+    dominators: list[int] = []
     for n in live:
         children = frozenset(child_sets[n])
-        if n not in protect and any(kids <= children for kids in kept):
+        absorbed = _absorbed_children(egraph, n)
+        if n not in protect and any(
+                cost[m] <= low[n] and frozenset(child_sets[m]) <= children
+                and all(m in egraph.absorbers[k] for k in absorbed if k in _child_nodes(egraph, m))
+                for m in dominators):
             alive[n] = False
         else:
-            kept.append(children)
+            dominators.append(n)
+
+
+def _child_nodes(egraph: EGraph, node: int) -> set[int]:
+    return {k for d in egraph.child_sets[node] for k in egraph.class_nodes[d]}
+
+
+def _absorbed_children(egraph: EGraph, node: int) -> list[int]:
+    """The nodes of ``node``'s child classes that it absorbs."""
+    return [k for k in _child_nodes(egraph, node) if node in egraph.absorbers.get(k, ())]
 
 
 def _keep_groundable(egraph: EGraph, alive: list[bool]) -> None:

@@ -635,3 +635,79 @@ def test_an_optimal_answer_may_overstate_its_point_by_the_tolerance_only(monkeyp
     with caplog.at_level("WARNING", logger="taso_egg.extract.ilp"):
         strict = run(g, "ilp", gap_tolerance=0.0)
     assert "costs less" in caplog.text and strict.status != OPTIMAL
+
+
+# --- absorption (a nested concat costs nothing where only concats on its axis read it)
+
+def _with_absorbers(g, absorbers: dict[str, list[str]]):
+    """``g`` with node ids -> the node ids that absorb it."""
+    from taso_egg.extract.egraph import EGraph
+
+    idx = g.node_index
+    return EGraph(g.class_ids, g.node_ids, g.node_class, g.node_cost, g.node_children, g.roots, g.ops,
+                  g.source, absorbers={idx[n]: [idx[u] for u in users] for n, users in absorbers.items()})
+
+
+def test_an_absorbed_node_is_free_only_while_every_user_absorbs_it():
+    # r reads m through the outer concat o (which absorbs m's inner concat m.0) and,
+    # in r.1, also through a plain reader p: there m.0 is paid again.
+    g = _with_absorbers(load_egraph(egraph_dict({
+        "r": [(1.0, ["o"]), (1.0, ["o", "p"])],
+        "o": [(4.0, ["m", "x"])],
+        "p": [(1.0, ["m"])],
+        "m": [(4.0, ["x"]), (3.0, [])],
+        "x": [(0.0, [])],
+    })), {"m.0": ["o.0"]})
+    i = g.node_index
+    c = g.class_index
+    alone = {c["r"]: i["r.0"], c["o"]: i["o.0"], c["m"]: i["m.0"], c["x"]: i["x.0"]}
+    assert check_choice(g, alone) == 5.0  # r + o; the inner concat is absorbed
+    shared = {**alone, c["r"]: i["r.1"], c["p"]: i["p.0"]}
+    assert check_choice(g, shared) == 10.0  # r + o + p + m.0, now read by p too
+    assert g.low_cost[i["m.0"]] == 0.0 and g.low_cost[i["m.1"]] == 3.0
+    result = run(g, "ilp", time_limit=5)
+    assert result.dag_cost == 5.0 and result.status == OPTIMAL
+    assert result.choice[c["m"]] == i["m.0"]  # dearer alone, free under o
+
+
+def test_random_egraphs_with_absorbers_match_brute_force():
+    # The ILP, shrinking and the path bound against brute force, with random absorbers.
+    rng = random.Random(13)
+    checked = waived = 0
+    for trial in range(60):
+        names = [f"c{i}" for i in range(rng.randint(3, 6))]
+        classes = {
+            cls: [(float(rng.randint(0, 5)), rng.sample(names, rng.randint(0, 2))) for _ in range(rng.randint(1, 3))]
+            for cls in names
+        }
+        classes[names[-1]].append((9.0, []))
+        g = load_egraph(egraph_dict(classes, roots=[names[0]]))
+        absorbers = {}
+        for n in range(g.n_nodes):
+            users = [g.node_ids[u] for u in g.parents[g.node_class[n]] if rng.random() < 0.6]
+            if users and rng.random() < 0.5:
+                absorbers[g.node_ids[n]] = users
+        g = _with_absorbers(g, absorbers)
+        plain = load_egraph(egraph_dict(classes, roots=[names[0]]))
+        optimum = brute_force(g)
+        if optimum == float("inf"):
+            continue
+        waived += optimum < brute_force(plain)
+        bound = path_bound(g, [True] * g.n_nodes, g.roots)
+        assert bound is not None and bound <= optimum + 1e-9, f"trial {trial}: {classes} {absorbers}"
+        _ilp_exact_heuristics_above(g, optimum, f"trial {trial}: {classes} {absorbers}")
+        checked += 1
+    assert checked >= 30 and waived >= 5  # absorption lowered the optimum in some trials
+
+
+def test_shrink_keeps_a_reader_that_absorbs_what_its_dominator_would_not():
+    # a.1 costs more than a.0 and reads the same class, but absorbs m's inner concat
+    # (cost 5): a.0 + m.0 = 6, a.1 + m.0 = 2. Plain domination would drop a.1.
+    g = _with_absorbers(load_egraph(egraph_dict({
+        "r": [(0.0, ["a"])],
+        "a": [(1.0, ["m"]), (2.0, ["m"])],
+        "m": [(5.0, [])],
+    })), {"m.0": ["a.1"]})
+    kept = {g.node_ids[n] for n in shrink(g, g.roots, upper_bound=10.0).nodes}
+    assert "a.1" in kept
+    assert run(g, "ilp", time_limit=5).dag_cost == 2.0

@@ -373,11 +373,14 @@ def _rebuild_with_fusions(g: Graph, replace, classes: dict | None = None) -> Gra
 
 
 def _flatten_concats(g: Graph) -> Graph:
-    """concat(a, concat(b, c)) on one axis, inner used once -> concat(a, b, c)."""
-    users: dict[int, int] = {}
+    """concat(a, concat(b, c)) on one axis -> concat(a, b, c), where only concats on
+    that axis read the inner one (which then is never materialized: each reader copies
+    its parts, which costs what copying it would). Extraction prices nested concats
+    the same way (``api._nested_concats``)."""
+    readers: dict[int, set] = {}
     for n in g.nodes.values():
         for t in n.inputs:
-            users[t.node] = users.get(t.node, 0) + 1
+            readers.setdefault(t.node, set()).add(n.params.get("axis") if n.op == "concat" else "other")
     outputs = {t.node for _, t in g.outputs}
     changed = False
     for n in g.topo_order():
@@ -387,7 +390,7 @@ def _flatten_concats(g: Graph) -> Graph:
         for t in n.inputs:
             src = g.nodes[t.node]
             if src.op == "concat" and src.params["axis"] == n.params["axis"] \
-                    and users.get(src.id) == 1 and src.id not in outputs:
+                    and readers[src.id] == {n.params["axis"]} and src.id not in outputs:
                 flat.extend(src.inputs)
                 changed = True
             else:
