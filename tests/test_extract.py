@@ -541,18 +541,25 @@ def _valid_choices(g):
         yield cost, used_classes(g, choice), choice
 
 
+def _random_classes(rng):
+    """3-6 classes of 1-3 nodes, each costing 0-5 and reading up to two classes, one
+    leaf (cost 9) somewhere: names, {class: [(cost, children)]}."""
+    names = [f"c{i}" for i in range(rng.randint(3, 6))]
+    classes = {
+        cls: [(float(rng.randint(0, 5)), rng.sample(names, rng.randint(0, 2))) for _ in range(rng.randint(1, 3))]
+        for cls in names
+    }
+    classes[names[-1]].append((9.0, []))
+    return names, classes
+
+
 def test_bounds_hold_for_every_choice_of_random_egraphs():
     # Brute force: the longest-path bound never exceeds the optimum, every valid choice
     # uses every required class and takes no node called cyclic.
     rng = random.Random(11)
     checked = tight = 0
     for trial in range(60):
-        names = [f"c{i}" for i in range(rng.randint(3, 6))]
-        classes = {
-            cls: [(float(rng.randint(0, 5)), rng.sample(names, rng.randint(0, 2))) for _ in range(rng.randint(1, 3))]
-            for cls in names
-        }
-        classes[names[-1]].append((9.0, []))
+        names, classes = _random_classes(rng)
         g = load_egraph(egraph_dict(classes, roots=[names[0]]))
         alive = [True] * g.n_nodes
         necessity = Necessity(g, alive)
@@ -675,12 +682,7 @@ def test_random_egraphs_with_absorbers_match_brute_force():
     rng = random.Random(13)
     checked = waived = 0
     for trial in range(60):
-        names = [f"c{i}" for i in range(rng.randint(3, 6))]
-        classes = {
-            cls: [(float(rng.randint(0, 5)), rng.sample(names, rng.randint(0, 2))) for _ in range(rng.randint(1, 3))]
-            for cls in names
-        }
-        classes[names[-1]].append((9.0, []))
+        names, classes = _random_classes(rng)
         g = load_egraph(egraph_dict(classes, roots=[names[0]]))
         absorbers = {}
         for n in range(g.n_nodes):
