@@ -12,6 +12,11 @@ the costs of those chosen nodes, each paid once however many nodes use its class
 With negative costs that sum is what every extractor minimizes and what check.py
 computes; a node is paid for only if its class is in use, never for being picked.
 
+What is guaranteed then: the ILP is exact for this objective (its model only lets a
+class be chosen when a chosen node uses it, so unused negative nodes cannot lower
+it); tree and greedy DAG are heuristics on shifted costs (see tree.py) and return a
+valid choice, priced with the true costs.
+
 A node may also be *absorbed* by some of its users (``absorbers``): then it is free
 whenever its class is no root and every chosen node that uses its class is one of
 them. That is how a nested concat costs what the one flat concat it becomes costs: an
@@ -19,10 +24,6 @@ inner concat read only by concats on its axis is never materialized (the graph
 builder flattens it into them), so a chain of binary concats pays for one copy of
 its output, not one per level. Lower bounds (bounds.py, shrink.py) take an absorbable
 node at 0 (``low_cost``); the ILP prices it exactly (ilp_model.py).
-What is guaranteed then: the ILP is exact for this objective (its model only lets a
-class be chosen when a chosen node uses it, so unused negative nodes cannot lower
-it); tree and greedy DAG are heuristics on shifted costs (see tree.py) and return a
-valid choice, priced with the true costs.
 """
 
 from __future__ import annotations
@@ -65,9 +66,8 @@ class EGraph:
         self.roots = tuple(roots)
         self.ops = tuple(ops)
         self.source = source
-        # node -> the user nodes that absorb it (see the module docstring); only
-        # absorbable nodes are keys
-        # only nodes that cost something can be waived
+        # node -> the user nodes that absorb it (see the module docstring), for the
+        # absorbable nodes that cost something (nothing else has a cost to waive)
         self.absorbers = {int(n): frozenset(users) for n, users in (absorbers or {}).items()
                           if users and self.node_cost[int(n)] > 0}
         members: list[list[int]] = [[] for _ in class_ids]

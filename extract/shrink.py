@@ -86,38 +86,26 @@ def _settle(egraph: EGraph, roots: tuple[int, ...], alive: list[bool], late) -> 
 
 def _drop_dominated(egraph: EGraph, members, alive, protect) -> None:
     cost, low, child_sets = egraph.node_cost, egraph.low_cost, egraph.child_sets
-    if not egraph.absorbers:
-        # Sorted by cost then fewer children, a node can only be dominated by an earlier one.
-        live = sorted((n for n in members if alive[n]), key=lambda n: (cost[n], len(child_sets[n]), n))
-        kept: list[frozenset] = []
-        for n in live:
-            children = frozenset(child_sets[n])
-            if n not in protect and any(kids <= children for kids in kept):
-                alive[n] = False
-            else:
-                kept.append(children)
-        return
+    # Sorted by least cost then fewer children, a node can only be dominated by an
+    # earlier one (without absorption, the cost test below always holds for those).
     live = sorted((n for n in members if alive[n]), key=lambda n: (low[n], len(child_sets[n]), n))
-    dominators: list[int] = []
+    kept: list[tuple[int, frozenset]] = []
     for n in live:
         children = frozenset(child_sets[n])
-        absorbed = _absorbed_children(egraph, n)
-        if n not in protect and any(
-                cost[m] <= low[n] and frozenset(child_sets[m]) <= children
-                and all(m in egraph.absorbers[k] for k in absorbed if k in _child_nodes(egraph, m))
-                for m in dominators):
+        if n not in protect and any(cost[m] <= low[n] and kids <= children and _keeps_waivers(egraph, m, n)
+                                    for m, kids in kept):
             alive[n] = False
         else:
-            dominators.append(n)
+            kept.append((n, children))
 
 
-def _child_nodes(egraph: EGraph, node: int) -> set[int]:
-    return {k for d in egraph.child_sets[node] for k in egraph.class_nodes[d]}
-
-
-def _absorbed_children(egraph: EGraph, node: int) -> list[int]:
-    """The nodes of ``node``'s child classes that it absorbs."""
-    return [k for k in _child_nodes(egraph, node) if node in egraph.absorbers.get(k, ())]
+def _keeps_waivers(egraph: EGraph, m: int, n: int) -> bool:
+    """Whether ``m``, in ``n``'s place, absorbs every node of its child classes that
+    ``n`` absorbs."""
+    if not egraph.absorbers:
+        return True
+    return all(m in egraph.absorbers[k] for d in egraph.child_sets[m] for k in egraph.class_nodes[d]
+               if n in egraph.absorbers.get(k, ()))
 
 
 def _keep_groundable(egraph: EGraph, alive: list[bool]) -> None:
