@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from . import timing
 from .cost import DEFAULT_PROFILE, MIN_GAIN, CostModel, graph_cost, load_cost_model
 from .egraph.convert import build_graph
-from .egraph.pricing import ENodeConfigs, node_cost
+from .egraph.pricing import ENodeConfigs, nested_concats, node_cost
 from .egraph.saturate import Limits, Saturation, saturate
 from .errors import ExtractionError, LimitError, TasoEggError
 from .executor import random_inputs
@@ -174,21 +174,7 @@ def priced_egraph(saturation: Saturation, model: CostModel):
             concat_axis.append(n.params["axis"] if n.op == "concat" else None)
     roots = [index[r] for r in eg.roots]
     return xeg.EGraph(class_ids, node_ids, node_class, costs, children, roots, ops, "saturation",
-                      absorbers=_nested_concats(node_class, children, concat_axis)), configs
-
-
-def _nested_concats(node_class, children, concat_axis) -> dict[int, set[int]]:
-    """Each concat e-node -> the concats on its axis that read its class. The e-graph's
-    concat is binary; the graph builder flattens an inner concat that only concats on
-    its axis read (``convert._flatten_concats``), so such an inner concat costs
-    nothing (extract.egraph's absorption), and a chain costs one copy, as it runs."""
-    readers: dict[tuple[int, int], set[int]] = {}
-    for node, kids in enumerate(children):
-        if concat_axis[node] is not None:
-            for cls in kids:
-                readers.setdefault((cls, concat_axis[node]), set()).add(node)
-    return {node: readers[(node_class[node], axis)] for node, axis in enumerate(concat_axis)
-            if axis is not None and (node_class[node], axis) in readers}
+                      absorbers=nested_concats(node_class, children, concat_axis)), configs
 
 
 # An upper bound on ``measure``: each run times both graphs once more; past a few

@@ -35,11 +35,25 @@ def rules(*names):
     return [CORPUS[n] for n in names]
 
 
-def optimized(model, rule_names):
-    """The written model of ``optimize`` with these rules, analytic costs and no
-    min_gain, checked against the input in onnxruntime."""
+class ConvCount:
+    """Each conv costs 1, any other kernel 0.01: a cost model under which merging
+    convs pays, to test what a merged result is written as. (On the analytic CPU costs
+    two convs of one input cost about what the merge and its split cost, once a conv's
+    bias add is priced as fused into it, as it runs.)"""
+
+    name = "conv count"
+
+    def cost(self, config) -> float:
+        if config.op in ("input", "weight") or config.weight_only:
+            return 0.0
+        return 1.0 if config.op == "conv2d" else 0.01
+
+
+def optimized(model, rule_names, cost_model=None):
+    """The written model of ``optimize`` with these rules, analytic costs (unless
+    given) and no min_gain, checked against the input in onnxruntime."""
     g = taso_egg.load_onnx(model)
-    res = taso_egg.optimize(g, rules=rules(*rule_names), cost_model=AnalyticCost(), min_gain=0.0,
+    res = taso_egg.optimize(g, rules=rules(*rule_names), cost_model=cost_model or AnalyticCost(), min_gain=0.0,
                             reference=model)
     assert res.stats.chosen == "result", res.stats.kept_input
     out = taso_egg.export_onnx(res.graph)
@@ -95,7 +109,7 @@ MERGES = ("merge-conv-shared-input", "merge-conv-bias-shared-input", "relu-split
 def test_merged_convs_keep_their_biases_on_the_conv():
     """Conv(bias) -> Split -> Relu, which onnxruntime runs as one conv with its bias,
     not Conv -> Split -> Add -> Relu (the bias-less merge alone gives that)."""
-    out = optimized(_two_convs(relu_both=False), MERGES)
+    out = optimized(_two_convs(relu_both=False), MERGES, ConvCount())
     assert types(out) == {"Conv": 1, "Split": 1, "Relu": 1}
     prod = producers(out)
     (conv,) = [n for n in out.graph.node if n.op_type == "Conv"]
@@ -104,7 +118,7 @@ def test_merged_convs_keep_their_biases_on_the_conv():
 
 
 def test_merged_convs_with_relus_relu_before_the_split():
-    out = optimized(_two_convs(relu_both=True), MERGES)
+    out = optimized(_two_convs(relu_both=True), MERGES, ConvCount())
     assert types(out) == {"Conv": 1, "Relu": 1, "Split": 1}
     prod = producers(out)
     (split,) = [n for n in out.graph.node if n.op_type == "Split"]
@@ -199,3 +213,32 @@ def test_a_divisor_after_a_conv_and_its_bias_folds_into_both():
     out = optimized(model, SCALAR_RULES)
     (conv,) = out.graph.node
     assert conv.op_type == "Conv" and len(conv.input) == 3
+
+
+# --- a conv with its bias and activation is priced as the one kernel it is written as ------
+
+def test_extraction_prices_a_biased_conv_as_the_fused_conv_it_writes():
+    # conv+bias+relu twice and a residual add: the e-graph holds each as a three-input
+    # conv e-node (convert.add_fused_convs), so the extractor's objective is what the
+    # written graph costs, not conv + broadcast add + relu apart.
+    from taso_egg.api import extract_graph
+    from taso_egg.cost import graph_cost
+    from taso_egg.egraph.saturate import saturate
+
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c2", "x"], ["y"])]
+    inits = [init("w1", rand(8, 8, 3, 3)), init("b1", rand(8)), init("w2", rand(8, 8, 3, 3)), init("b2", rand(8))]
+    model = make_model(nodes, [vi("x", [1, 8, 10, 10])], [vi("y", None)], inits)
+    g = taso_egg.load_onnx(model)
+    sat = saturate(g, rules=[], count_classes=False)
+    fused = [n for nodes in sat.tensor_egraph().classes.values() for n in nodes
+             if n.op == "conv2d" and len(n.children) == 3]
+    assert sorted(n.params["activation"] for n in fused) == ["NONE", "NONE", "RELU"]
+    cost_model = AnalyticCost()
+    ext = extract_graph(sat, "ilp", cost_model)
+    assert ext.dag_cost == pytest.approx(graph_cost(ext.graph, cost_model), rel=1e-12)
+    assert graph_cost(ext.graph, cost_model) < graph_cost(g, cost_model)  # the relu fused too
+    assert sorted((n.op, len(n.inputs)) for n in ext.graph.nodes.values() if n.op not in ("input", "weight")) \
+        == [("conv2d", 3), ("conv2d", 3), ("ewadd", 2)]

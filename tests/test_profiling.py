@@ -295,8 +295,27 @@ def test_profiled_cost_uses_profile_then_calibrated_fallback():
     expected = sum(fallback if c.key == left_out.key else p.entries[c.key]["seconds"] for c in configs)
     assert total == pytest.approx(expected)
     n_left_out = sum(c.key == left_out.key for c in configs)
-    assert model.lookups() == {"measured": len(configs) - n_left_out, "estimated": n_left_out,
-                               "measured_configs": len(p.entries), "estimated_configs": 1}
+    assert model.lookups() == {"measured": len(configs) - n_left_out, "estimated": n_left_out, "borrowed": 0,
+                               "measured_configs": len(p.entries), "estimated_configs": 1,
+                               "borrowed_configs": 0}
+
+
+def test_an_unprofiled_conv_with_bias_and_activation_borrows_its_bare_time():
+    x, w, b = TensorType((1, 4, 8, 8)), TensorType((6, 4, 3, 3)), TensorType((6,))
+    params = {"strides": (1, 1), "padding": "SAME"}
+    bare = OpConfig.of("conv2d", dict(params, activation="NONE"), [x, w], None, [False, True])
+    fused = OpConfig.of("conv2d", dict(params, activation="RELU"), [x, w, b], None, [False, True, True])
+    p = Profile(_meta())
+    p.add(bare, _entry(2e-3))
+    model = ProfiledCost(p)
+    assert model.cost(fused) == 2e-3
+    assert model.lookups()["borrowed"] == 1 and model.lookups()["estimated"] == 0
+    relu = OpConfig.of("conv2d", dict(params, activation="RELU"), [x, w], None, [False, True])
+    p.add(relu, _entry(1e-3))  # the nearer sibling (same activation) wins
+    assert ProfiledCost(p).cost(fused) == 1e-3
+    other = OpConfig.of("conv2d", dict(params, activation="NONE"), [TensorType((1, 4, 9, 9)), w], None,
+                        [False, True])
+    assert ProfiledCost(p).cost(other) != 2e-3  # another shape is estimated, not borrowed
 
 
 def test_weight_only_work_costs_nothing():

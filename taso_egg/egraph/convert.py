@@ -22,8 +22,8 @@ from .language import (OP_OF_CONSTRUCTOR, constructor, decode_padding, egraph_pa
 # Operators the e-graph of any graph may hold beyond the graph's own: the conversion
 # writes conv biases as a broadcast add plus activation, broadcasts as reshapes, and
 # 0-d weights also as the scalars of their values.
-_RESHAPE, _BIAS_ADD, _SCALAR = "reshape", "ewadd", "scalar"
-CONVERSION_OPS = frozenset({_RESHAPE, _BIAS_ADD, _SCALAR} | {op for op in OPS if OPS[op].activation})
+_RESHAPE, BIAS_ADD, _SCALAR = "reshape", "ewadd", "scalar"
+CONVERSION_OPS = frozenset({_RESHAPE, BIAS_ADD, _SCALAR} | {op for op in OPS if OPS[op].activation})
 _ACTIVATION_OP = {OPS[op].activation: op for op in OPS if OPS[op].activation}
 
 
@@ -145,7 +145,7 @@ def _conv_with_bias(node: Node, ins: list[str], emit) -> str:
     conv = emit(f"(Conv2d {_params('conv2d', p)} {ins[0]} {ins[1]})")
     o = node.inputs[1].shape[0]
     bias = emit(f"({constructor(_RESHAPE)} {encode('IVec', (1, o, 1, 1))} {ins[2]})")
-    out = emit(f"({constructor(_BIAS_ADD)} {conv} {bias})")
+    out = emit(f"({constructor(BIAS_ADD)} {conv} {bias})")
     if act != "NONE":
         out = emit(f"({constructor(_ACTIVATION_OP[act])} {out})")
     return out
@@ -233,6 +233,61 @@ def _decode_node(nid, node, nodes, sort_of, value) -> ENode:
     return ENode(nid, name, params, children)
 
 
+def weight_only_classes(eg: TensorEGraph) -> set[str]:
+    """The classes computed from weights alone (folded at export)."""
+    out: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for cid, nodes in eg.classes.items():
+            if cid in out:
+                continue
+            for n in nodes:
+                leaf_const = n.op != "proj" and n.op in OPS and OPS[n.op].is_constant
+                derived = n.op not in ("opaque", "input", "tnil", "tcons") and n.children and \
+                    all(c in out for c in n.children)
+                if leaf_const or derived:
+                    out.add(cid)
+                    changed = True
+                    break
+    return out
+
+
+def add_fused_convs(eg: TensorEGraph) -> TensorEGraph:
+    """Add, in place, the convs the graph builder fuses as e-nodes of their own: a bias
+    add of a conv's class (an unfused two-input conv) and a weight-only per-channel
+    bias gets, in its class, a ``conv2d`` e-node of three children (input, kernel,
+    bias); an activation of such an add's class gets one with that activation. The
+    builder writes one as the conv, add and activation it stands for, which
+    ``fuse_bias_and_activation`` makes one conv again. So extraction can price a conv
+    with its bias and activation as the one kernel that runs, instead of the conv,
+    a broadcast add and an activation apart."""
+    weight_only = weight_only_classes(eg)
+    fused: dict[str, list[ENode]] = {}  # add's class -> its fused convs
+    for cid, nodes in list(eg.classes.items()):
+        for n in nodes:
+            if n.op != BIAS_ADD or len(n.children) != 2:
+                continue
+            for conv_cls, bias_cls in (n.children, n.children[::-1]):
+                shape = eg.shapes.get(conv_cls)
+                if bias_cls in weight_only and conv_cls not in weight_only and shape is not None \
+                        and len(shape) == 4 and fusable_bias(eg.shapes.get(bias_cls, ()), shape[1]):
+                    for m in eg.classes[conv_cls]:
+                        if m.op == "conv2d" and len(m.children) == 2 and m.params["activation"] == "NONE":
+                            fused.setdefault(cid, []).append(
+                                ENode(f"{n.id}/{m.id}", "conv2d", dict(m.params), m.children + [bias_cls]))
+                    break
+    for cid, nodes in list(eg.classes.items()):
+        for n in nodes:
+            act = OPS[n.op].activation if n.op in OPS else ""
+            if act and len(n.children) == 1:
+                eg.classes[cid].extend(ENode(f"{n.id}/{f.id}", "conv2d", dict(f.params, activation=act),
+                                             list(f.children)) for f in fused.get(n.children[0], ()))
+    for cid, convs in fused.items():
+        eg.classes[cid].extend(convs)
+    return eg
+
+
 def build_graph(eg: TensorEGraph, picks: list[tuple[str, str]], source: Graph,
                 opaque: dict[str, Node], classes: dict | None = None) -> Graph:
     """Rebuild a Graph from an extraction: (class, chosen node id) pairs, children
@@ -280,8 +335,19 @@ def _build_node(g: Graph, n: ENode, kids, weights, source, opaque):
     params = dict(n.params)
     if n.op == "concat":
         return g.add_node("concat", kids, axis=params["axis"])[0]
+    if n.op == "conv2d" and len(kids) == 3:  # a fused conv (add_fused_convs), fused again below
+        out = g.add_node(BIAS_ADD, [g.add_node("conv2d", kids[:2], **dict(params, activation="NONE"))[0],
+                                    kids[2]])[0]
+        act = params["activation"]
+        return out if act == "NONE" else g.add_node(_ACTIVATION_OP[act], [out])[0]
     outs = g.add_node(n.op, kids, **params)
     return outs if returns_tuple(n.op) else outs[0]
+
+
+def fusable_bias(shape: tuple, channels: int) -> bool:
+    """Whether a weight-only tensor of ``shape`` added to a conv's output of
+    ``channels`` channels is a per-channel bias the conv can take."""
+    return tuple(shape) in ((1, channels, 1, 1), (channels, 1, 1))
 
 
 def fuse_bias_and_activation(g: Graph, classes: dict | None = None) -> Graph:
@@ -305,11 +371,10 @@ def fuse_bias_and_activation(g: Graph, classes: dict | None = None) -> Graph:
         if n.op != "conv2d" or len(n.inputs) != 2 or n.params["activation"] != "NONE":
             continue
         add = sole_user(n.out())
-        if add is None or add.op != _BIAS_ADD:
+        if add is None or add.op != BIAS_ADD:
             continue
         other = add.inputs[1] if add.inputs[0].node == n.id else add.inputs[0]
-        o = n.outputs[0].shape[1]
-        if other.node not in weight_only or other.shape not in ((1, o, 1, 1), (o, 1, 1)):
+        if other.node not in weight_only or not fusable_bias(other.shape, n.outputs[0].shape[1]):
             continue
         act_node = sole_user(add.out())
         act = OPS[act_node.op].activation if act_node is not None and act_node.op in OPS else ""
@@ -376,7 +441,7 @@ def _flatten_concats(g: Graph) -> Graph:
     """concat(a, concat(b, c)) on one axis -> concat(a, b, c), where only concats on
     that axis read the inner one (which then is never materialized: each reader copies
     its parts, which costs what copying it would). Extraction prices nested concats
-    the same way (``api._nested_concats``)."""
+    the same way (``pricing.nested_concats``)."""
     readers: dict[int, set] = {}
     for n in g.nodes.values():
         for t in n.inputs:

@@ -1,6 +1,8 @@
 """Pricing e-nodes: the operator configuration each e-node of a saturated e-graph runs
 as if extracted (the cost model's key), shared by extraction (``api.extract_graph``)
-and the profiler (which measures every configuration a saturation could need)."""
+and the profiler (which measures every configuration a saturation could need); and
+which nested concats the graph builder flattens, so that extraction does not pay for
+them (``extract.egraph``'s absorption)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import math
 from ..cost import CostModel, OpConfig
 from ..errors import ShapeError, TasoEggError
 from ..ops import OPS, TensorType
-from .convert import TensorEGraph
+from .convert import TensorEGraph, weight_only_classes
 from .saturate import Saturation
 
 _FREE = ("proj", "tnil", "tcons")
@@ -22,7 +24,7 @@ class ENodeConfigs:
 
     def __init__(self, saturation: Saturation):
         self.eg = saturation.tensor_egraph()
-        self.weight_only = _weight_only_classes(self.eg)
+        self.weight_only = weight_only_classes(self.eg)
         self.opaque = saturation.program.opaque
         self.constant_nodes = saturation.graph.weight_only_nodes()
 
@@ -40,6 +42,10 @@ class ENodeConfigs:
         shapes = [self.eg.shapes.get(c) for c in n.children]
         if any(s is None for s in shapes):
             raise ShapeError(f"e-node {n.id} ({n.op}): an input has no known shape")
+        if n.op == "conv2d" and len(shapes) == 3:
+            # a fused conv (convert.add_fused_convs): its bias is the (o,) vector the
+            # written conv takes, not the e-graph's (1, o, 1, 1) view of it
+            shapes[2] = (shapes[1][0],)
         # dtypes as the e-graph's analysis has them: masks are bool, ids int64
         return OpConfig.of(n.op, n.params, [TensorType(tuple(s), self.eg.dtypes.get(c, "float32"))
                                             for s, c in zip(shapes, n.children)],
@@ -72,20 +78,17 @@ def node_cost(n, configs: ENodeConfigs, model: CostModel) -> float:
     return model.cost(config)
 
 
-def _weight_only_classes(eg: TensorEGraph) -> set[str]:
-    out: set[str] = set()
-    changed = True
-    while changed:
-        changed = False
-        for cid, nodes in eg.classes.items():
-            if cid in out:
-                continue
-            for n in nodes:
-                leaf_const = n.op != "proj" and n.op in OPS and OPS[n.op].is_constant
-                derived = n.op not in ("opaque", "input", "tnil", "tcons") and n.children and \
-                    all(c in out for c in n.children)
-                if leaf_const or derived:
-                    out.add(cid)
-                    changed = True
-                    break
-    return out
+# --- what the graph builder fuses, which extraction must not pay for -------------------
+
+def nested_concats(node_class, children, concat_axis) -> dict[int, set[int]]:
+    """Each concat e-node -> the concats on its axis that read its class. The e-graph's
+    concat is binary; the graph builder flattens an inner concat that only concats on
+    its axis read (``convert._flatten_concats``), so such an inner concat costs
+    nothing (extract.egraph's absorption), and a chain costs one copy, as it runs."""
+    readers: dict[tuple[int, int], set[int]] = {}
+    for node, kids in enumerate(children):
+        if concat_axis[node] is not None:
+            for cls in kids:
+                readers.setdefault((cls, concat_axis[node]), set()).add(node)
+    return {node: readers[(node_class[node], axis)] for node, axis in enumerate(concat_axis)
+            if axis is not None and (node_class[node], axis) in readers}

@@ -25,7 +25,7 @@ from itertools import count
 from ..errors import LimitError
 from ..graph import Graph
 from .admit import Admission, present_ops
-from .convert import GraphProgram, TensorEGraph, graph_to_program, read_serialized
+from .convert import GraphProgram, TensorEGraph, add_fused_convs, graph_to_program, read_serialized
 from .language import base_declarations, declarations
 from .rule_compiler import compile_probe, compile_rules
 
@@ -191,9 +191,10 @@ class Saturation:
         return _serialized(self.egraph, self.program)
 
     def tensor_egraph(self) -> TensorEGraph:
-        """The final e-graph, decoded (once: it no longer changes)."""
+        """The final e-graph, decoded (once: it no longer changes), with the fused
+        convs the graph builder writes as e-nodes of their own (``add_fused_convs``)."""
         if self._decoded is None:
-            self._decoded = read_serialized(self.serialized())
+            self._decoded = add_fused_convs(read_serialized(self.serialized()))
         return self._decoded
 
     def eclasses(self) -> int:

@@ -47,7 +47,7 @@ def _predict(graph, model) -> tuple[float, str]:
     model.reset_counts()
     total = graph_cost(graph, model) + model.profile.meta["calibration"]["run_overhead_s"]
     n = model.lookups()
-    return total, f"{n['measured']}/{n['measured'] + n['estimated']}"
+    return total, f"{n['measured']}/{n['measured'] + n['borrowed'] + n['estimated']}"
 
 
 class SameRunProfiles:
