@@ -14,7 +14,9 @@ Two models implement it:
 - ``ProfiledCost``: the times measured per operator configuration on one device
   (``profiles/<name>.json``, written by ``taso_egg.profiling``), with an AnalyticCost
   calibrated to that device's measured peak throughput, bandwidth and overhead as the
-  fallback for configurations not profiled. It counts measured and estimated lookups.
+  fallback for configurations not profiled (an unprofiled conv with a bias or an
+  activation borrows its profiled bare twin's time first). It counts measured,
+  borrowed and estimated lookups.
 
 Work on weights alone is folded at export and costs nothing in either model.
 """
@@ -80,8 +82,9 @@ class ProfiledCost:
         self.profile = profile
         self.fallback = AnalyticCost(f"analytic, calibrated on {profile.label}",
                                      cal["peak_flops"], cal["bandwidth"], cal["overhead_s"])
-        self.name = f"profile {profile.label} ({len(profile.entries)} configurations; " \
-                    f"unprofiled ones estimated from its measured peak)"
+        self.name = (f"profile {profile.label} ({len(profile.entries)} configurations; "
+                     f"an unprofiled conv with a bias or activation priced as its profiled bare twin, "
+                     f"other unprofiled ones estimated from its measured peak)")
         self.measured: Counter = Counter()   # key -> lookups
         self.estimated: Counter = Counter()
         self.borrowed: Counter = Counter()   # priced as a profiled sibling (_without_epilogue)
