@@ -1024,7 +1024,7 @@ def _dedupe(pairs, seen: set):
         yield rule, key
 
 
-def _default_orientations() -> str:
+def default_orientations() -> str:
     """``TASO_EGG_ORIENTATIONS`` (one of ORIENTATIONS) or ``given``: how load_corpus
     orients the corpus when not told, so that a whole command can be measured both ways."""
     return os.environ.get("TASO_EGG_ORIENTATIONS", "") or "given"
@@ -1062,7 +1062,7 @@ def load_corpus(names=None, include_unproved: bool = False, study: bool = False,
         available = sorted(chosen, key=lambda f: f.name)
     elif not study:
         available = [f for f in available if f.name not in STUDY_FILES]
-    orientations = orientations or _default_orientations()
+    orientations = orientations or default_orientations()
     rules: list[Rule] = []
     seen: dict[str, Rule] = {}
     same: set = set()

@@ -45,9 +45,9 @@ def main(argv=None) -> int:
     p.add_argument("--extractors", nargs="+", default=["greedy-dag", "ilp"])
     p.add_argument("--corpora", nargs="+", default=["default"], metavar="CORPUS",
                    help="rule corpora, a row each, interleaved per model: 'default' (what "
-                        "optimize loads), 'hand' (the hand rules alone), or a generated rule "
-                        "file's path (the hand rules and that file's proved rules, in place of "
-                        "the shipped generated ones)")
+                        "optimize loads), 'hand' (the hand rules alone), 'generated' (the shipped "
+                        "generated rules alone), or a generated rule file's path (the hand rules "
+                        "and that file's proved rules, in place of the shipped generated ones)")
     add_limit_arguments(p)
     p.add_argument("--profile", default="cpu-ort", help="cost profile name or path, or 'analytic'")
     p.add_argument("--measure", type=int, default=9,
@@ -58,8 +58,8 @@ def main(argv=None) -> int:
                         "can win at most)")
     args = p.parse_args(argv)
     for corpus in args.corpora:
-        if corpus not in ("default", "hand") and not Path(corpus).is_file():
-            p.error(f"--corpora: {corpus!r} is neither 'default', 'hand' nor a rule file")
+        if corpus not in ("default", "hand", "generated") and not Path(corpus).is_file():
+            p.error(f"--corpora: {corpus!r} is neither 'default', 'hand', 'generated' nor a rule file")
     if args.onnx:
         return _onnx_table(args)
     models = [(name, {}) for name in (args.models or ([] if args.bert_layers else ZOO_DEFAULT))]
@@ -113,17 +113,16 @@ def _zoo_table(models, args) -> int:
 
 
 def _corpus_label(corpus: str) -> str:
-    return (corpus if corpus in ("default", "hand") else Path(corpus).name)[:9]
+    from .generator.derive import corpus_label
+
+    return corpus_label(corpus)[:9]
 
 
 def _corpus(corpus: str) -> list:
-    from .rules.lang import load_corpus, load_rule_file
+    """What ``optimize`` would load (orientations included) for a corpus name or file."""
+    from .generator.derive import corpus_for
 
-    if corpus == "default":
-        return load_corpus()
-    if corpus == "hand":
-        return load_corpus(["taso_hand"])
-    return load_corpus(["taso_hand"]) + [r for r in load_rule_file(corpus) if r.proved]
+    return corpus_for(corpus, orientations=None)
 
 
 def _zoo_row(name: str, kwargs: dict, extractor: str, corpus: str, options: dict) -> dict:

@@ -149,6 +149,13 @@ def test_derive_command_prints_the_table(tmp_path, capsys):
     assert "derived (of 2)" in out and "1 not proved left out" in out
     assert main(["rules", "derive", str(path), "--corpus", "nothing"]) == 1
     assert "unknown corpus 'nothing'" in capsys.readouterr().err
+    # a rule file as a corpus: the hand rules and its proved rules (here the targets'
+    # own file, so each proved target derives itself), headed by the file's name
+    assert main(["rules", "derive", str(path), "--corpus", "axioms", str(path), "--iterations", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split()[1:] == ["axioms", "small.rul"]
+    lines = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.strip()}
+    assert lines["ewadd-3"][1] == "yes"
 
 
 def test_weight_guarded_corpus_rules_derive_targets_built_as_weights():

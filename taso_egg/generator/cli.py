@@ -74,7 +74,9 @@ def add_arguments(parser) -> None:
                    f"corpus {RULES_DIR / 'taso-reference.rules'})")
     p.add_argument("--corpus", nargs="+", default=None, metavar="NAME",
                    help="corpora to derive with: hand (the hand rules), default (hand + generated), "
-                        "axioms (the verifier's, both ways); default: all three")
+                        "generated (the generated rules alone), axioms (the verifier's, both ways), "
+                        "or a rule file (hand + its proved rules, in place of the shipped generated "
+                        "ones); default: hand, default and axioms")
     p.add_argument("--orientations", default="given", help="given (as the files hold them), "
                    "shrinking (adds the reverses that do not grow a term) or both (every reverse) "
                    "for the hand and default corpora")
@@ -347,8 +349,9 @@ def _derive(args) -> int:
 
     corpora = tuple(args.corpus or CORPORA)
     for name in corpora:
-        if name not in CORPORA:
-            raise RuleError(f"unknown corpus {name!r}; choose from {', '.join(CORPORA)}")
+        if name not in CORPORA + ("generated",) and not Path(name).is_file():
+            raise RuleError(f"unknown corpus {name!r}: neither one of {', '.join(CORPORA)}, generated "
+                            f"nor a rule file")
     if args.orientations not in ORIENTATIONS:
         raise RuleError(f"--orientations must be one of {', '.join(ORIENTATIONS)}, got "
                         f"{args.orientations!r}")

@@ -208,26 +208,43 @@ def _corpus_egraph(ref: _CorpusRef):
 
 # The corpora a rule file is measured against: the hand rules, the default corpus
 # (hand + generated), and the verifier's axioms as rewrites in both orientations.
-CORPORA = ("hand", "default", "axioms")
+CORPORA = ("hand", "default", "axioms")  # what `rules derive` compares when not told
 # Deeper than the generator's pruning: a reference rule may be several steps away. Each
 # target is saturated alone, so the corpus's multi-pattern rules (its merges) run as in
 # saturation's default: they cannot pair up across targets.
 DERIVE_LIMITS = Limits(nodes=60_000, iterations=8, seconds=60.0, multi_iterations=2)
 
 
-def corpus_for(name: str, orientations: str = "given") -> list:
-    """The rules of corpus ``name`` (one of CORPORA); the axioms always both ways
-    (as the verifier uses them), the others as ``orientations`` says."""
-    from ..rules.lang import AXIOM_FILES, corpus_files, load_corpus, load_rule_file, with_orientations
+def corpus_for(name: str, orientations: str | None = "given") -> list:
+    """The rules of corpus ``name``: ``hand`` (the hand rules), ``default`` (hand and
+    generated: what ``optimize`` loads), ``generated`` (the shipped generated rules
+    alone), ``axioms`` (the verifier's, always both ways, as it uses them), or the
+    path of a rule file (the hand rules and that file's proved rules, in place of the
+    shipped generated ones). The others are oriented as ``orientations`` says (None:
+    ``load_corpus``'s default, ``TASO_EGG_ORIENTATIONS`` or ``given``)."""
+    from ..rules.lang import (AXIOM_FILES, corpus_files, default_orientations, load_corpus, load_rule_file,
+                              with_orientations)
 
     if name == "hand":
         return load_corpus(["taso_hand"], orientations=orientations)
     if name == "default":
         return load_corpus(orientations=orientations)
+    if name == "generated":
+        return load_corpus(["generated"], orientations=orientations)
     if name == "axioms":
         folder = Path(corpus_files()[0]).parent
         return with_orientations(load_rule_file(folder / AXIOM_FILES[0]), "both")
-    raise RuleError(f"unknown corpus {name!r}; choose from {', '.join(CORPORA)}")
+    if Path(name).is_file():
+        proved = [r for r in load_rule_file(name) if r.proved]
+        return load_corpus(["taso_hand"], orientations=orientations) + \
+            with_orientations(proved, orientations or default_orientations())
+    raise RuleError(f"unknown corpus {name!r}: neither one of hand, default, generated, axioms "
+                    f"nor a rule file")
+
+
+def corpus_label(name: str) -> str:
+    """A corpus's name as a table column shows it: a file by its name."""
+    return name if name in CORPORA + ("generated",) else Path(name).name
 
 
 @dataclass
@@ -247,7 +264,7 @@ class DerivationTable:
 
     def text(self) -> str:
         width = max([len("rule")] + [len(r.name) for r in self.rules])
-        head = f"{'rule':<{width}}" + "".join(f"{c:>10}" for c in self.corpora)
+        head = f"{'rule':<{width}}" + "".join(f"{corpus_label(c)[:9]:>10}" for c in self.corpora)
         rows = [head, "-" * len(head)]
         for i, r in enumerate(self.rules):
             rows.append(f"{r.name:<{width}}" + "".join(f"{self.cells[c][i]:>10}" for c in self.corpora))
