@@ -403,3 +403,16 @@ def test_generator_discovers_and_proves_normalization_rules():
     assert "(weight ?v0)" in proved[bn].to_text()
     # along the normalized axis nothing splits: no such rule is proved
     assert not any("(concat 1 (layernorm" in k for k in proved)
+
+
+def test_a_scalar_moved_between_activations_is_pruned_into_a_weight_kept():
+    # smul(x . a, s) = (s x) . a moves attention's scale among activations (dropped);
+    # with a weight in a's place the scalar can fold into it, and the rule stays.
+    menu = Menu("scale", (LeafSpec("x0", (2, 4), "activation", "x"), LeafSpec("a0", (4, 3), "activation", "a"),
+                          LeafSpec("w0", (4, 3), "weight", "w"), LeafSpec("s", (), "scalar", "s")),
+                (choice("matmul", activation="NONE"), choice("smul")))
+    e, p, rules = _run(menu, 2)
+    assert p.dropped["moves a scalar between activations"] == 2
+    texts = [f"{r.lhs[0]} => {r.rhs[0]}" for r in rules]
+    assert "(smul (matmul NONE ?x0 ?w0) ?s0) => (matmul NONE ?x0 (smul ?w0 ?s0))" in texts
+    assert not any("?a0" in t and "matmul" in t for t in texts)
