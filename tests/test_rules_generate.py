@@ -416,3 +416,18 @@ def test_a_scalar_moved_between_activations_is_pruned_into_a_weight_kept():
     texts = [f"{r.lhs[0]} => {r.rhs[0]}" for r in rules]
     assert "(smul (matmul NONE ?x0 ?w0) ?s0) => (matmul NONE ?x0 (smul ?w0 ?s0))" in texts
     assert not any("?a0" in t and "matmul" in t for t in texts)
+
+
+def test_a_merge_that_a_hand_merge_implies_is_not_emitted():
+    # The derivation batches keep multi-pattern rules off; merges are checked alone
+    # with them on, so the generated x.w0, x.w1 merge (the hand rule's instance for
+    # one activation) is derivable, while without the hand merge it is emitted.
+    from taso_egg.generator.pipeline import generate_rules
+
+    menu = Menu("merge", (LeafSpec("x0", (2, 4), "activation", "x"),
+                          LeafSpec("w0", (4, 4), "weight", "w"), LeafSpec("w1", (4, 4), "weight", "w")),
+                (choice("matmul", activation="NONE"), choice("concat", axis=1), choice("split", axis=1)))
+    alone, _ = generate_rules(3, menu, base=[])
+    assert any(r.multi and r.proved for r in alone)
+    with_hand, _ = generate_rules(3, menu, base=_hand("merge-matmul-shared-input"))
+    assert not any(r.multi for r in with_hand)

@@ -8,13 +8,14 @@ import sys
 import time
 from collections import Counter
 from contextlib import contextmanager
+from dataclasses import replace
 
 from taso_egg.errors import RuleError, TasoEggError
 
 from ..rules.lang import Proof, Rule, load_corpus
 from ..rules.verify import DEFAULT_RLIMIT, STATUSES, verify_rules
 from ..rules.workers import map_in_order, worker_pool
-from .derive import check_derivable
+from .derive import DEFAULT_LIMITS as DERIVATION_LIMITS, check_derivable
 from .enumerate import MENUS, enumerate_terms
 from .prune import generalize_or_pin, pinned_to_example, prune, sized_rules
 
@@ -108,6 +109,27 @@ def _cycle_collector_paused():
             gc.enable()
 
 
+# A merge candidate alone: the batches' limits, with the multi-pattern rules on.
+MERGE_LIMITS = replace(DERIVATION_LIMITS, multi_iterations=2)
+
+
+def _derive_merges_alone(work, known, derivation, pool, jobs) -> None:
+    """The two-output candidates (merges) that the batches left underived, each saturated
+    alone with the multi-pattern rules on: the batches keep those off (the constants
+    every candidate shares pair them up across candidates), so a generated merge that a
+    hand merge implies (``x.w0, x.w1`` as one matmul of ``concat(w0, w1)``, for one
+    activation) came out again and doubled that merge's matches in every saturation.
+    Updates ``derivation`` in place."""
+    merges = [k for k, r in enumerate(work) if r.multi and not derivation.derived[k]]
+    if not merges:
+        return
+    alone = check_derivable([work[k] for k in merges], known, limits=MERGE_LIMITS, batch=1, pool=pool, jobs=jobs)
+    for k, derived, example_only in zip(merges, alone.derived, alone.example_only):
+        derivation.derived[k] = derived
+        derivation.example_only[k] = example_only
+    derivation.seconds = round(derivation.seconds + alone.seconds, 3)
+
+
 def _generate_level(candidates, known, found_by, rlimit, workers, progress_bars, failed):
     """One size level of :func:`generate_rules`: derivability, numeric check, proof,
     each spread over ``workers`` (a worker pool or None, and its size). Returns
@@ -125,6 +147,7 @@ def _generate_level(candidates, known, found_by, rlimit, workers, progress_bars,
                                  progress=(lambda d, n: bar.update(d - bar.n)) if bar else None)
     if bar:
         bar.close()
+    _derive_merges_alone(work, known, derivation, pool, jobs)
     start = time.perf_counter()
     derived = [derivation.derived[position[first[i]]] for i in range(len(candidates))]
     todo = [k for k, r in enumerate(work) if not derivation.derived[k]]
