@@ -57,8 +57,10 @@ def main(argv=None) -> int:
                         "by operator as it runs them after its own fusions (what any rewrite "
                         "can win at most)")
     args = p.parse_args(argv)
+    from .generator.derive import is_corpus
+
     for corpus in args.corpora:
-        if corpus not in ("default", "hand", "generated") and not Path(corpus).is_file():
+        if corpus == "axioms" or not is_corpus(corpus):  # the axioms both ways are no corpus to optimize with
             p.error(f"--corpora: {corpus!r} is neither 'default', 'hand', 'generated' nor a rule file")
     if args.onnx:
         return _onnx_table(args)

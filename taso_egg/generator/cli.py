@@ -345,12 +345,12 @@ def _derive(args) -> int:
     from dataclasses import replace
 
     from ..rules.lang import ORIENTATIONS
-    from .derive import CORPORA, DERIVE_LIMITS, derive_table
+    from .derive import CORPORA, DERIVE_LIMITS, NAMED_CORPORA, derive_table, is_corpus
 
     corpora = tuple(args.corpus or CORPORA)
     for name in corpora:
-        if name not in CORPORA + ("generated",) and not Path(name).is_file():
-            raise RuleError(f"unknown corpus {name!r}: neither one of {', '.join(CORPORA)}, generated "
+        if not is_corpus(name):
+            raise RuleError(f"unknown corpus {name!r}: neither one of {', '.join(NAMED_CORPORA)} "
                             f"nor a rule file")
     if args.orientations not in ORIENTATIONS:
         raise RuleError(f"--orientations must be one of {', '.join(ORIENTATIONS)}, got "

@@ -209,6 +209,7 @@ def _corpus_egraph(ref: _CorpusRef):
 # The corpora a rule file is measured against: the hand rules, the default corpus
 # (hand + generated), and the verifier's axioms as rewrites in both orientations.
 CORPORA = ("hand", "default", "axioms")  # what `rules derive` compares when not told
+NAMED_CORPORA = CORPORA + ("generated",)  # the names corpus_for takes besides a rule file
 # Deeper than the generator's pruning: a reference rule may be several steps away. Each
 # target is saturated alone, so the corpus's multi-pattern rules (its merges) run as in
 # saturation's default: they cannot pair up across targets.
@@ -238,13 +239,17 @@ def corpus_for(name: str, orientations: str | None = "given") -> list:
         proved = [r for r in load_rule_file(name) if r.proved]
         return load_corpus(["taso_hand"], orientations=orientations) + \
             with_orientations(proved, orientations or default_orientations())
-    raise RuleError(f"unknown corpus {name!r}: neither one of hand, default, generated, axioms "
-                    f"nor a rule file")
+    raise RuleError(f"unknown corpus {name!r}: neither one of {', '.join(NAMED_CORPORA)} nor a rule file")
+
+
+def is_corpus(name: str) -> bool:
+    """Whether ``corpus_for`` takes ``name``: one of NAMED_CORPORA or a rule file."""
+    return name in NAMED_CORPORA or Path(name).is_file()
 
 
 def corpus_label(name: str) -> str:
     """A corpus's name as a table column shows it: a file by its name."""
-    return name if name in CORPORA + ("generated",) else Path(name).name
+    return name if name in NAMED_CORPORA else Path(name).name
 
 
 @dataclass
