@@ -541,16 +541,17 @@ def _valid_choices(g):
         yield cost, used_classes(g, choice), choice
 
 
-def _random_classes(rng):
+def _random_egraph(rng):
     """3-6 classes of 1-3 nodes, each costing 0-5 and reading up to two classes, one
-    leaf (cost 9) somewhere: names, {class: [(cost, children)]}."""
+    leaf (cost 9) somewhere, rooted at the first: ({class: [(cost, children)]}, the
+    loaded e-graph)."""
     names = [f"c{i}" for i in range(rng.randint(3, 6))]
     classes = {
         cls: [(float(rng.randint(0, 5)), rng.sample(names, rng.randint(0, 2))) for _ in range(rng.randint(1, 3))]
         for cls in names
     }
     classes[names[-1]].append((9.0, []))
-    return names, classes
+    return classes, load_egraph(egraph_dict(classes, roots=[names[0]]))
 
 
 def test_bounds_hold_for_every_choice_of_random_egraphs():
@@ -559,8 +560,7 @@ def test_bounds_hold_for_every_choice_of_random_egraphs():
     rng = random.Random(11)
     checked = tight = 0
     for trial in range(60):
-        names, classes = _random_classes(rng)
-        g = load_egraph(egraph_dict(classes, roots=[names[0]]))
+        classes, g = _random_egraph(rng)
         alive = [True] * g.n_nodes
         necessity = Necessity(g, alive)
         required = necessity.required(g.roots)
@@ -682,15 +682,13 @@ def test_random_egraphs_with_absorbers_match_brute_force():
     rng = random.Random(13)
     checked = waived = 0
     for trial in range(60):
-        names, classes = _random_classes(rng)
-        g = load_egraph(egraph_dict(classes, roots=[names[0]]))
+        classes, plain = _random_egraph(rng)
         absorbers = {}
-        for n in range(g.n_nodes):
-            users = [g.node_ids[u] for u in g.parents[g.node_class[n]] if rng.random() < 0.6]
+        for n in range(plain.n_nodes):
+            users = [plain.node_ids[u] for u in plain.parents[plain.node_class[n]] if rng.random() < 0.6]
             if users and rng.random() < 0.5:
-                absorbers[g.node_ids[n]] = users
-        g = _with_absorbers(g, absorbers)
-        plain = load_egraph(egraph_dict(classes, roots=[names[0]]))
+                absorbers[plain.node_ids[n]] = users
+        g = _with_absorbers(plain, absorbers)
         optimum = brute_force(g)
         if optimum == float("inf"):
             continue
