@@ -4,6 +4,7 @@ the rule language, and the `taso-egg rules` commands, on tiny menus (seconds eac
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -94,6 +95,20 @@ def test_false_matches_are_caught(monkeypatch):
     _, p, rules = _run(menu, 1)
     assert p.dropped["false match"] == 1
     assert rules == []
+
+
+def test_rules_over_a_computed_constant_are_pruned_and_subtraction_is_proved():
+    # x - x and x / x read an input but compute a constant: every rule built on one is junk
+    from taso_egg.generator.pipeline import generate_rules
+
+    menu = Menu("sub", (LeafSpec("x0", (2, 4), "activation", "x"), LeafSpec("x1", (2, 4), "activation", "x")),
+                (choice("ewadd"), choice("ewsub"), choice("ewdiv")))
+    e, p, rules = _run(menu, 2)
+    assert p.dropped["computes a constant"] > 0
+    assert not any(re.search(r"\((ewsub|ewdiv) (\?\w+) \2\)", str(s)) for r in rules for s in r.lhs + r.rhs)
+    proved, _ = generate_rules(2, menu, base=[])
+    sides = {_sides(r) for r in proved if r.proved}
+    assert ("(ewsub (ewadd ?x0 ?x1) ?x1)", "?x0") in sides  # proved from ax-ewsub-cancels
 
 
 def test_two_output_merge_is_found():
