@@ -61,7 +61,8 @@ from .shapes import ShapeFacts, form_expr, general_example, shape_guards
 
 REASONS = ("transitive", "weight-only", "renamed duplicate", "false match", "computes a constant",
            "implied in context", "common subgraph", "unbound variables", "rearranges a broadcast",
-           "groups convs", "moves a scalar between activations", "decomposes", "merges no weight", "split off a boundary")
+           "groups convs", "moves a scalar between activations", "decomposes", "merges no weight",
+           "split off a boundary")
 
 
 @dataclass
@@ -310,16 +311,22 @@ def _single_reason(e: Enumeration, a: int, b: int, seen: set) -> str | None:
 def _computes_a_constant(e: Enumeration, tid: int) -> bool:
     """An operator of the term that reads an input (not only generated constants) has
     the same value on the integer fingerprint draw and the real-valued check draw."""
-    specs = _leaf_specs(e)
-    for n in e.terms[tid].nodes:
+    return any(_constant_node(e, n) for n in e.terms[tid].nodes)
+
+
+def _constant_node(e: Enumeration, n: int) -> bool:
+    # memoized on the enumeration: a class's representative is tested against every member
+    memo = e.__dict__.setdefault("_constant_nodes", {})
+    if n not in memo:
         t = e.terms[n]
+        specs = _leaf_specs(e)
         if all(specs[lf].role.startswith("const_") for lf in t.leaves):
-            continue
-        drawn = e.values[n] if t.op == "split" else [e.values[n]]
-        with np.errstate(all="ignore"):
-            if all(_close(np.asarray(a), np.asarray(b)) for a, b in zip(drawn, e.check_outputs(n))):
-                return True
-    return False
+            memo[n] = False
+        else:
+            drawn = e.values[n] if t.op == "split" else [e.values[n]]
+            with np.errstate(all="ignore"):
+                memo[n] = all(_close(np.asarray(a), np.asarray(b)) for a, b in zip(drawn, e.check_outputs(n)))
+    return memo[n]
 
 
 def _rearranges_broadcast(e: Enumeration, tid: int) -> bool:
