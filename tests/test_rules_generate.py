@@ -446,3 +446,18 @@ def test_a_merge_that_a_hand_merge_implies_is_not_emitted():
     assert any(r.multi and r.proved for r in alone)
     with_hand, _ = generate_rules(3, menu, base=_hand("merge-matmul-shared-input"))
     assert not any(r.multi for r in with_hand)
+
+
+def test_a_weight_is_guarded_only_where_a_concat_joins_it():
+    # b + concat(x, x) = concat(b + x, b + x) concatenates sums, activations: the bias is
+    # no concatenated weight and stays unguarded (a weight anywhere under a concat once
+    # was guarded, a conv's kernel too, so such rules missed every graph whose kernel or
+    # bias is computed); where a concat joins the bias itself, (weight ?b0) stays.
+    menu = Menu("guards", (LeafSpec("x0", (2, 4), "activation", "x"), LeafSpec("b0", (1, 4), "bias", "b")),
+                (choice("ewadd"), choice("concat", axis=0)))
+    _, _, rules = _run(menu, 3)
+    texts = {f"{r.lhs[0]} => {r.rhs[0]}": r for r in rules}
+    spread = texts["(ewadd ?b0 (concat 0 ?x0 ?x0)) => (concat 0 (ewadd ?b0 ?x0) (ewadd ?b0 ?x0))"]
+    assert "(weight ?b0)" not in map(str, spread.guards)
+    joined = [r for t, r in texts.items() if "(concat 0 ?b0 " in t.split(" => ")[1]]
+    assert joined and all("(weight ?b0)" in map(str, r.guards) for r in joined)

@@ -565,17 +565,20 @@ def _pinned_shape_guards(e, tids, names, leaves):
 def _weight_guards(e, lhs, rhs, names, leaves):
     """A merge pays off only when the concatenated operands are weights (folded at
     export), so weights concatenated by the rhs must be weights; ``before`` applies a
-    symmetric two-output merge once."""
+    symmetric two-output merge once. A weight is concatenated where a concat's operand
+    computes from weights alone and reads it: a kernel under a conv under a concat is
+    not (the concat joins the conv's activations), and guarding it would keep the rule
+    from every graph whose kernel is computed."""
     concatenated = []
 
-    def walk(tid, under_concat):
+    def walk(tid, concatenated_here):
         t = e.terms[tid]
         if t.op == "leaf":
-            if under_concat and t.leaf.name in names and t.leaf.name not in concatenated:
+            if concatenated_here and t.leaf.name in names and t.leaf.name not in concatenated:
                 concatenated.append(t.leaf.name)
             return
         for c in t.children:
-            walk(c, under_concat or t.op == "concat")
+            walk(c, (concatenated_here or t.op == "concat") and e.terms[c].weight_only)
 
     for t in rhs:
         walk(t, False)
