@@ -160,6 +160,21 @@ def test_derive_command_prints_the_table(tmp_path, capsys):
 
 def test_weight_guarded_corpus_rules_derive_targets_built_as_weights():
     merge = next(r for r in RULES if r.name == "taso-merge-matmul-shared-input")
-    # the hand merge applies to weights only (a scheduling guard): so does its derivation
-    assert derive_table([merge], ("hand",)).cells["hand"] == ["no"]
-    assert derive_table([merge], ("hand",), weights=True).cells["hand"] == ["yes"]
+    # the hand merge applies to weights only (a scheduling guard): so does its derivation;
+    # a matmul's operand is no kernel (attention multiplies activations)
+    assert derive_table([merge], ("hand",), weights="kernels").cells["hand"] == ["no"]
+    assert derive_table([merge], ("hand",), weights="all").cells["hand"] == ["yes"]
+    conv_merge = next(r for r in RULES if r.name == "taso-merge-conv-shared-input")
+    assert derive_table([conv_merge], ("hand",), weights="none").cells["hand"] == ["no"]
+    assert derive_table([conv_merge], ("hand",)).cells["hand"] == ["yes"]  # kernels: as in a model
+
+
+def test_kernels_are_what_a_conv_reads_as_its_kernel():
+    from taso_egg.generator.derive import kernel_operands, kernel_vars
+
+    assert kernel_operands()["conv2d"] == {1}
+    enlarged = next(r for r in RULES if r.name == "taso-concat-conv-enlarged")
+    assert kernel_vars(enlarged) == ["w1", "w2"]  # in the rhs under concat and enlarge too
+    assert kernel_vars(next(r for r in RULES if r.name == "taso-merge-matmul-shared-input")) == []
+    with pytest.raises(RuleError, match="weights must be one of"):
+        derive_table([enlarged], ("hand",), weights="some")

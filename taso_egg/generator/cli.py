@@ -82,9 +82,10 @@ def add_arguments(parser) -> None:
                    "for the hand and default corpora")
     p.add_argument("--iterations", type=int, default=None, help="saturation iterations per target "
                    "(default 8)")
-    p.add_argument("--weights", action="store_true", help="build the targets' tensors as weights, "
-                   "so that the corpus rules guarded to weight-only tensors (merges, scalars moved "
-                   "into weights) apply")
+    p.add_argument("--weights", default="kernels", help="which of the targets' tensors are built "
+                   "as weights: kernels (what a conv reads as its kernel, as in an exported model; the "
+                   "default), none (every tensor an activation) or all (so that every corpus rule guarded "
+                   "to weights, the merges and scalars moved into weights, can apply)")
 
 
 def _shipped_names() -> str:
@@ -345,7 +346,7 @@ def _derive(args) -> int:
     from dataclasses import replace
 
     from ..rules.lang import ORIENTATIONS
-    from .derive import CORPORA, DERIVE_LIMITS, NAMED_CORPORA, derive_table, is_corpus
+    from .derive import CORPORA, DERIVE_LIMITS, NAMED_CORPORA, WEIGHT_BUILDS, derive_table, is_corpus
 
     corpora = tuple(args.corpus or CORPORA)
     for name in corpora:
@@ -357,6 +358,8 @@ def _derive(args) -> int:
                         f"{args.orientations!r}")
     if args.iterations is not None and args.iterations < 1:
         raise RuleError(f"--iterations must be at least 1, got {args.iterations}")
+    if args.weights not in WEIGHT_BUILDS:
+        raise RuleError(f"--weights must be one of {', '.join(WEIGHT_BUILDS)}, got {args.weights!r}")
     (path,) = _files([args.file])
     rules = load_rule_file(path)
     targets = [r for r in rules if r.proved]
@@ -370,5 +373,7 @@ def _derive(args) -> int:
           f"each saturated alone, {limits.iterations} iterations ({limits.multi_iterations} with the "
           f"multi-pattern rules), {limits.nodes} e-nodes at most; "
           f"'example': derived on its example shapes, not on a variant"
-          + ("; tensors built as weights" if args.weights else ""))
+          + {"kernels": "; conv kernels built as weights, the other tensors as activations",
+             "none": "; every tensor built as an activation",
+             "all": "; every tensor built as a weight"}[args.weights])
     return 0

@@ -284,26 +284,75 @@ class DerivationTable:
         return "\n".join(rows)
 
 
-def as_weights(rule: Rule) -> Rule:
-    """The rule with every tensor variable guarded ``(weight ?v)``: its instances are
-    built of weights, so corpus rules that apply only to weight-only tensors (the
-    merges, the scalar moves into weights: scheduling, not truth) can fire on them."""
+# How a target's tensors are built: ``kernels`` as an exported model has them (what a
+# conv reads as its kernel is an initializer; everything else an activation), ``none``
+# every tensor an activation, ``all`` every tensor a weight.
+WEIGHT_BUILDS = ("kernels", "none", "all")
+
+
+def kernel_operands() -> dict:
+    """``{operator: operand positions}`` that the generator's menu feeds from weights
+    alone (a conv's kernel, enlarge's operands): where a model holds initializers, so
+    that the generator's rules guard them ``(weight ?v)``."""
+    from .enumerate import default_menu
+
+    out: dict = {}
+    for c in default_menu().ops:
+        for i, role in enumerate(c.operands or ()):
+            if role in ("weight", "leaf"):
+                out.setdefault(c.op, set()).add(i)
+    return out
+
+
+def kernel_vars(rule: Rule) -> list:
+    """The tensor variables of ``rule`` that either side reads in a kernel operand
+    (:func:`kernel_operands`), at any depth of it, and nowhere else."""
+    from ..rules.lang import App, Proj
+
+    positions = kernel_operands()
+    kernel, other = [], set()
+
+    def walk(node, in_kernel):
+        if isinstance(node, Var):
+            if in_kernel:
+                kernel.append(node.name)
+            else:
+                other.add(node.name)
+        elif isinstance(node, Proj):
+            walk(node.pattern, in_kernel)
+        elif isinstance(node, App):
+            for i, child in enumerate(node.inputs):
+                walk(child, in_kernel or i in positions.get(node.op, ()))
+
+    for side in rule.lhs + rule.rhs:
+        walk(side, False)
+    return [v for v in dict.fromkeys(kernel) if v not in other]
+
+
+def as_weights(rule: Rule, build: str = "all") -> Rule:
+    """The rule with the tensor variables that ``build`` (one of WEIGHT_BUILDS) makes
+    weights guarded ``(weight ?v)``: its instances are built with those tensors as
+    weights, so corpus rules that apply only to weights (the merges, the scalar moves
+    into weights: scheduling, not truth) can fire on them."""
+    if build not in WEIGHT_BUILDS:
+        raise RuleError(f"weights must be one of {', '.join(WEIGHT_BUILDS)}, got {build!r}")
+    chosen = {"none": (), "kernels": kernel_vars(rule), "all": rule.tensor_vars()}[build]
     have = set(rule.weight_vars())
-    extra = tuple(Guard("weight", (Var(v),)) for v in rule.tensor_vars() if v not in have)
+    extra = tuple(Guard("weight", (Var(v),)) for v in chosen if v not in have)
     return replace(rule, guards=rule.guards + extra)
 
 
 def derive_table(targets, corpora=CORPORA, orientations: str = "given",
                  limits: Limits | None = None, batch: int = 1, progress=None,
-                 weights: bool = False) -> DerivationTable:
+                 weights: str = "kernels") -> DerivationTable:
     """Which of ``targets`` (rules with examples) each corpus derives by saturation
     (:func:`check_derivable`). ``batch`` targets share an e-graph (1: each alone, so
-    that one target's growth never takes another's node budget). ``weights``: build
-    the targets' tensors as weights (:func:`as_weights`)."""
+    that one target's growth never takes another's node budget). ``weights``: which
+    of the targets' tensors are built as weights (WEIGHT_BUILDS, :func:`as_weights`)."""
     targets = list(targets)
     limits = limits or DERIVE_LIMITS
     buildable = [i for i, r in enumerate(targets) if r.example and builds_on(r)]
-    built = [as_weights(r) if weights else r for r in targets]
+    built = [as_weights(r, weights) for r in targets]
     cells, seconds, sizes = {}, {}, {}
     for name in corpora:
         corpus = corpus_for(name, orientations)
@@ -319,4 +368,5 @@ def derive_table(targets, corpora=CORPORA, orientations: str = "given",
 
 
 __all__ = ["Derivation", "check_derivable", "DEFAULT_LIMITS", "BATCH", "CORPORA", "DERIVE_LIMITS",
-           "corpus_for", "DerivationTable", "derive_table", "as_weights"]
+           "corpus_for", "DerivationTable", "derive_table", "WEIGHT_BUILDS", "kernel_operands", "kernel_vars",
+           "as_weights"]
