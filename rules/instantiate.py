@@ -225,10 +225,12 @@ def instantiate(rule: Rule, bindings: Mapping[str, Any] | None = None, seed: int
 
 
 def add_rule_sides(g: Graph, rule: Rule, bindings: Mapping[str, Any] | None = None,
-                   rng=None, prefix: str = "") -> tuple[list[Tensor], list[Tensor]]:
+                   rng=None, prefix: str = "", sides: str = "both") -> tuple[list[Tensor], list[Tensor]]:
     """Build both sides of ``rule`` into ``g`` (as :func:`instantiate` does; its inputs
     named ``prefix`` + variable, so many rules can share one graph) and return
-    ``(lhs_outputs, rhs_outputs)`` unmarked. Weights get random data from ``rng``; with
+    ``(lhs_outputs, rhs_outputs)`` unmarked. ``sides`` ``lhs`` builds the left side
+    alone (the right outputs are then empty), over the same inputs and weights in the
+    same order as ``both`` makes them. Weights get random data from ``rng``; with
     ``rng`` None they get none (for graphs that are never run). RuleError when the
     example violates a guard or a side does not type-check; ``g`` may then keep the
     nodes built so far (never outputs)."""
@@ -244,8 +246,10 @@ def add_rule_sides(g: Graph, rule: Rule, bindings: Mapping[str, Any] | None = No
     for guard in rule.guards:
         if not b.guard(guard):
             raise RuleError(f"{rule.where}: the example violates guard {guard}")
+    if sides not in ("both", "lhs"):
+        raise ValueError(f"sides must be 'both' or 'lhs', got {sides!r}")
     lhs = [b.tensor(p) for p in rule.lhs]
-    rhs = [b.tensor(p) for p in rule.rhs]
+    rhs = [b.tensor(p) for p in rule.rhs] if sides == "both" else []
     if rng is not None:
         for v in rule.weight_vars():
             if tensors[v].node not in g.weight_data:

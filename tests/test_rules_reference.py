@@ -178,3 +178,22 @@ def test_kernels_are_what_a_conv_reads_as_its_kernel():
     assert kernel_vars(next(r for r in RULES if r.name == "taso-merge-matmul-shared-input")) == []
     with pytest.raises(RuleError, match="weights must be one of"):
         derive_table([enlarged], ("hand",), weights="some")
+
+
+def test_a_rule_is_derived_in_its_own_direction():
+    # The hand rule transpose-matmul grows transpose(x.y) into y^T.x^T. Saturating a
+    # graph that holds y^T.x^T never builds transpose(x.y): the shrinking direction is
+    # not derived, though both sides saturated together would meet.
+    forward, backward = parse_rules("""
+(rule grows
+  :lhs (transpose [1 0] (matmul NONE ?x ?y))
+  :rhs (matmul NONE (transpose [1 0] ?y) (transpose [1 0] ?x))
+  :if ((= (rank ?x) 2))
+  :example ((?x [2 3]) (?y [3 4])))
+(rule shrinks
+  :lhs (matmul NONE (transpose [1 0] ?y) (transpose [1 0] ?x))
+  :rhs (transpose [1 0] (matmul NONE ?x ?y))
+  :if ((= (rank ?x) 2))
+  :example ((?x [2 3]) (?y [3 4])))
+""")
+    assert derive_table([forward, backward], ("hand",)).cells["hand"] == ["yes", "no"]

@@ -36,8 +36,8 @@ class GraphProgram:
     tensor_vars: dict[tuple[int, int], str] = field(default_factory=dict)
 
 
-def _var(t: Tensor, multi: set[int]) -> str:
-    return f"$n{t.node}_{t.index}" if t.node in multi else f"$n{t.node}"
+def _var(t: Tensor, multi: set[int], names: str = "$n") -> str:
+    return f"{names}{t.node}_{t.index}" if t.node in multi else f"{names}{t.node}"
 
 
 def egraph_form(node: Node) -> tuple[dict, list[tuple]] | None:
@@ -66,7 +66,10 @@ def _egraph_supported(node: Node) -> bool:
     return form is None or evaluate(OPS[node.op].shape, *form) == node.outputs[0].shape
 
 
-def graph_to_program(graph: Graph) -> GraphProgram:
+def graph_to_program(graph: Graph, names: str = "$") -> GraphProgram:
+    """The egglog commands that build ``graph``'s terms, as ``let`` globals named
+    ``names`` + ``n<node id>`` (and ``h<k>`` for helper terms): another prefix adds a
+    second graph beside one already in the e-graph, sharing its terms where equal."""
     lines: list[str] = []
     barriers = {n.id for n in graph.nodes.values() if not _egraph_supported(n)}
     multi = barriers | {n.id for n in graph.nodes.values() if len(n.outputs) > 1 or OPS[n.op].multi_output}
@@ -75,12 +78,12 @@ def graph_to_program(graph: Graph) -> GraphProgram:
     fresh = iter(range(1 << 62))
 
     def emit(expr: str) -> str:
-        name = f"$h{next(fresh)}"
+        name = f"{names}h{next(fresh)}"
         lines.append(f"(let {name} {expr})")
         return name
 
     for node in graph.topo_order():
-        ins = [_var(t, multi) for t in node.inputs]
+        ins = [_var(t, multi, names + "n") for t in node.inputs]
         op, p = node.op, node.params
         if op == "opaque" or node.id in barriers:
             key = f"{op}#{node.id}"
@@ -88,11 +91,11 @@ def graph_to_program(graph: Graph) -> GraphProgram:
             tlist = "(TNil)"
             for v in reversed(ins):
                 tlist = f"(TCons {v} {tlist})"
-            lines.append(f'(let $n{node.id} (Opaque {encode("String", key)} {tlist}))')
+            lines.append(f'(let {names}n{node.id} (Opaque {encode("String", key)} {tlist}))')
             for i, t in enumerate(node.outputs):
-                lines.append(f"(let $n{node.id}_{i} (Proj $n{node.id} {i}))")
-                lines.append(f"(set (shape $n{node.id}_{i}) {encode('IVec', t.shape)})")
-                lines.append(f"(set (dtype $n{node.id}_{i}) {encode('String', t.dtype)})")
+                lines.append(f"(let {names}n{node.id}_{i} (Proj {names}n{node.id} {i}))")
+                lines.append(f"(set (shape {names}n{node.id}_{i}) {encode('IVec', t.shape)})")
+                lines.append(f"(set (dtype {names}n{node.id}_{i}) {encode('String', t.dtype)})")
             continue
         if op == "weight":
             expr = f"(Weight {weight_ids[node.id]} {_params(op, p, skip_first=True)})"
@@ -111,18 +114,18 @@ def graph_to_program(graph: Graph) -> GraphProgram:
             expr = f"({constructor(op)} {a} {b})"
         else:
             expr = f"({constructor(op)} {_params(op, p)} {' '.join(ins)})"
-        lines.append(f"(let $n{node.id} {expr})")
+        lines.append(f"(let {names}n{node.id} {expr})")
         if op == "weight" and not node.outputs[0].shape and node.id in graph.weight_data \
                 and node.outputs[0].dtype in ("float16", "float32", "float64"):
             # a 0-d weight is also the scalar of its value, which rules can name
             value = float(graph.weight_data[node.id])
             if math.isfinite(value):
-                lines.append(f"(union $n{node.id} ({constructor(_SCALAR)} {encode('f64', value)} {encode('String', node.outputs[0].dtype)}))")
+                lines.append(f"(union {names}n{node.id} ({constructor(_SCALAR)} {encode('f64', value)} {encode('String', node.outputs[0].dtype)}))")
         if node.id in multi:
             for i in range(len(node.outputs)):
-                lines.append(f"(let $n{node.id}_{i} (Proj $n{node.id} {i}))")
-    outputs = [_var(t, multi) for _, t in graph.outputs]
-    tensor_vars = {(n.id, i): _var(n.out(i), multi) for n in graph.nodes.values() for i in range(len(n.outputs))}
+                lines.append(f"(let {names}n{node.id}_{i} (Proj {names}n{node.id} {i}))")
+    outputs = [_var(t, multi, names + "n") for _, t in graph.outputs]
+    tensor_vars = {(n.id, i): _var(n.out(i), multi, names + "n") for n in graph.nodes.values() for i in range(len(n.outputs))}
     return GraphProgram("\n".join(lines) + "\n", outputs, opaque, tensor_vars)
 
 

@@ -1,11 +1,15 @@
 """Derivability pruning: a candidate rule that smaller proved rules already imply adds
 nothing to equality saturation, which derives it anyway.
 
-Both sides of many candidates are built as concrete graphs on their example shapes
-(:func:`~taso_egg.rules.instantiate.add_rule_sides`) into one graph, which is saturated
-with the smaller proved rules under tight limits; a candidate whose two sides end in
-one e-class follows from those rules. That is a proof by derivation (each rule used is
-proved), so it needs no Z3 call.
+The left sides of many candidates are built as concrete graphs on their example
+shapes (:func:`~taso_egg.rules.instantiate.add_rule_sides`) into one graph, which is
+saturated with the smaller proved rules under tight limits; then the right sides are
+added, without rewriting. A candidate whose right side was already in its left side's
+e-class follows from those rules, in its own direction: saturating a graph that holds
+the left side finds the right one. (Both sides saturated together would also count
+sides that only meet in a third term, the right side growing into what the left
+shrinks into: a graph holding the left side alone never gets there.) That is a proof
+by derivation (each rule used is proved), so it needs no Z3 call.
 
 A derivation on the example covers the example's shapes only. A candidate that
 generalizes to other shapes is therefore built a second time, on a variant of its
@@ -23,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from itertools import islice
 from pathlib import Path
 
+from taso_egg.egraph.convert import graph_to_program
 from taso_egg.egraph.saturate import Limits, rules_egraph, saturate
 from taso_egg.errors import RuleError, TasoEggError
 from taso_egg.graph import Graph
@@ -156,29 +161,39 @@ class _BatchRunner:
 
 
 def _batch(job) -> tuple[dict, dict, str]:
-    """Saturate one batch of ``(index, rule, bindings)`` instances with the corpus:
-    ``({index: both sides in one e-class}, {index: a shape variant or None, for the
-    examples derived}, why saturation stopped)``."""
+    """Saturate the left sides of one batch of ``(index, rule, bindings)`` instances
+    with the corpus, then add the right sides without rewriting: ``({index: each
+    right side was already in its left side's e-class}, {index: a shape variant or
+    None, for the examples derived}, why saturation stopped)``. One direction, as
+    saturation meets a model: a rule whose sides only meet in a common term (the right
+    side grows into what the left shrinks into) is not one a graph holding its left
+    side gets rewritten by."""
     instances, ref, limits = job
-    g = Graph()
+    lefts, whole = Graph(), Graph()  # the left sides; both sides, added after saturation
     sides = []  # (candidate index, output names of its sides)
     for i, rule, bindings in instances:
         prefix = f"c{i}_"
         try:
-            lhs, rhs = add_rule_sides(g, rule, bindings, prefix=prefix)
+            add_rule_sides(lefts, rule, bindings, prefix=prefix, sides="lhs")
+            lhs, rhs = add_rule_sides(whole, rule, bindings, prefix=prefix)
         except RuleError as err:
             raise RuleError(f"derivability check: {err}") from None
         names = []
         for k, (l, r) in enumerate(zip(lhs, rhs)):
             names += [f"{prefix}lhs{k}", f"{prefix}rhs{k}"]
-            g.mark_output(l, names[-2])
-            g.mark_output(r, names[-1])
+            whole.mark_output(l, names[-2])
+            whole.mark_output(r, names[-1])
         sides.append((i, names))
+    # a weight is a term by its index among the graph's weights: both graphs must agree
+    if [n.label() for n in lefts.weights()] != [n.label() for n in whole.weights()]:
+        raise TasoEggError("derivability check: the left sides' weights differ from both sides'")
     corpus, egraph = _corpus_egraph(ref)
     egraph.parse_and_run_program("(push)")
     try:
-        sat = saturate(g, corpus, limits, count_classes=False, egraph=egraph)
-        var_of = dict(zip((name for name, _ in g.outputs), sat.program.output_vars))
+        sat = saturate(lefts, corpus, limits, count_classes=False, egraph=egraph)
+        added = graph_to_program(whole, names="$both_")
+        egraph.parse_and_run_program(added.text)
+        var_of = dict(zip((name for name, _ in whole.outputs), added.output_vars))
         same = {i: all(_eclass(egraph, var_of[a]) == _eclass(egraph, var_of[b])
                        for a, b in zip(names[::2], names[1::2]))
                 for i, names in sides}
