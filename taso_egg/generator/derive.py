@@ -76,9 +76,10 @@ def _eclass(egraph, var: str):
 
 
 def check_derivable(candidates, corpus, limits: Limits | None = None, batch: int = BATCH,
-                    progress=None, pool=None, jobs: int = 1) -> Derivation:
+                    progress=None, pool=None, jobs: int = 1, directional: bool = True) -> Derivation:
     """Which of ``candidates`` (rules with examples) follow from ``corpus`` (proved
-    rules) by equality saturation. ``progress(done, total)`` after each batch of the
+    rules) by equality saturation: from the left side (``directional``), or where both
+    sides saturated together meet. ``progress(done, total)`` after each batch of the
     examples. With ``pool`` (a :func:`~.workers.worker_pool` of ``jobs`` workers) the
     batches saturate in parallel."""
     candidates = list(candidates)
@@ -91,7 +92,8 @@ def check_derivable(candidates, corpus, limits: Limits | None = None, batch: int
     if not corpus:
         return out
     with _shared(corpus, pool) as ref:
-        _derive(candidates, _BatchRunner(candidates, ref, limits, batch, out, pool, jobs), out, progress)
+        _derive(candidates, _BatchRunner(candidates, ref, limits, batch, out, pool, jobs, directional),
+                out, progress)
     out.seconds = round(time.perf_counter() - start, 3)
     return out
 
@@ -141,13 +143,15 @@ class _BatchRunner:
     out: Derivation
     pool: object = None
     jobs: int = 1
+    directional: bool = True
 
     def __call__(self, instances, progress) -> tuple[dict, dict]:
         """``{candidate index: both sides in one e-class}`` for ``(index, bindings)``
         instances (bindings None: the example), ``batch`` candidates per e-graph; and
         the shape variants found for the examples derived."""
         batches = [([(i, self.candidates[i], b) for i, b in instances[lo:lo + self.batch]],
-                    self.corpus, self.limits) for lo in range(0, len(instances), self.batch)]
+                    self.corpus, self.limits, self.directional)
+                   for lo in range(0, len(instances), self.batch)]
         same, variants, done = {}, {}, 0
         for (result, found, stop), job in zip(map_in_order(self.pool, _batch, batches, self.jobs), batches):
             same.update(result)
@@ -168,13 +172,17 @@ def _batch(job) -> tuple[dict, dict, str]:
     saturation meets a model: a rule whose sides only meet in a common term (the right
     side grows into what the left shrinks into) is not one a graph holding its left
     side gets rewritten by."""
-    instances, ref, limits = job
-    lefts, whole = Graph(), Graph()  # the left sides; both sides, added after saturation
+    instances, ref, limits, directional = job
+    # the left sides (saturated); both sides, added after saturation (or, not
+    # directional, saturated themselves)
+    whole = Graph()
+    lefts = Graph() if directional else whole
     sides = []  # (candidate index, output names of its sides)
     for i, rule, bindings in instances:
         prefix = f"c{i}_"
         try:
-            add_rule_sides(lefts, rule, bindings, prefix=prefix, sides="lhs")
+            if directional:
+                add_rule_sides(lefts, rule, bindings, prefix=prefix, sides="lhs")
             lhs, rhs = add_rule_sides(whole, rule, bindings, prefix=prefix)
         except RuleError as err:
             raise RuleError(f"derivability check: {err}") from None
@@ -191,8 +199,10 @@ def _batch(job) -> tuple[dict, dict, str]:
     egraph.parse_and_run_program("(push)")
     try:
         sat = saturate(lefts, corpus, limits, count_classes=False, egraph=egraph)
-        added = graph_to_program(whole, names="$both_")
-        egraph.parse_and_run_program(added.text)
+        added = sat.program
+        if directional:
+            added = graph_to_program(whole, names="$both_")
+            egraph.parse_and_run_program(added.text)
         var_of = dict(zip((name for name, _ in whole.outputs), added.output_vars))
         same = {i: all(_eclass(egraph, var_of[a]) == _eclass(egraph, var_of[b])
                        for a, b in zip(names[::2], names[1::2]))

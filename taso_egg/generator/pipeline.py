@@ -123,7 +123,8 @@ def _derive_merges_alone(work, known, derivation, pool, jobs) -> None:
     merges = [k for k, r in enumerate(work) if r.multi and not derivation.derived[k]]
     if not merges:
         return
-    alone = check_derivable([work[k] for k in merges], known, limits=MERGE_LIMITS, batch=1, pool=pool, jobs=jobs)
+    alone = check_derivable([work[k] for k in merges], known, limits=MERGE_LIMITS, batch=1, pool=pool, jobs=jobs,
+                            directional=False)
     for k, derived, example_only in zip(merges, alone.derived, alone.example_only):
         derivation.derived[k] = derived
         derivation.example_only[k] = example_only
@@ -143,7 +144,10 @@ def _generate_level(candidates, known, found_by, rlimit, workers, progress_bars,
     work = [candidates[i] for i in sorted(set(first))]
     position = {i: k for k, i in enumerate(sorted(set(first)))}
     bar = _bar(len(work), "derivable?") if progress_bars else None
-    derivation = check_derivable(work, known, pool=pool, jobs=jobs,
+    # Both sides saturated together (not directional): an equation emitted both ways
+    # is derived once for both, and directional batches of the taso menu's last level
+    # grew a worker past 20 GB (session 13, not investigated), where these take 4.5 GB.
+    derivation = check_derivable(work, known, pool=pool, jobs=jobs, directional=False,
                                  progress=(lambda d, n: bar.update(d - bar.n)) if bar else None)
     if bar:
         bar.close()
