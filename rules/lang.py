@@ -211,9 +211,7 @@ class Rule:
     """One rewrite. ``lhs``/``rhs`` have one pattern (``rule``) or two (``multi``);
     ``rhs[i]`` replaces ``lhs[i]``. ``example`` maps variable names (no ``?``) to a
     shape tuple (tensor vars) or a parameter value; empty when the rule has none.
-    ``source`` is ``(file, line)`` of the rule's opening parenthesis. ``early``: the
-    rule runs with the multi-pattern rules (:attr:`ruleset`), as a read-back reverse
-    does (:func:`with_orientations`)."""
+    ``source`` is ``(file, line)`` of the rule's opening parenthesis."""
 
     name: str
     lhs: tuple
@@ -224,14 +222,6 @@ class Rule:
     source: tuple = ("<string>", 0)
     multi: bool = False
     proof: Proof | None = None
-    early: bool = False
-
-    @property
-    def ruleset(self) -> str:
-        """``multi`` for the rules saturation applies only in its first iterations and
-        under a growth bound (``Limits.multi_iterations``, ``multi_growth``): the
-        multi-pattern rules and the early ones; ``rewrites`` for the others."""
-        return "multi" if self.multi or self.early else "rewrites"
 
     @property
     def proved(self) -> bool:
@@ -941,10 +931,7 @@ ORIENTATIONS = ("given", "shrinking", "both")  # what load_corpus(orientations=)
 def reverse(rule: Rule) -> Rule | None:
     """The rule read right to left (named ``NAME~reverse``), or None where its right
     side cannot be a left side: a bare variable, a parameter expression, a variable it
-    does not bind, or a two-output rule (whose right sides are parts of one split).
-    A reverse is ``early``: it mostly grows a term (the files hold the orientation that
-    shrinks), and run in every iteration the reverses took NasRNN's e-graph from 2,041
-    to 9,146 e-nodes; with the multi-pattern rules they get one or two rounds."""
+    does not bind, or a two-output rule (whose right sides are parts of one split)."""
     if rule.multi or not isinstance(rule.rhs[0], (App, Proj)):
         return None
     new_lhs = rule.rhs[0]
@@ -959,7 +946,7 @@ def reverse(rule: Rule) -> Rule | None:
         proof = Proof(proof.status, proof.found_by, proof.axioms, proof.seconds,
                       proof.reason or f"the reverse of {rule.name}")
     return Rule(rule.name + "~reverse", (new_lhs,), rule.lhs, rule.guards, rule.example,
-                rule.doc, rule.source, False, proof, early=True)
+                rule.doc, rule.source, False, proof)
 
 
 def _has_param_expression(p) -> bool:

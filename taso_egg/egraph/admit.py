@@ -201,7 +201,7 @@ class Admission:
         self._analysed: set[str] = set()
         if not compiled:
             for r in rules:
-                self._waiting[r.ruleset].append(r)
+                self._waiting["multi" if r.multi else "rewrites"].append(r)
 
     def analyses(self, ops) -> None:
         """Compile the analysis rules of ``ops`` not compiled yet."""

@@ -105,7 +105,7 @@ class _Compiler:
     def compile(self) -> str:
         facts, roots, news = self.parts()
         actions = [f"(pending {root} {new})" for root, new in zip(roots, news)]
-        ruleset = self.rule.ruleset
+        ruleset = "multi" if self.rule.multi else "rewrites"
         return (f"(rule ({' '.join(facts)})\n      ({' '.join(actions)})\n"
                 f"      :ruleset {ruleset} :name \"{self.rule.name}\")")
 

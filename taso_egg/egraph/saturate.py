@@ -277,7 +277,7 @@ _PROBE_RULESETS = f"(ruleset {_PROBE}rewrites)\n(ruleset {_PROBE}multi)\n"
 
 def _probes(rules) -> str:
     return (_PROBE_RULESETS + "\n".join(
-        compile_probe(r, _PROBE + r.ruleset, _PROBE + r.name) for r in rules) + "\n")
+        compile_probe(r, _PROBE + ("multi" if r.multi else "rewrites"), _PROBE + r.name) for r in rules) + "\n")
 
 
 def _cutoff(counts: dict[str, int], worst: dict[str, int], room: int) -> int:
@@ -398,7 +398,7 @@ def saturate(graph: Graph, rules=None, limits: Limits | None = None, progress=No
     sat.initial = IterationStats(0, _sizes(egraph), _eclasses(egraph, program) if count_classes else 0,
                                  time.perf_counter() - start, {}, False)
     sat.admission = admission
-    has_multi = any(r.ruleset == "multi" for r in rules)
+    has_multi = any(r.multi for r in rules)
     by_name = {r.name: r for r in rules}
     per_match = _PerMatch(by_name)
     ceiling = limits.ceiling
