@@ -1,15 +1,17 @@
 """Derivability pruning: a candidate rule that smaller proved rules already imply adds
 nothing to equality saturation, which derives it anyway.
 
-The left sides of many candidates are built as concrete graphs on their example
-shapes (:func:`~taso_egg.rules.instantiate.add_rule_sides`) into one graph, which is
-saturated with the smaller proved rules under tight limits; then the right sides are
-added, without rewriting. A candidate whose right side was already in its left side's
-e-class follows from those rules, in its own direction: saturating a graph that holds
-the left side finds the right one. (Both sides saturated together would also count
-sides that only meet in a third term, the right side growing into what the left
-shrinks into: a graph holding the left side alone never gets there.) That is a proof
-by derivation (each rule used is proved), so it needs no Z3 call.
+The sides of many candidates are built as concrete graphs on their example shapes
+(:func:`~taso_egg.rules.instantiate.add_rule_sides`) into one graph, which is saturated
+with the smaller proved rules under tight limits. Directional (``rules derive``): the
+left sides alone are saturated, then the right sides added without rewriting, and a
+candidate whose right side was already in its left side's e-class follows from those
+rules in its own direction: saturating a graph that holds the left side finds the
+right one. Not directional (the generator's pruning): both sides are saturated
+together, and a candidate whose sides end in one e-class counts, also where they only
+meet in a third term (the right side growing into what the left shrinks into), which
+no graph holding one side reaches. That is a proof by derivation (each rule used is
+proved), so it needs no Z3 call.
 
 A derivation on the example covers the example's shapes only. A candidate that
 generalizes to other shapes is therefore built a second time, on a variant of its
@@ -165,13 +167,9 @@ class _BatchRunner:
 
 
 def _batch(job) -> tuple[dict, dict, str]:
-    """Saturate the left sides of one batch of ``(index, rule, bindings)`` instances
-    with the corpus, then add the right sides without rewriting: ``({index: each
-    right side was already in its left side's e-class}, {index: a shape variant or
-    None, for the examples derived}, why saturation stopped)``. One direction, as
-    saturation meets a model: a rule whose sides only meet in a common term (the right
-    side grows into what the left shrinks into) is not one a graph holding its left
-    side gets rewritten by."""
+    """Saturate one batch of ``(index, rule, bindings)`` instances with the corpus,
+    directional or not (see the module's text): ``({index: derived}, {index: a shape
+    variant or None, for the examples derived}, why saturation stopped)``."""
     instances, ref, limits, directional = job
     # the left sides (saturated); both sides, added after saturation (or, not
     # directional, saturated themselves)
