@@ -16,6 +16,8 @@ import pickle
 import socket
 import tempfile
 from collections import deque
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,13 +55,11 @@ def worker_pool(jobs: int):
         finally:
             pool.cancel()
         return
-    # spawn, not fork: the parent may hold Z3 and egglog threads, which a fork copies badly
-    pool = multiprocessing.get_context("spawn").Pool(jobs)
+    pool = _LocalPool(jobs)
     try:
         yield pool
     finally:
-        pool.terminate()
-        pool.join()
+        pool.stop()
 
 
 def map_in_order(pool, fn, items: list, jobs: int):
@@ -207,6 +207,36 @@ def _check_workers(ray) -> None:
 def _first_line(err: BaseException) -> str:
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
+
+
+class _LocalPool:
+    """The part of a pool that :func:`map_in_order` uses, on local processes. A worker
+    that dies (killed for memory, a crash in native code) fails the map with one line:
+    multiprocessing's Pool replaced it and waited for its lost batch forever (a size-3
+    generation hung so after the kernel killed a 20 GB derivation worker)."""
+
+    def __init__(self, jobs: int):
+        # spawn, not fork: the parent may hold Z3 and egglog threads, which a fork copies badly
+        self.executor = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"))
+
+    def imap(self, fn, items, chunksize: int = 1):
+        try:
+            yield from self.executor.map(fn, items, chunksize=chunksize)
+        except BrokenProcessPool:
+            self.stop()
+            raise WorkerError("a worker process died while it ran a job (killed for memory? the "
+                              "kernel log says: dmesg)") from None
+
+    def stop(self) -> None:
+        """Cancel what has not started and stop the workers now, also mid-job (Ctrl-C)."""
+        # the executor's own processes: shutdown alone lets running jobs finish first
+        processes = list((getattr(self.executor, "_processes", None) or {}).values())
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            if process.is_alive():
+                process.terminate()
+        for process in processes:
+            process.join()
 
 
 def _run_chunk(fn, chunk: list) -> list:
