@@ -359,7 +359,7 @@ def as_weights(rule: Rule, build: str = "all") -> Rule:
     into weights: scheduling, not truth) can fire on them."""
     if build not in WEIGHT_BUILDS:
         raise RuleError(f"weights must be one of {', '.join(WEIGHT_BUILDS)}, got {build!r}")
-    chosen = {"none": (), "kernels": kernel_vars(rule), "all": rule.tensor_vars()}[build]
+    chosen = () if build == "none" else rule.tensor_vars() if build == "all" else kernel_vars(rule)
     have = set(rule.weight_vars())
     extra = tuple(Guard("weight", (Var(v),)) for v in chosen if v not in have)
     return replace(rule, guards=rule.guards + extra)
