@@ -146,7 +146,8 @@ def _generate_level(candidates, known, found_by, rlimit, workers, progress_bars,
     bar = _bar(len(work), "derivable?") if progress_bars else None
     # Both sides saturated together (not directional): an equation emitted both ways
     # is derived once for both, and directional batches of the taso menu's last level
-    # grew a worker past 20 GB (session 13, not investigated), where these take 4.5 GB.
+    # grew a worker past 20 GB (session 13: past 14 GB within iteration 4, after three
+    # iterations under 13,000 e-nodes; cause not found), where these take 4.5 GB.
     derivation = check_derivable(work, known, pool=pool, jobs=jobs, directional=False,
                                  progress=(lambda d, n: bar.update(d - bar.n)) if bar else None)
     if bar:
