@@ -112,6 +112,26 @@ def test_a_recount_lets_a_step_that_fits_run_whole(sizes):
     assert [s.matches for s in sat.iterations] == [s.matches for s in free.iterations]
 
 
+def test_a_recount_bounds_what_a_step_adds_and_leaves_the_egraph_as_it_was():
+    """The recount records each rule's matches as rows of the variables its built terms
+    read and looks each term up from a row, between (push) and (pop): the e-graph's
+    tables are as before, and a step adds at most what the rows lacking a term say."""
+    sat = saturate(_long_sum(6), limits=Limits(nodes=100_000, iterations=2), count_classes=False)
+    by_name = {r.name: r for r in sat.rules}
+    per_match = sat_mod._PerMatch(by_name)
+    growing = sorted(r for s in sat.iterations for r in s.matches if per_match[r])
+    assert "ewadd-associative" in growing
+    before = sat_mod._table_sizes(sat.egraph)
+    every, worst = sat_mod._recount(sat.egraph, growing, by_name, per_match)
+    assert sat_mod._table_sizes(sat.egraph) == before
+    assert all(every[r] > 0 for r in growing)
+    assert all(0 <= worst[r] <= every[r] * per_match[r] for r in growing)
+    assert sum(worst.values()) < sum(every[r] * per_match[r] for r in growing)  # old matches' terms are there
+    enodes = sat_mod._sizes(sat.egraph)
+    sat_mod._run(sat.egraph, "(run rewrites)")
+    assert 0 < sat_mod._sizes(sat.egraph) - enodes <= sum(worst.values())
+
+
 @pytest.mark.parametrize("model", ["nasrnn-small", "bert-small"])
 def test_probes_count_what_the_rules_then_apply(sizes, model):
     _, schedules = sizes
@@ -134,18 +154,6 @@ def test_probes_count_what_the_rules_then_apply(sizes, model):
     assert len(pairs) >= len(sat.iterations)
     for probed, applied in pairs:
         assert {k.removeprefix("probe-"): v for k, v in probed.items()} == applied
-
-
-def test_missing_terms_bound_assumes_the_worst_where_a_term_counts_twice():
-    """A built term present in every match leaves nothing to add; one present in some
-    adds the rest; one whose query counts more substitutions than the rule has matches
-    (held in several forms) may be missing from every match (NasRNN with the corpus
-    read both ways counted matmul-relu-fusion's term 204 times in 198 matches)."""
-    from taso_egg.egraph.saturate import missing_terms_bound
-
-    assert missing_terms_bound(10, [10, 10]) == 0
-    assert missing_terms_bound(10, [4, 0]) == 16
-    assert missing_terms_bound(198, [204]) == 198
 
 
 def test_a_step_that_outgrows_its_count_stops_saturation_without_failing(monkeypatch):

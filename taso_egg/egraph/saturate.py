@@ -27,7 +27,7 @@ from ..graph import Graph
 from .admit import Admission, present_ops
 from .convert import GraphProgram, TensorEGraph, add_fused_convs, graph_to_program, read_serialized
 from .language import base_declarations, declarations
-from .rule_compiler import compile_probe, compile_rules
+from .rule_compiler import compile_match_recorder, compile_probe, compile_rules
 
 def bindings():
     """egglog's bindings (its Rust extension, ``egglog.bindings``), which is all this
@@ -269,7 +269,7 @@ class _PerMatch(dict):
 
 
 _PROBE = "probe-"       # the probe of rule R is rule probe-R of ruleset probe-rewrites or probe-multi
-_recounts = count()     # recount rulesets are named apart, for e-graphs that outlive a saturation
+_recounts = count()     # recount rulesets and relations are named apart, for e-graphs that outlive a saturation
 
 
 _PROBE_RULESETS = f"(ruleset {_PROBE}rewrites)\n(ruleset {_PROBE}multi)\n"
@@ -296,15 +296,6 @@ def _cutoff(counts: dict[str, int], worst: dict[str, int], room: int) -> int:
     return cutoff
 
 
-def missing_terms_bound(matches: int, present: list[int]) -> int:
-    """At most how many terms ``matches`` matches of a rule build that the e-graph
-    lacks, given per built term the matches where it is present. A term's query counts
-    its substitutions: a term the e-graph holds in several forms (a parameter its
-    pattern leaves open) counts more than once, and then says nothing about which
-    matches have it, so every match may lack it."""
-    return sum(matches - n if n <= matches else matches for n in present)
-
-
 @dataclass
 class _Step:
     matches: dict[str, int]             # applied, per rule
@@ -320,10 +311,9 @@ def _step(egraph, ruleset: str, rules: dict, per_match: dict[str, int], room: in
     1. The probes count each rule's new matches (the rule's own query, run just
        before it, sees the same new facts); each match adds at most one e-node per
        term it builds (:func:`built_terms`).
-    2. Where that could pass ``room``, a recount by probes compiled now (a rule that
-       has never run sees every match, old ones too) counts, per rule, its matches and,
-       for each term it builds, the matches where the e-graph has it already. An old
-       match has them all (it was applied), so the rest bound what the new ones add.
+    2. Where that could pass ``room``, a recount (:func:`_recount`) counts every match
+       of each rule, old ones too, and for each term it builds the matches that lack
+       it: they bound what the step adds.
     3. Where that could still pass ``room``, a fresh back-off scheduler (its queries
        are new too, and count as the recount's) applies every match of the rules
        with at most a cut-off's matches and none of the others'. The cut-off is the
@@ -334,31 +324,52 @@ def _step(egraph, ruleset: str, rules: dict, per_match: dict[str, int], room: in
         report = _run(egraph, f"(run {ruleset})")
         return _Step({k: v for k, v in report.num_matches_per_rule.items() if v}, report.updated)
 
-    tag = f"recount{next(_recounts)}"
-    growing = [r for r in counts if per_match[r]]
-    egraph.parse_and_run_program(f"(ruleset {tag})\n" + "\n".join(
-        compile_probe(rules[r], tag, f"{tag}-{i}-{r}", present=[t] if t else [])
-        for r in growing for i, t in enumerate([None] + built_terms(rules[r]))) + "\n")
-    found = _run(egraph, f"(run {tag})").num_matches_per_rule
-    every = {r: found.get(f"{tag}-0-{r}", 0) for r in growing}
-    worst = {}
-    for r in growing:  # each new term is missing from the matches that lack it
-        present = [found.get(f"{tag}-{i}-{r}", 0) for i in range(1, per_match[r] + 1)]
-        worst[r] = missing_terms_bound(every[r], present)
+    every, worst = _recount(egraph, [r for r in counts if per_match[r]], rules, per_match)
     total = sum(worst.values())
     if total <= max(room, 0):
         report = _run(egraph, f"(run {ruleset})")
         return _Step({k: v for k, v in report.num_matches_per_rule.items() if v}, report.updated)
 
     cutoff = _cutoff(every, worst, room)
-    held = {r: counts[r] for r in growing if every[r] > cutoff}
-    if len(held) == len(growing):
+    held = {r: counts[r] for r in every if every[r] > cutoff}
+    if len(held) == len(every):
         return _Step({}, False, held, total)
     report = _run(egraph, f"(let-scheduler cut (back-off :match-limit {cutoff})) (run-with cut {ruleset})")
     applied = {k: v for k, v in report.num_matches_per_rule.items() if v}
     if any(every[r] > cutoff for r in applied if r in every):
         raise RuntimeError(f"saturation applied a rule it held back: {sorted(set(applied) & set(held))}")
     return _Step({r: counts[r] for r in applied if r in counts}, report.updated, held, total)
+
+
+def _recount(egraph, growing: list, rules: dict, per_match: dict) -> tuple[dict, dict]:
+    """``({rule: its matches}, {rule: the most e-nodes they can add})`` for the
+    ``growing`` rules, counted by rules compiled now (a rule that has never run sees
+    every match, old ones too) between ``(push)`` and ``(pop)``, which leave the e-graph
+    as it was. Matches are recorded as rows of the variables the built terms read
+    (:func:`~.rule_compiler.compile_match_recorder`); an old match's terms are all
+    present (it was applied), so the rows lacking a term bound what the new ones add.
+    A rule that cannot be recorded so counts every match as lacking every term."""
+    tag = f"recount{next(_recounts)}"
+    relations = {r: f"{tag}-{i}" for i, r in enumerate(growing)}
+    programs = {r: compile_match_recorder(rules[r], built_terms(rules[r]), tag, relations[r]) for r in growing}
+    egraph.parse_and_run_program("(push)")
+    try:
+        egraph.parse_and_run_program(f"(ruleset {tag})\n(ruleset {tag}-present)\n" + "\n".join(
+            text or compile_probe(rules[r], tag, relations[r]) for r, text in programs.items()) + "\n")
+        found = _run(egraph, f"(run {tag})").num_matches_per_rule
+        _run(egraph, f"(run {tag}-present)")
+        rows = _table_sizes(egraph)
+    finally:
+        egraph.parse_and_run_program("(pop)")
+    every = {r: found.get(relations[r], 0) for r in growing}
+    worst = {}
+    for r in growing:
+        if programs[r] is None:
+            worst[r] = every[r] * per_match[r]
+        else:
+            recorded = rows.get(relations[r], 0)
+            worst[r] = sum(recorded - rows.get(f"{relations[r]}-{i}", 0) for i in range(per_match[r]))
+    return every, worst
 
 
 def rules_egraph(rules):

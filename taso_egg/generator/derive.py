@@ -3,15 +3,14 @@ nothing to equality saturation, which derives it anyway.
 
 The sides of many candidates are built as concrete graphs on their example shapes
 (:func:`~taso_egg.rules.instantiate.add_rule_sides`) into one graph, which is saturated
-with the smaller proved rules under tight limits. Directional (``rules derive``): the
-left sides alone are saturated, then the right sides added without rewriting, and a
-candidate whose right side was already in its left side's e-class follows from those
-rules in its own direction: saturating a graph that holds the left side finds the
-right one. Not directional (the generator's pruning): both sides are saturated
-together, and a candidate whose sides end in one e-class counts, also where they only
-meet in a third term (the right side growing into what the left shrinks into), which
-no graph holding one side reaches. That is a proof by derivation (each rule used is
-proved), so it needs no Z3 call.
+with the smaller proved rules under tight limits: the left sides alone are saturated,
+then the right sides added without rewriting, and a candidate whose right side was
+already in its left side's e-class follows from those rules in its own direction:
+saturating a graph that holds the left side finds the right one. (Saturating both
+sides together would also count sides that only meet in a third term, the right side
+growing into what the left shrinks into, which no graph holding one side reaches; the
+generator did so until session 14 and dropped rules saturation never derives.) That is
+a proof by derivation (each rule used is proved), so it needs no Z3 call.
 
 A derivation on the example covers the example's shapes only. A candidate that
 generalizes to other shapes is therefore built a second time, on a variant of its
@@ -78,11 +77,10 @@ def _eclass(egraph, var: str):
 
 
 def check_derivable(candidates, corpus, limits: Limits | None = None, batch: int = BATCH,
-                    progress=None, pool=None, jobs: int = 1, directional: bool = True) -> Derivation:
+                    progress=None, pool=None, jobs: int = 1) -> Derivation:
     """Which of ``candidates`` (rules with examples) follow from ``corpus`` (proved
-    rules) by equality saturation: from the left side (``directional``), or where both
-    sides saturated together meet. ``progress(done, total)`` after each batch of the
-    examples. With ``pool`` (a :func:`~.workers.worker_pool` of ``jobs`` workers) the
+    rules) by equality saturation from the left side. ``progress(done, total)``
+    after each batch of the examples. With ``pool`` (a :func:`~.workers.worker_pool` of ``jobs`` workers) the
     batches saturate in parallel."""
     candidates = list(candidates)
     corpus = tuple(corpus)
@@ -94,7 +92,7 @@ def check_derivable(candidates, corpus, limits: Limits | None = None, batch: int
     if not corpus:
         return out
     with _shared(corpus, pool) as ref:
-        _derive(candidates, _BatchRunner(candidates, ref, limits, batch, out, pool, jobs, directional),
+        _derive(candidates, _BatchRunner(candidates, ref, limits, batch, out, pool, jobs),
                 out, progress)
     out.seconds = round(time.perf_counter() - start, 3)
     return out
@@ -145,14 +143,13 @@ class _BatchRunner:
     out: Derivation
     pool: object = None
     jobs: int = 1
-    directional: bool = True
 
     def __call__(self, instances, progress) -> tuple[dict, dict]:
         """``{candidate index: both sides in one e-class}`` for ``(index, bindings)``
         instances (bindings None: the example), ``batch`` candidates per e-graph; and
         the shape variants found for the examples derived."""
         batches = [([(i, self.candidates[i], b) for i, b in instances[lo:lo + self.batch]],
-                    self.corpus, self.limits, self.directional)
+                    self.corpus, self.limits)
                    for lo in range(0, len(instances), self.batch)]
         same, variants, done = {}, {}, 0
         for (result, found, stop), job in zip(map_in_order(self.pool, _batch, batches, self.jobs), batches):
@@ -167,20 +164,17 @@ class _BatchRunner:
 
 
 def _batch(job) -> tuple[dict, dict, str]:
-    """Saturate one batch of ``(index, rule, bindings)`` instances with the corpus,
-    directional or not (see the module's text): ``({index: derived}, {index: a shape
-    variant or None, for the examples derived}, why saturation stopped)``."""
-    instances, ref, limits, directional = job
-    # the left sides (saturated); both sides, added after saturation (or, not
-    # directional, saturated themselves)
-    whole = Graph()
-    lefts = Graph() if directional else whole
+    """Saturate the left sides of one batch of ``(index, rule, bindings)`` instances
+    with the corpus, then add both sides (see the module's text): ``({index: derived},
+    {index: a shape variant or None, for the examples derived}, why saturation
+    stopped)``."""
+    instances, ref, limits = job
+    lefts, whole = Graph(), Graph()
     sides = []  # (candidate index, output names of its sides)
     for i, rule, bindings in instances:
         prefix = f"c{i}_"
         try:
-            if directional:
-                add_rule_sides(lefts, rule, bindings, prefix=prefix, sides="lhs")
+            add_rule_sides(lefts, rule, bindings, prefix=prefix, sides="lhs")
             lhs, rhs = add_rule_sides(whole, rule, bindings, prefix=prefix)
         except RuleError as err:
             raise RuleError(f"derivability check: {err}") from None
@@ -191,16 +185,14 @@ def _batch(job) -> tuple[dict, dict, str]:
             whole.mark_output(r, names[-1])
         sides.append((i, names))
     # a weight is a term by its index among the graph's weights: both graphs must agree
-    if directional and [n.label() for n in lefts.weights()] != [n.label() for n in whole.weights()]:
+    if [n.label() for n in lefts.weights()] != [n.label() for n in whole.weights()]:
         raise TasoEggError("derivability check: the left sides' weights differ from both sides'")
     corpus, egraph = _corpus_egraph(ref)
     egraph.parse_and_run_program("(push)")
     try:
         sat = saturate(lefts, corpus, limits, count_classes=False, egraph=egraph)
-        added = sat.program
-        if directional:
-            added = graph_to_program(whole, names="$both_")
-            egraph.parse_and_run_program(added.text)
+        added = graph_to_program(whole, names="$both_")
+        egraph.parse_and_run_program(added.text)
         var_of = dict(zip((name for name, _ in whole.outputs), added.output_vars))
         same = {i: all(_eclass(egraph, var_of[a]) == _eclass(egraph, var_of[b])
                        for a, b in zip(names[::2], names[1::2]))

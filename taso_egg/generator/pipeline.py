@@ -113,18 +113,18 @@ def _cycle_collector_paused():
 MERGE_LIMITS = replace(DERIVATION_LIMITS, multi_iterations=2)
 
 
-def _derive_merges_alone(work, known, derivation, pool, jobs) -> None:
+def _derive_merges_alone(candidates, known, derivation, pool, jobs) -> None:
     """The two-output candidates (merges) that the batches left underived, each saturated
     alone with the multi-pattern rules on: the batches keep those off (the constants
     every candidate shares pair them up across candidates), so a generated merge that a
     hand merge implies (``x.w0, x.w1`` as one matmul of ``concat(w0, w1)``, for one
     activation) came out again and doubled that merge's matches in every saturation.
     Updates ``derivation`` in place."""
-    merges = [k for k, r in enumerate(work) if r.multi and not derivation.derived[k]]
+    merges = [k for k, r in enumerate(candidates) if r.multi and not derivation.derived[k]]
     if not merges:
         return
-    alone = check_derivable([work[k] for k in merges], known, limits=MERGE_LIMITS, batch=1, pool=pool, jobs=jobs,
-                            directional=False)
+    alone = check_derivable([candidates[k] for k in merges], known, limits=MERGE_LIMITS, batch=1, pool=pool,
+                            jobs=jobs)
     for k, derived, example_only in zip(merges, alone.derived, alone.example_only):
         derivation.derived[k] = derived
         derivation.example_only[k] = example_only
@@ -136,26 +136,27 @@ def _generate_level(candidates, known, found_by, rlimit, workers, progress_bars,
     each spread over ``workers`` (a worker pool or None, and its size). Returns
     ``(rules, stats, seconds proving)``; numeric failures go to ``failed``.
 
-    A candidate emitted in both orientations (sides of one size) is one equation:
-    derivation, checks and proof run on its first orientation, and the reverse takes
-    their outcome (the same pins, the same proof record)."""
+    A candidate emitted in both orientations (sides of one size) is one equation: each
+    orientation is derived on its own (saturation applies a rule in one direction),
+    and the checks and proof run once for the equation, on its first orientation; a
+    reverse takes their outcome (the same pins, the same proof record)."""
     pool, jobs = workers
     first = _first_orientations(candidates)
     work = [candidates[i] for i in sorted(set(first))]
     position = {i: k for k, i in enumerate(sorted(set(first)))}
-    bar = _bar(len(work), "derivable?") if progress_bars else None
-    # Both sides saturated together (not directional): an equation emitted both ways
-    # is derived once for both, and directional batches of the taso menu's last level
-    # grew a worker past 20 GB (session 13: past 14 GB within iteration 4, after three
-    # iterations under 13,000 e-nodes; cause not found), where these take 4.5 GB.
-    derivation = check_derivable(work, known, pool=pool, jobs=jobs, directional=False,
+    bar = _bar(len(candidates), "derivable?") if progress_bars else None
+    # In the rule's own direction (saturating its left side finds its right one), so
+    # each orientation of an equation emitted both ways is derived on its own.
+    derivation = check_derivable(candidates, known, pool=pool, jobs=jobs,
                                  progress=(lambda d, n: bar.update(d - bar.n)) if bar else None)
     if bar:
         bar.close()
-    _derive_merges_alone(work, known, derivation, pool, jobs)
+    _derive_merges_alone(candidates, known, derivation, pool, jobs)
     start = time.perf_counter()
-    derived = [derivation.derived[position[first[i]]] for i in range(len(candidates))]
-    todo = [k for k, r in enumerate(work) if not derivation.derived[k]]
+    derived = derivation.derived
+    # an equation is checked and proved on its first orientation when any of its
+    # orientations is left to emit
+    todo = sorted({position[first[i]] for i in range(len(candidates)) if not derived[i]})
     bar = _bar(len(todo), "checking on other shapes") if progress_bars else None
     general = {}
     for k, (g, error) in zip(todo, map_in_order(pool, _generalize, [work[k] for k in todo], jobs)):
@@ -178,7 +179,7 @@ def _generate_level(candidates, known, found_by, rlimit, workers, progress_bars,
             # the same equations, perhaps in other words; the example may list its sizes otherwise)
             g = _reversed_like(r, g, work[k])
         if g.guards != r.guards:
-            if derivation.example_only[k] and pinned_to_example(g):  # where smaller rules derive it
+            if derivation.example_only[i] and pinned_to_example(g):  # where smaller rules derive it
                 derivable += 1
                 continue
             pinned += 1
