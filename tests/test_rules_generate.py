@@ -461,3 +461,18 @@ def test_a_weight_is_guarded_only_where_a_concat_joins_it():
     assert "(weight ?b0)" not in map(str, spread.guards)
     joined = [r for t, r in texts.items() if "(concat 0 ?b0 " in t.split(" => ")[1]]
     assert joined and all("(weight ?b0)" in map(str, r.guards) for r in joined)
+
+
+def test_a_rule_that_only_meets_a_smaller_rule_in_the_middle_is_kept():
+    """Derivability is in the rule's direction: ``x^T.y^T`` shrinks to ``(y.x)^T``, and
+    the hand rule transpose-matmul grows the right side into the left one, so the two
+    sides meet when saturated together; but nothing rewrites a graph that holds the
+    left side, so the generator keeps the rule (until session 14 it was dropped)."""
+    from taso_egg.generator.pipeline import generate_rules
+
+    menu = Menu("transposes", tuple(LeafSpec(f"x{i}", (4, 4), "activation", "x") for i in range(2)),
+                (choice("transpose", perm=(1, 0)), choice("matmul", activation="NONE")))
+    rules, _ = generate_rules(3, menu, base=_hand("transpose-matmul", "transpose-involution"))
+    sides = {(str(r.lhs[0]), str(r.rhs[0])) for r in rules if r.proved}
+    assert ("(matmul NONE (transpose [1 0] ?x0) (transpose [1 0] ?x1))",
+            "(transpose [1 0] (matmul NONE ?x1 ?x0))") in sides, sorted(sides)
