@@ -150,16 +150,13 @@ def compile_rules(rules) -> str:
     return "\n".join(compile_rule(r) for r in rules) + "\n"
 
 
-def compile_probe(rule: Rule, ruleset: str, name: str, present=()) -> str:
+def compile_probe(rule: Rule, ruleset: str, name: str) -> str:
     """``rule``'s whole query (the right-hand sides' shape facts included) with no
     actions, as rule ``name`` of ``ruleset``: running it reports how many matches the
-    rule has and changes nothing. With ``present`` (subterms of the right-hand
-    sides) it counts only the matches where the e-graph has those terms already."""
+    rule has and changes nothing."""
     c = _Compiler(rule)
     facts, _, _ = c.parts()
-    facts = facts + [f"(= __present{i} {c.tensor(p)})" for i, p in enumerate(present)]
     return f"(rule ({' '.join(facts)})\n      ()\n      :ruleset {ruleset} :name \"{name}\")"
-
 
 
 def compile_match_recorder(rule: Rule, terms, ruleset: str, relation: str) -> str | None:
