@@ -80,8 +80,8 @@ def check_derivable(candidates, corpus, limits: Limits | None = None, batch: int
                     progress=None, pool=None, jobs: int = 1) -> Derivation:
     """Which of ``candidates`` (rules with examples) follow from ``corpus`` (proved
     rules) by equality saturation from the left side. ``progress(done, total)``
-    after each batch of the examples. With ``pool`` (a :func:`~.workers.worker_pool` of ``jobs`` workers) the
-    batches saturate in parallel."""
+    after each batch of the examples. With ``pool`` (a :func:`~.workers.worker_pool`
+    of ``jobs`` workers) the batches saturate in parallel."""
     candidates = list(candidates)
     corpus = tuple(corpus)
     limits = limits or DEFAULT_LIMITS
@@ -92,8 +92,7 @@ def check_derivable(candidates, corpus, limits: Limits | None = None, batch: int
     if not corpus:
         return out
     with _shared(corpus, pool) as ref:
-        _derive(candidates, _BatchRunner(candidates, ref, limits, batch, out, pool, jobs),
-                out, progress)
+        _derive(candidates, _BatchRunner(candidates, ref, limits, batch, out, pool, jobs), out, progress)
     out.seconds = round(time.perf_counter() - start, 3)
     return out
 
@@ -149,8 +148,7 @@ class _BatchRunner:
         instances (bindings None: the example), ``batch`` candidates per e-graph; and
         the shape variants found for the examples derived."""
         batches = [([(i, self.candidates[i], b) for i, b in instances[lo:lo + self.batch]],
-                    self.corpus, self.limits)
-                   for lo in range(0, len(instances), self.batch)]
+                    self.corpus, self.limits) for lo in range(0, len(instances), self.batch)]
         same, variants, done = {}, {}, 0
         for (result, found, stop), job in zip(map_in_order(self.pool, _batch, batches, self.jobs), batches):
             same.update(result)

@@ -145,8 +145,6 @@ def _generate_level(candidates, known, found_by, rlimit, workers, progress_bars,
     work = [candidates[i] for i in sorted(set(first))]
     position = {i: k for k, i in enumerate(sorted(set(first)))}
     bar = _bar(len(candidates), "derivable?") if progress_bars else None
-    # In the rule's own direction (saturating its left side finds its right one), so
-    # each orientation of an equation emitted both ways is derived on its own.
     derivation = check_derivable(candidates, known, pool=pool, jobs=jobs,
                                  progress=(lambda d, n: bar.update(d - bar.n)) if bar else None)
     if bar:
