@@ -296,6 +296,16 @@ def _dimension_param_vars(rule: Rule) -> set[str]:
     return names
 
 
+def sized_vars(rule: Rule, base: dict | None = None) -> list[str]:
+    """The variables whose example values are sizes: the tensors (their shapes), then
+    the parameters that hold dimensions as vectors (split sizes, reshape and constant
+    shapes)."""
+    base = example_values(rule) if base is None else base
+    dim_params = _dimension_param_vars(rule)
+    return list(rule.tensor_vars()) + [v for v in rule.param_vars()
+                                       if v in dim_params and isinstance(base[v], tuple)]
+
+
 def other_examples(rule: Rule, seed: int = 0, dims=(1, 2, 3, 4)) -> Iterator[dict]:
     """Endless variants of the rule's example, never equal to it and never repeated:
     each distinct dimension value (of the tensor shapes and of the parameters that
@@ -305,9 +315,7 @@ def other_examples(rule: Rule, seed: int = 0, dims=(1, 2, 3, 4)) -> Iterator[dic
     ``(= (dim ?x 1) 4)``) keep their value, since moving them breaks the guard; other
     guards and typing are not checked. Stops when no further variant is left."""
     base = example_values(rule)
-    dim_params = _dimension_param_vars(rule)
-    keys = list(rule.tensor_vars()) + [v for v in rule.param_vars()
-                                       if v in dim_params and isinstance(base[v], tuple)]
+    keys = sized_vars(rule, base)
     pinned = _pinned_sizes(rule, base)
     values = sorted({d for k in keys for d in base[k]} - pinned)
     example = tuple(base[k] for k in keys)
@@ -323,15 +331,15 @@ def other_examples(rule: Rule, seed: int = 0, dims=(1, 2, 3, 4)) -> Iterator[dic
 
 
 def _pinned_sizes(rule: Rule, base: dict) -> set:
-    """The example's sizes that equality guards tie to constants: a ``shape`` or
-    ``dim`` query on one side, an expression without variables on the other, equal on
-    the example (``(= (shape ?x) (vec 2 4))``, ``(= (dim ?x 1) 4)``)."""
+    """The example's sizes that equality guards tie to constants: a ``shape``, ``dim``
+    or ``at`` query on one side, an expression without variables on the other, equal on
+    the example (``(= (shape ?x) (vec 2 4))``, ``(= (dim ?x 1) 4)``, ``(= (at ?sh 2) 3)``)."""
     pinned = set()
     for g in rule.guards:
         if g.kind != "=":
             continue
         for query, constant in (g.args, g.args[::-1]):
-            if not (isinstance(query, ParamOp) and query.fn in ("shape", "dim")) \
+            if not (isinstance(query, ParamOp) and query.fn in ("shape", "dim", "at")) \
                     or next(walk_vars(constant), None) is not None:
                 continue
             try:
@@ -397,14 +405,15 @@ def _holds_on(rule: Rule, variant: dict, seed: int) -> bool:
 
 def unchecked_dimensions(rule: Rule, checked: list[dict], seed: int = 0,
                          dims=(1, 2, 3, 4)) -> list[tuple[str, int, int]]:
-    """The ``(variable, axis, size)`` positions of the example's tensor shapes that
-    the checks never varied: no variant in ``checked`` changed that size, and no
-    variant that changes only that size (to another value of ``dims``) builds, so the
-    rule is known to hold there at the example's size alone. This is how a size tied
-    to a constant's literal shape (a channel count equal to ``const_iconv [4 4 3 3]``'s)
-    shows. A variant that builds and disagrees is a VerificationError."""
+    """The ``(variable, axis, size)`` positions of the example's sizes (of
+    :func:`sized_vars`) that the checks never varied: no variant in ``checked`` changed
+    that size, and no variant that changes only that size (to another value of
+    ``dims``) builds, so the rule is known to hold there at the example's size alone.
+    This is how a size tied to a constant's literal shape (a channel count equal to
+    ``const_iconv [4 4 3 3]``'s) shows. A variant that builds and disagrees is a
+    VerificationError."""
     base = example_values(rule)
-    tensors = rule.tensor_vars()
+    tensors = sized_vars(rule, base)
     # the example sizes some variant moved (a size moves with all its positions: one mapping)
     moved = {e for variant in checked for v in tensors if v in variant
              for d, e in zip(variant[v], base[v]) if d != e}
@@ -422,4 +431,4 @@ def unchecked_dimensions(rule: Rule, checked: list[dict], seed: int = 0,
 
 __all__ = ["instantiate", "add_rule_sides", "builds_on", "check_rule_numerically", "example_values", "evaluate_param",
            "guard_holds", "why_guard_fails", "PatternBuilder", "other_examples", "check_rule_on_other_shapes",
-           "unchecked_dimensions"]
+           "unchecked_dimensions", "sized_vars"]

@@ -118,3 +118,28 @@ def test_merges_of_activations_alone_are_dropped():
     p = prune(e)
     assert p.dropped["merges no weight"] > 0
     assert not any(r.multi for r in rules_from(e, p, "t"))
+
+
+def test_a_constants_shape_is_a_parameter_tied_to_what_it_meets():
+    from taso_egg.egraph.saturate import saturate
+    from taso_egg.generator.prune import generalize_or_pin
+    from taso_egg.graph import Graph
+    from taso_egg.rules.verify import prove_rule
+
+    leaves = _x(1) + [LeafSpec("one", (2, 4), "const_one", "one"), LeafSpec("imm", (4, 4), "const_imm", "imm")]
+    rules = _rules(leaves, [choice("ewmul"), choice("matmul", activation="NONE")], 1)
+    one = generalize_or_pin(_find(rules, "(ewmul ?x0 (const_one ?sh0 float32))", "?x0"))
+    assert "(= (shape ?x0) ?sh0)" in one.to_text()
+    imm = generalize_or_pin(_find(rules, "(matmul NONE ?x0 (const_imm ?sh0 float32))", "?x0"))
+    assert "(= (dim ?x0 1) (at ?sh0 0))" in imm.to_text() and "[4 4]" not in str(imm.guards)
+    assert prove_rule(one, 10.0).status == prove_rule(imm, 10.0).status == "proved"
+
+    def fires(x_shape, one_shape):  # on shapes other than the menu's
+        g = Graph()
+        x = g.new_input(x_shape, name="x")
+        g.mark_output(g.relu(g.mul(x, g.constant("one", one_shape))), "y")
+        sat = saturate(g, rules=[one], count_classes=False)
+        return sum(it.matches.get(one.name, 0) for it in sat.iterations)
+
+    assert fires((3, 5), (3, 5)) >= 1
+    assert fires((3, 5), (1, 5)) == 0  # a broadcast ones tensor: the guard ties the shapes

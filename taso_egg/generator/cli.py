@@ -74,7 +74,8 @@ def add_arguments(parser) -> None:
                    f"corpus {RULES_DIR / 'taso-reference.rules'})")
     p.add_argument("--corpus", nargs="+", default=None, metavar="NAME",
                    help="corpora to derive with: hand (the hand rules), default (hand + generated), "
-                        "generated (the generated rules alone), axioms (the verifier's, both ways), "
+                        "generated (the generated rules alone), study (default + the generated rules over "
+                        "TASO's constants), axioms (the verifier's, both ways), "
                         "or a rule file (hand + its proved rules, in place of the shipped generated "
                         "ones); default: hand, default and axioms")
     p.add_argument("--orientations", default="given", help="given (as the files hold them), "

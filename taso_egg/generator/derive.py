@@ -222,7 +222,7 @@ def _corpus_egraph(ref: _CorpusRef):
 # The corpora a rule file is measured against: the hand rules, the default corpus
 # (hand + generated), and the verifier's axioms as rewrites in both orientations.
 CORPORA = ("hand", "default", "axioms")  # what `rules derive` compares when not told
-NAMED_CORPORA = CORPORA + ("generated",)  # the names corpus_for takes besides a rule file
+NAMED_CORPORA = CORPORA + ("generated", "study")  # the names corpus_for takes besides a rule file
 # Deeper than the generator's pruning: a reference rule may be several steps away. Each
 # target is saturated alone, so the corpus's multi-pattern rules (its merges) run as in
 # saturation's default: they cannot pair up across targets.
@@ -232,7 +232,9 @@ DERIVE_LIMITS = Limits(nodes=60_000, iterations=8, seconds=60.0, multi_iteration
 def corpus_for(name: str, orientations: str | None = "given") -> list:
     """The rules of corpus ``name``: ``hand`` (the hand rules), ``default`` (hand and
     generated: what ``optimize`` loads), ``generated`` (the shipped generated rules
-    alone), ``axioms`` (the verifier's, always both ways, as it uses them), or the
+    alone), ``study`` (the default corpus and the generated rules over TASO's
+    constants, which no exported model holds), ``axioms`` (the verifier's, always
+    both ways, as it uses them), or the
     path of a rule file (the hand rules and that file's proved rules, in place of the
     shipped generated ones). The others are oriented as ``orientations`` says (None:
     ``load_corpus``'s default, ``TASO_EGG_ORIENTATIONS`` or ``given``)."""
@@ -245,6 +247,8 @@ def corpus_for(name: str, orientations: str | None = "given") -> list:
         return load_corpus(orientations=orientations)
     if name == "generated":
         return load_corpus(["generated"], orientations=orientations)
+    if name == "study":
+        return load_corpus(["taso_hand", "generated", "generated-constants"], orientations=orientations)
     if name == "axioms":
         folder = Path(corpus_files()[0]).parent
         return with_orientations(load_rule_file(folder / AXIOM_FILES[0]), "both")

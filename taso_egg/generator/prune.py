@@ -55,7 +55,7 @@ from taso_egg.errors import RuleError, TasoEggError
 from taso_egg.ops import OPS
 
 from ..rules.instantiate import builds_on, evaluate_param
-from ..rules.lang import App, Guard, Lit, ParamOp, Proj, Rule, Var
+from ..rules.lang import App, Guard, Lit, ParamOp, Proj, Rule, Var, walk_vars
 from .enumerate import Enumeration, Evaluator, fingerprint, integer_draw
 from .shapes import ShapeFacts, form_expr, general_example, shape_guards
 
@@ -449,8 +449,9 @@ def _pattern(e: Enumeration, tid: int, names: dict, sizes: dict | None = None):
     t = e.terms[tid]
     if t.op == "leaf":
         lf = t.leaf
-        if lf.role.startswith("const_"):
-            return App(lf.role, (Lit(tuple(lf.shape)), Lit("float32")), ())
+        if lf.role.startswith("const_"):  # its shape a parameter variable where named
+            shape = Var(names[lf.name]) if lf.name in names else Lit(tuple(lf.shape))
+            return App(lf.role, (shape, Lit("float32")), ())
         return Var(names[lf.name])
     if t.op == "proj":
         return Proj(t.index, _pattern(e, t.children[0], names, sizes))
@@ -492,44 +493,77 @@ def orientations(e: Enumeration, c: Candidate) -> list:
 
 def to_rule(e: Enumeration, lhs: tuple, rhs: tuple, name: str) -> Rule | None:
     """The candidate as a rule. Its shape guards are what typing asks of both sides
-    (:mod:`.shapes`), a split's sizes the dims of what it takes apart (on the left side a
-    parameter variable ``?szN`` that a guard ties to them), and the example gives dims
-    no equation ties distinct sizes; where typing asks something no guard states, the
-    guards keep the example's shapes (``_pinned_shape_guards``). None when a split cuts
-    elsewhere than between concatenated operands (its sizes are no operand's dims: the
-    rule would hold on the generator's numbers only)."""
+    (:mod:`.shapes`), and that their shapes agree; a split's sizes are the dims of what
+    it takes apart (on the left side a parameter variable ``?szN`` that a guard ties to
+    them), a constant's shape a parameter variable ``?shN`` that guards tie to the
+    tensors' dims (TASO's ``const_one`` is as wide as what it multiplies), and the
+    example gives dims no equation ties distinct sizes. Where typing asks of a constant
+    something no guard states (a depth-wise kernel's channels divide the input's), the
+    constant keeps the menu's shape; where it asks that of the inputs, the guards keep
+    the example's shapes (``_pinned_shape_guards``). None when a split cuts elsewhere
+    than between concatenated operands (its sizes are no operand's dims: the rule would
+    hold on the generator's numbers only)."""
     names = _variables(e, lhs + rhs)
     leaves = {lf.name: lf for lf in e.menu.leaves}
-    multi = len(lhs) == 2
     weights = _weight_guards(e, lhs, rhs, names, leaves)
-    example = {names[n]: tuple(leaves[n].shape) for n in _leaf_order(e, lhs + rhs) if n in names}
-    facts = ShapeFacts(e, lhs + rhs)
-    if facts.off_boundary:
-        return None
-    general = shape_guards(e, facts, names, leaves)
-    if general is not None:
-        guards, uf, linear = general
-        in_lhs = {n for t in lhs for n in e.terms[t].nodes}
-        sizes, size_vars = {}, {}
-        for k, (split, parts) in enumerate(sorted(facts.sizes.items())):
-            expr = ParamOp("vec", tuple(form_expr(f, names) for f in parts))
-            if split in in_lhs:
-                sizes[split] = Var(f"sz{k}")
-                size_vars[f"sz{k}"] = expr
-                guards.append(Guard("=", (Var(f"sz{k}"), expr)))
-            else:
-                sizes[split] = expr
-        lhs_p = tuple(_pattern(e, t, names, sizes) for t in lhs)
-        rhs_p = tuple(_pattern(e, t, names, sizes) for t in rhs)
-        for shapes in (general_example(list(example), names, leaves, uf, linear, example), example):
-            rule = Rule(name, lhs_p, rhs_p, tuple(guards + weights), _with_sizes(shapes, size_vars),
-                        "", ("<generated>", 0), multi)
-            if builds_on(rule):
-                return rule
+    shape_vars = _shape_variables(e, lhs + rhs)
+    for symbolic in (True, False) if shape_vars else (True,):
+        facts = ShapeFacts(e, lhs + rhs, symbolic_constants=symbolic)
+        if facts.off_boundary:
+            return None
+        for left, right in zip(lhs, rhs):  # the sides are equal only where their shapes are
+            facts.equations += [a.plus(b.scaled(-1)) for a, b in zip(facts.forms[left], facts.forms[right])]
+        rule = _general_rule(e, lhs, rhs, name, facts, {**names, **shape_vars} if symbolic else names,
+                             leaves, weights)
+        if rule is not None:
+            return rule
     lhs_p = tuple(_pattern(e, t, names) for t in lhs)
     rhs_p = tuple(_pattern(e, t, names) for t in rhs)
     guards = list(_pinned_shape_guards(e, lhs + rhs, names, leaves))
-    return Rule(name, lhs_p, rhs_p, tuple(guards + weights), example, "", ("<generated>", 0), multi)
+    return Rule(name, lhs_p, rhs_p, tuple(guards + weights), _example(e, lhs + rhs, names, leaves), "",
+                ("<generated>", 0), len(lhs) == 2)
+
+
+def _general_rule(e: Enumeration, lhs: tuple, rhs: tuple, name: str, facts: ShapeFacts, names: dict,
+                  leaves: dict, weights: list) -> Rule | None:
+    """The rule under the guards typing asks (:func:`~.shapes.shape_guards`), on an
+    example that varies the free dims or else on the menu's; None where no guard states
+    what typing asks, or where neither example builds."""
+    general = shape_guards(e, facts, names, leaves)
+    if general is None:
+        return None
+    guards, uf, linear = general
+    in_lhs = {n for t in lhs for n in e.terms[t].nodes}
+    sizes, size_vars = {}, {}
+    for k, (split, parts) in enumerate(sorted(facts.sizes.items())):
+        expr = ParamOp("vec", tuple(form_expr(f, names) for f in parts))
+        if split in in_lhs:
+            sizes[split] = Var(f"sz{k}")
+            size_vars[f"sz{k}"] = expr
+            guards.append(Guard("=", (Var(f"sz{k}"), expr)))
+        else:
+            sizes[split] = expr
+    lhs_p = tuple(_pattern(e, t, names, sizes) for t in lhs)
+    rhs_p = tuple(_pattern(e, t, names, sizes) for t in rhs)
+    example = _example(e, lhs + rhs, names, leaves)
+    for shapes in (general_example(list(example), names, leaves, uf, linear, example), example):
+        rule = Rule(name, lhs_p, rhs_p, tuple(guards + weights), _with_sizes(shapes, size_vars),
+                    "", ("<generated>", 0), len(lhs) == 2)
+        if builds_on(rule):
+            return rule
+    return None
+
+
+def _shape_variables(e: Enumeration, tids) -> dict:
+    """Constant leaf name -> the variable of its shape parameter (``sh0`` ...), by first use."""
+    leaves = _leaf_specs(e)
+    constants = [n for n in _leaf_order(e, tids) if leaves[n].role.startswith("const_")]
+    return {n: f"sh{k}" for k, n in enumerate(constants)}
+
+
+def _example(e: Enumeration, tids, names: dict, leaves: dict) -> dict:
+    """The menu's shapes of the named leaves: a tensor's, or a constant's shape parameter."""
+    return {names[n]: tuple(leaves[n].shape) for n in _leaf_order(e, tids) if n in names}
 
 
 def _with_sizes(shapes: dict, size_vars: dict) -> dict:
@@ -615,29 +649,33 @@ def generalize_or_pin(rule: Rule) -> Rule:
     """Check the rule on shapes other than its example. If it fails there, pin every
     input to its example shape; if it holds, pin the sizes no other shape could vary
     (:func:`~.instantiate.unchecked_dimensions`): the parameters found on small shapes
-    generalize only where checked. A rule that fails on its own example is a
-    RuleError."""
-    from ..rules.instantiate import check_rule_numerically, check_rule_on_other_shapes, unchecked_dimensions
+    generalize only where checked. Sizes are the inputs' shapes and the constants'
+    shape parameters that no guard ties whole (a constant's kernel size). A rule that
+    fails on its own example is a RuleError."""
+    from ..rules.instantiate import (check_rule_numerically, check_rule_on_other_shapes, sized_vars,
+                                     unchecked_dimensions)
 
     try:
         check_rule_numerically(rule)
     except TasoEggError as err:
         raise RuleError(f"generated rule {rule.name} fails on its own example: {err}") from None
+    tensors = rule.tensor_vars()
+    sized = [v for v in sized_vars(rule) if v in tensors or not _tied(rule, v)]
     try:
         fixed = unchecked_dimensions(rule, check_rule_on_other_shapes(rule))
     except TasoEggError:
-        fixed = [(v, axis, d) for v, s in rule.example.items() if v in rule.tensor_vars()
-                 for axis, d in enumerate(s)]
+        fixed = [(v, axis, d) for v in sized for axis, d in enumerate(rule.example[v])]
     pins = []
-    for v in rule.tensor_vars():
+    for v in sized:
         shape = rule.example[v]
         axes = {axis for w, axis, _ in fixed if w == v}
         if not axes or _pinned(rule, v):
             continue
+        whole, at = (ParamOp("shape", (Var(v),)), "dim") if v in tensors else (Var(v), "at")
         if len(axes) == len(shape):
-            pins.append(Guard("=", (ParamOp("shape", (Var(v),)), ParamOp("vec", tuple(Lit(d) for d in shape)))))
+            pins.append(Guard("=", (whole, ParamOp("vec", tuple(Lit(d) for d in shape)))))
         else:
-            pins += [Guard("=", (ParamOp("dim", (Var(v), Lit(axis))), Lit(shape[axis]))) for axis in sorted(axes)]
+            pins += [Guard("=", (ParamOp(at, (Var(v), Lit(axis))), Lit(shape[axis]))) for axis in sorted(axes)]
     pins = [g for g in dict.fromkeys(pins) if g not in rule.guards]  # the shape guards may hold some
     if not pins:
         return rule
@@ -646,9 +684,16 @@ def generalize_or_pin(rule: Rule) -> Rule:
 
 
 def _pinned(rule: Rule, v: str) -> bool:
-    return any(g.kind == "=" and isinstance(g.args[0], ParamOp) and g.args[0].fn == "shape"
-               and g.args[0].args[0] == Var(v) and isinstance(g.args[1], ParamOp)
-               and g.args[1].fn == "vec" for g in rule.guards)
+    """Whether a guard fixes input ``v``'s shape (or parameter ``v``) to a literal vector."""
+    whole = (ParamOp("shape", (Var(v),)), Var(v))
+    return any(g.kind == "=" and g.args[0] in whole and isinstance(g.args[1], ParamOp)
+               and g.args[1].fn == "vec" and next(walk_vars(g.args[1]), None) is None for g in rule.guards)
+
+
+def _tied(rule: Rule, v: str) -> bool:
+    """Whether a guard equates parameter ``v`` whole with an expression (a split's sizes
+    with the dims it takes apart, a constant's shape with a tensor's)."""
+    return any(g.kind == "=" and Var(v) in g.args for g in rule.guards)
 
 
 def pinned_to_example(rule: Rule) -> bool:

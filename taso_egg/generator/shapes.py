@@ -60,8 +60,14 @@ class Form:
                     self.value + other.value)
 
 
-def _position(leaf: str, axis: int, value: int) -> Form:
-    return Form(((("dim", leaf, axis), 1),), 0, value)
+# A dimension atom: ("dim", leaf, axis) of a tensor input, ("at", leaf, axis) of a
+# constant's shape parameter (a ``const_one ?sh0`` is as wide as typing lets it be).
+DIMENSIONS = ("dim", "at")
+
+
+def leaf_atom(leaf, axis: int) -> tuple:
+    """The dimension atom of axis ``axis`` of menu leaf ``leaf`` (a LeafSpec)."""
+    return ("at" if leaf.role.startswith("const_") else "dim", leaf.name, axis)
 
 
 def _opaque(fn: str, args: tuple, value: int) -> Form:
@@ -127,6 +133,11 @@ class _Concolic:
         q, r = self._quotient(a, b)
         if b.is_constant and b.const == 1:
             return a
+        if b.value == 1 and not a.is_constant:
+            # a divisor of 1 on the example (a depth-wise kernel's one channel per group):
+            # held at 1, the quotient stays a form of the dividend, not the example's number
+            self.equations.append(self._sub(b, Form.constant(1)))
+            return a
         if a.is_constant and b.is_constant:
             return Form.constant(q)
         if b.is_constant:
@@ -140,6 +151,9 @@ class _Concolic:
         q, r = self._quotient(a, b)
         if (a.is_constant and b.is_constant) or (b.is_constant and b.const == 1):
             return Form.constant(r)
+        if b.value == 1 and not a.is_constant:  # held at 1, as in _div
+            self.equations.append(self._sub(b, Form.constant(1)))
+            return Form.constant(0)
         if b.is_constant:
             return _opaque("%", (a, b.const), r)
         self.equations.append(self._sub(a, b.scaled(q).plus(Form.constant(r))))
@@ -247,10 +261,11 @@ def output_forms(op: str, params: dict, shapes: list, output: int = 0):
 class ShapeFacts:
     """The forms of every tensor of an enumerated rule's terms and the equations typing
     sets, with each split's sizes read off its input's form where they are a prefix of
-    its operands (``sizes`` maps a split node to the two size forms)."""
+    its operands (``sizes`` maps a split node to the two size forms). A constant's dims
+    are atoms of its shape parameter (``symbolic_constants``) or the menu's numbers."""
 
-    def __init__(self, e, tids):
-        self.e, self.tids = e, tuple(tids)
+    def __init__(self, e, tids, symbolic_constants: bool = True):
+        self.e, self.tids, self.symbolic_constants = e, tuple(tids), symbolic_constants
         self.forms: dict = {}
         self.equations: list = []
         self.sizes: dict = {}
@@ -264,10 +279,10 @@ class ShapeFacts:
             return self.forms[tid]
         t = self.e.terms[tid]
         if t.op == "leaf":
-            if t.leaf.role.startswith("const_"):
+            if t.leaf.role.startswith("const_") and not self.symbolic_constants:
                 out = tuple(Form.constant(d) for d in t.shape)
             else:
-                out = tuple(_position(t.leaf.name, i, d) for i, d in enumerate(t.shape))
+                out = tuple(Form(((leaf_atom(t.leaf, i), 1),), 0, d) for i, d in enumerate(t.shape))
         elif t.op == "proj":
             self.form(t.children[0])
             out = self.forms[("outs", t.children[0])][t.index]
@@ -302,7 +317,7 @@ class ShapeFacts:
         sizes = params["sizes"]
         whole = x[params["axis"]]
         units = [a for a, c in whole.terms for _ in range(c)] if all(
-            c > 0 and a[0] == "dim" for a, c in whole.terms) and whole.const == 0 else None
+            c > 0 and a[0] in DIMENSIONS for a, c in whole.terms) and whole.const == 0 else None
         if units is not None:
             values = [self._atom_value(a) for a in units]
             for k in range(1, len(units)):
@@ -350,7 +365,7 @@ class _Union:
     def normal(self, f: Form) -> Form:
         out = Form((), f.const, f.value)
         for a, c in f.terms:
-            if a[0] == "dim":
+            if a[0] in DIMENSIONS:
                 r = self.find(a)
                 term = Form.constant(self.const[r] * c) if r in self.const else Form(((r, c),), 0, 0)
             else:
@@ -384,16 +399,16 @@ def solve(equations, order):
             if f in rest:
                 continue
             if len(f.terms) == 2 and f.const == 0 and {c for _, c in f.terms} == {1, -1} \
-                    and all(a[0] == "dim" for a, _ in f.terms):
+                    and all(a[0] in DIMENSIONS for a, _ in f.terms):
                 uf.union(f.terms[0][0], f.terms[1][0], order)
                 changed = True
-            elif len(f.terms) == 1 and f.terms[0][0][0] == "dim" and f.const % f.terms[0][1] == 0:
+            elif len(f.terms) == 1 and f.terms[0][0][0] in DIMENSIONS and f.const % f.terms[0][1] == 0:
                 uf.const[uf.find(f.terms[0][0])] = -f.const // f.terms[0][1]
                 changed = True
             else:
                 rest.append(f)
         pending = rest
-    if any(a[0] != "dim" for f in pending for a, _ in f.terms):
+    if any(a[0] not in DIMENSIONS for f in pending for a, _ in f.terms):
         return None
     return uf, pending
 
@@ -402,7 +417,7 @@ def solve(equations, order):
 
 
 def _dim_expr(atom, names):
-    return ParamOp("dim", (Var(names[atom[1]]), Lit(atom[2])))
+    return ParamOp(atom[0], (Var(names[atom[1]]), Lit(atom[2])))
 
 
 def form_expr(f: Form, names):
@@ -421,35 +436,48 @@ def form_expr(f: Form, names):
 
 def shape_guards(e, facts: ShapeFacts, names, leaves):
     """``(guards, union-find, equations left)`` for the rule over ``facts`` (its
-    variables ``names``: leaf name -> variable), or None where typing asks something no
-    guard states. The guards: each input's rank (unless its shape equals an earlier
-    input's), equal dims (a whole shape where they all are), dims fixed to constants, and
-    the linear equations left."""
+    variables ``names``: leaf name -> variable, a constant's naming its shape parameter),
+    or None where typing asks something no guard states. The guards: each input's rank
+    (a constant's shape's length; unless its shape equals an earlier input's), equal dims
+    (a whole shape where they all are), dims fixed to constants, and the linear
+    equations left. Tensors come before constants, so a constant's sizes read as the
+    tensors' dims they equal."""
     tids = facts.tids
     if not facts.ok:
         return None
     order = [n for n in dict.fromkeys(n for t in tids for n in _leaf_names(e, t)) if n in names]
+    order.sort(key=lambda n: leaves[n].role.startswith("const_"))  # stable: first use within each
     rank_of = {n: len(leaves[n].shape) for n in order}
-    index = {("dim", n, i): (k, i) for k, n in enumerate(order) for i in range(rank_of[n])}
+    index = {leaf_atom(leaves[n], i): (k, i) for k, n in enumerate(order) for i in range(rank_of[n])}
     solved = solve(facts.equations, lambda a: index.get(a, (len(order), 0)))
     if solved is None:
         return None
     uf, linear = solved
+
+    def whole(n):  # a tensor's shape, or a constant's shape parameter itself
+        return Var(names[n]) if leaves[n].role.startswith("const_") else ParamOp("shape", (Var(names[n]),))
+
+    in_linear = {a for f in linear for a, _ in f.terms}
     guards = []
     for n in order:
-        reps = [uf.find(("dim", n, i)) for i in range(rank_of[n])]
+        reps = [uf.find(leaf_atom(leaves[n], i)) for i in range(rank_of[n])]
         same = next((m for m in order[:order.index(n)] if rank_of[m] == rank_of[n]
-                     and reps == [uf.find(("dim", m, i)) for i in range(rank_of[m])]), None)
+                     and reps == [uf.find(leaf_atom(leaves[m], i)) for i in range(rank_of[m])]), None)
         if same is not None and rank_of[n]:
-            guards.append(Guard("=", (ParamOp("shape", (Var(names[same]),)), ParamOp("shape", (Var(names[n]),)))))
+            guards.append(Guard("=", (whole(same), whole(n))))
             continue
-        guards.append(Guard("=", (ParamOp("rank", (Var(names[n]),)), Lit(rank_of[n]))))
+        length = ParamOp("len" if leaves[n].role.startswith("const_") else "rank", (Var(names[n]),))
+        guards.append(Guard("=", (length, Lit(rank_of[n]))))
         for i, r in enumerate(reps):
-            a = ("dim", n, i)
+            a = leaf_atom(leaves[n], i)
             if r != a:
                 guards.append(Guard("=", (_dim_expr(r, names), _dim_expr(a, names))))
             elif r in uf.const:
                 guards.append(Guard("=", (_dim_expr(a, names), Lit(uf.const[r]))))
+            elif a[0] == "at" and a not in in_linear:
+                # a constant's size that typing ties to no tensor (a window's height:
+                # the constant's values depend on it, the output's shape does not)
+                guards.append(Guard("=", (_dim_expr(a, names), Lit(leaves[n].shape[i]))))
     for f in linear:
         pos = Form(tuple((a, c) for a, c in f.terms if c > 0), max(f.const, 0), 0)
         neg = Form(tuple((a, -c) for a, c in f.terms if c < 0), max(-f.const, 0), 0)
@@ -476,7 +504,7 @@ def general_example(rule_vars, names, leaves, uf, linear, base):
         n = inverse[v]
         shape = []
         for i, d in enumerate(base[v]):
-            r = uf.find(("dim", n, i))
+            r = uf.find(leaf_atom(leaves[n], i))
             if r in uf.const:
                 shape.append(uf.const[r])
                 continue
@@ -491,4 +519,5 @@ def general_example(rule_vars, names, leaves, uf, linear, base):
     return out
 
 
-__all__ = ["Form", "ShapeFacts", "output_forms", "solve", "shape_guards", "form_expr", "general_example"]
+__all__ = ["Form", "ShapeFacts", "output_forms", "solve", "shape_guards", "form_expr", "general_example",
+           "leaf_atom", "DIMENSIONS"]
