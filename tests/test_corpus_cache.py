@@ -168,8 +168,8 @@ def test_study_rules_still_match_a_graph_built_with_a_constant():
     from taso_egg.graph import Graph
 
     g = Graph()
-    x = g.new_input((2, 4), name="x")
-    g.mark_output(g.relu(g.mul(x, g.constant("one", (2, 4)))), "y")
+    x = g.new_input((3, 5), name="x")  # not the generator's 2x4: a constant's shape is a parameter
+    g.mark_output(g.relu(g.mul(x, g.constant("one", (3, 5)))), "y")
     study = lang.load_corpus(["generated-constants"])
     sat = saturate(g, rules=study, count_classes=False)
     assert any(n for it in sat.iterations for n in it.matches.values())

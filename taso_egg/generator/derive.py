@@ -21,6 +21,7 @@ on the example alone, which are derivable once their own check pins them to it.
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from contextlib import contextmanager
@@ -307,10 +308,11 @@ class DerivationTable:
 WEIGHT_BUILDS = ("kernels", "none", "all")
 
 
+@functools.cache
 def kernel_operands() -> dict:
     """``{operator: operand positions}`` that the generator's menu feeds from weights
     alone (a conv's kernel, enlarge's operands): where a model holds initializers, so
-    that the generator's rules guard them ``(weight ?v)``."""
+    that the generator's rules guard them ``(weight ?v)``. Built once: the menu is fixed."""
     from .enumerate import default_menu
 
     out: dict = {}
