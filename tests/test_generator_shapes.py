@@ -143,3 +143,12 @@ def test_a_constants_shape_is_a_parameter_tied_to_what_it_meets():
 
     assert fires((3, 5), (3, 5)) >= 1
     assert fires((3, 5), (1, 5)) == 0  # a broadcast ones tensor: the guard ties the shapes
+
+
+def test_a_rule_holds_only_where_its_sides_shapes_agree():
+    rules = _rules(_x(2), [choice("concat", axis=0), choice("split", ("concat",), axis=0)], 3)
+    half = _find(rules, "(proj 0 (split 0 ?sz0 (concat 0 (concat 0 ?x0 ?x1) (concat 0 ?x0 ?x1))))",
+                 "(concat 0 ?x0 ?x1)")
+    # the first half has 2 x 2 rows, x0 and x1 together 2 + 3: equal only for equal shapes
+    assert "(= (shape ?x0) (shape ?x1))" in half.to_text()
+    assert check_rule_numerically(half) <= 1e-6 and check_rule_on_other_shapes(half)

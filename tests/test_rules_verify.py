@@ -324,3 +324,19 @@ def test_hypotheses_that_contradict_each_other_prove_nothing():
 """)
     for res in (prove_rule(rule, TIMEOUT, AXIOMS), prove_rule(rule, axioms=AXIOMS, rlimit=5_000_000)):
         assert res.status == "unknown" and "contradict each other" in res.reason
+
+
+def test_a_proof_under_an_rlimit_stops_where_z3s_count_stalls(monkeypatch):
+    # At rlimit 10 million this proof ran 25 min (1.5 s at 1 million): Z3's resource
+    # count stalls, so the wall-clock bound is what ends it.
+    from taso_egg.rules import verify
+
+    monkeypatch.setattr(verify, "RLIMIT_SAFETY_S", 0.5)
+    stalls, = parse_rules("""
+    (rule divides-by-a-product
+      :lhs (ewmul ?x0 (ewdiv (ewdiv (const_one ?sh0 float32) ?x1) ?x2))
+      :rhs (ewdiv ?x0 (ewmul ?x1 ?x2))
+      :if ((= (rank ?x0) 2) (= (shape ?x0) (shape ?x1)) (= (shape ?x0) (shape ?x2)) (= (shape ?x0) ?sh0))
+      :example ((?x0 [2 4]) (?sh0 [2 4]) (?x1 [2 4]) (?x2 [2 4])))""")
+    res = verify.prove_rule(stalls, float_checked=True, rlimit=10_000_000)
+    assert res.status == "unknown" and "0.5 s that bound a proof" in res.reason and res.seconds < 30
