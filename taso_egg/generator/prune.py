@@ -498,7 +498,7 @@ def to_rule(e: Enumeration, lhs: tuple, rhs: tuple, name: str) -> Rule | None:
     them), a constant's shape a parameter variable ``?shN`` that guards tie to the
     tensors' dims (TASO's ``const_one`` is as wide as what it multiplies), and the
     example gives dims no equation ties distinct sizes. Where typing asks of a constant
-    something no guard states (a depth-wise kernel's channels divide the input's), the
+    something no guard states (a product or quotient of two varying dims), the
     constant keeps the menu's shape; where it asks that of the inputs, the guards keep
     the example's shapes (``_pinned_shape_guards``). None when a split cuts elsewhere
     than between concatenated operands (its sizes are no operand's dims: the rule would
