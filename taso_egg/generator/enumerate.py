@@ -53,6 +53,11 @@ class LeafSpec:
     def kind(self) -> tuple:
         return (self.role, self.shape)
 
+    @property
+    def is_constant(self) -> bool:
+        """One of TASO's generated constants (``const_one`` ...), not an input."""
+        return self.role.startswith("const_")
+
 
 @dataclass(frozen=True)
 class OpChoice:
@@ -313,7 +318,7 @@ def positive_leaves(menu) -> frozenset:
 
 
 def leaf_value(leaf: LeafSpec, rng, integer: bool, positive: bool = False):
-    if leaf.role.startswith("const_"):
+    if leaf.is_constant:
         (v,) = OPS[leaf.role].kernel(np, {"shape": leaf.shape, "dtype": "float64"})
         return v
     v = integer_draw(rng, leaf.shape) if integer else rng.standard_normal(leaf.shape)

@@ -140,7 +140,7 @@ def _variables(e: Enumeration, tids) -> dict:
     names, counters = {}, {}
     for name in _leaf_order(e, tids):
         lf = leaves[name]
-        if lf.role.startswith("const_"):
+        if lf.is_constant:
             continue
         k = counters.get(lf.prefix, 0)
         counters[lf.prefix] = k + 1
@@ -320,7 +320,7 @@ def _constant_node(e: Enumeration, n: int) -> bool:
     if n not in memo:
         t = e.terms[n]
         specs = _leaf_specs(e)
-        if all(specs[lf].role.startswith("const_") for lf in t.leaves):
+        if all(specs[lf].is_constant for lf in t.leaves):
             memo[n] = False
         else:
             drawn = e.values[n] if t.op == "split" else [e.values[n]]
@@ -449,7 +449,7 @@ def _pattern(e: Enumeration, tid: int, names: dict, sizes: dict | None = None):
     t = e.terms[tid]
     if t.op == "leaf":
         lf = t.leaf
-        if lf.role.startswith("const_"):  # its shape a parameter variable where named
+        if lf.is_constant:  # its shape a parameter variable where named
             shape = Var(names[lf.name]) if lf.name in names else Lit(tuple(lf.shape))
             return App(lf.role, (shape, Lit("float32")), ())
         return Var(names[lf.name])
@@ -557,7 +557,7 @@ def _general_rule(e: Enumeration, lhs: tuple, rhs: tuple, name: str, facts: Shap
 def _shape_variables(e: Enumeration, tids) -> dict:
     """Constant leaf name -> the variable of its shape parameter (``sh0`` ...), by first use."""
     leaves = _leaf_specs(e)
-    constants = [n for n in _leaf_order(e, tids) if leaves[n].role.startswith("const_")]
+    constants = [n for n in _leaf_order(e, tids) if leaves[n].is_constant]
     return {n: f"sh{k}" for k, n in enumerate(constants)}
 
 

@@ -67,7 +67,7 @@ DIMENSIONS = ("dim", "at")
 
 def leaf_atom(leaf, axis: int) -> tuple:
     """The dimension atom of axis ``axis`` of menu leaf ``leaf`` (a LeafSpec)."""
-    return ("at" if leaf.role.startswith("const_") else "dim", leaf.name, axis)
+    return ("at" if leaf.is_constant else "dim", leaf.name, axis)
 
 
 def _opaque(fn: str, args: tuple, value: int) -> Form:
@@ -279,7 +279,7 @@ class ShapeFacts:
             return self.forms[tid]
         t = self.e.terms[tid]
         if t.op == "leaf":
-            if t.leaf.role.startswith("const_") and not self.symbolic_constants:
+            if t.leaf.is_constant and not self.symbolic_constants:
                 out = tuple(Form.constant(d) for d in t.shape)
             else:
                 out = tuple(Form(((leaf_atom(t.leaf, i), 1),), 0, d) for i, d in enumerate(t.shape))
@@ -446,7 +446,7 @@ def shape_guards(e, facts: ShapeFacts, names, leaves):
     if not facts.ok:
         return None
     order = [n for n in dict.fromkeys(n for t in tids for n in _leaf_names(e, t)) if n in names]
-    order.sort(key=lambda n: leaves[n].role.startswith("const_"))  # stable: first use within each
+    order.sort(key=lambda n: leaves[n].is_constant)  # stable: first use within each
     rank_of = {n: len(leaves[n].shape) for n in order}
     index = {leaf_atom(leaves[n], i): (k, i) for k, n in enumerate(order) for i in range(rank_of[n])}
     solved = solve(facts.equations, lambda a: index.get(a, (len(order), 0)))
@@ -455,7 +455,7 @@ def shape_guards(e, facts: ShapeFacts, names, leaves):
     uf, linear = solved
 
     def whole(n):  # a tensor's shape, or a constant's shape parameter itself
-        return Var(names[n]) if leaves[n].role.startswith("const_") else ParamOp("shape", (Var(names[n]),))
+        return Var(names[n]) if leaves[n].is_constant else ParamOp("shape", (Var(names[n]),))
 
     in_linear = {a for f in linear for a, _ in f.terms}
     guards = []
@@ -466,7 +466,7 @@ def shape_guards(e, facts: ShapeFacts, names, leaves):
         if same is not None and rank_of[n]:
             guards.append(Guard("=", (whole(same), whole(n))))
             continue
-        length = ParamOp("len" if leaves[n].role.startswith("const_") else "rank", (Var(names[n]),))
+        length = ParamOp("len" if leaves[n].is_constant else "rank", (Var(names[n]),))
         guards.append(Guard("=", (length, Lit(rank_of[n]))))
         for i, r in enumerate(reps):
             a = leaf_atom(leaves[n], i)
