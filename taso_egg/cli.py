@@ -10,9 +10,9 @@ import math
 import signal
 import sys
 
-from .cli_args import add_input_shape_argument, add_limit_arguments, limits_from_args, parse_input_shapes
-from .cost import MIN_GAIN
+from .cli_args import add_input_shape_argument, add_optimize_arguments, optimize_options_from_args, parse_input_shapes
 from .errors import ExportError, TasoEggError
+from .options import Hooks
 
 
 def _add_model_args(p) -> None:
@@ -74,12 +74,11 @@ def _cmd_convert(args) -> int:
 
 def _cmd_optimize(args) -> int:
     # Everything a user can get wrong is checked before anything heavy loads.
-    from .api import check_optimize_arguments
     from .files import check_writable
     from .onnx_io.importer import load_onnx, read_model_file, upgraded
 
-    limits = limits_from_args(args)
-    check_optimize_arguments(args.min_gain, args.measure, args.extract_time_limit)
+    options = optimize_options_from_args(args)
+    limits = options.limits
     shapes = parse_input_shapes(args.input_shape)
     check_writable(args.output, ExportError)
     original, external = read_model_file(args.model)
@@ -104,10 +103,8 @@ def _cmd_optimize(args) -> int:
             f"{it.seconds:6.2f} s  " + ", ".join(f"{k} x{v}" for k, v in top))
 
     with _Rounds("timing") as rounds:
-        result = optimize(g, rules=rules, limits=limits, extractor=args.extractor, progress=progress,
-                          profile=args.profile, min_gain=args.min_gain, measure=args.measure,
-                          extract_time_limit=args.extract_time_limit, phase=say,
-                          measure_progress=rounds.update, reference=reference)
+        result = optimize(g, rules=rules, options=options, reference=reference,
+                          hooks=Hooks(progress=progress, phase=say, measure_progress=rounds.update))
     # the original's bytes only when it measured fastest (or nothing paid and nothing
     # was measured); else the re-export or the result, as optimize exported it and
     # checked it in onnxruntime against the input
@@ -229,8 +226,6 @@ PLUGGED_COMMANDS = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .api import DEFAULT_EXTRACTOR, ILP_TIME_LIMIT
-
     parser = argparse.ArgumentParser(prog="taso-egg", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="show debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -247,24 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("optimize", help="saturate, extract the cheapest graph, check it, write ONNX")
     _add_model_args(p)
     p.add_argument("-o", "--output", required=True)
-    p.add_argument("--extractor", default=DEFAULT_EXTRACTOR, choices=["ilp", "greedy-dag", "tree"])
-    add_limit_arguments(p)
-    p.add_argument("--extract-time-limit", type=float, default=ILP_TIME_LIMIT, metavar="S",
-                   help=f"stop the extractor after S seconds (default {ILP_TIME_LIMIT:g}; the ILP "
-                        f"then keeps its best graph so far)")
+    add_optimize_arguments(p)
     p.add_argument("--rules", action="append", metavar="FILE", help="extra .rules file (repeatable)")
-    p.add_argument("--measure", type=int, default=5, metavar="N",
-                   help="time the original, its re-export and the result N times each in "
-                        "onnxruntime (interleaved, at most 200) and write the fastest that beats the "
-                        "original in more runs than chance allows (a sign test: N >= 5 for any to "
-                        "replace it; default 5); 0: skip, and the result is written on its predicted "
-                        "gain, else the original")
-    p.add_argument("--min-gain", type=float, default=MIN_GAIN, metavar="F",
-                   help=f"without --measure, keep the original unless the predicted cost drops by "
-                        f"more than this fraction (default {MIN_GAIN}: the cost model's measured "
-                        f"error on speedups)")
-    p.add_argument("--profile", default="cpu-ort",
-                   help="cost profile: a shipped name (cpu-ort, cpu-numpy), a file, or 'analytic'")
     p.set_defaults(func=_cmd_optimize)
 
     p = sub.add_parser("zoo", help="write one of TASO's benchmark graphs (builder-made) as ONNX")
