@@ -163,6 +163,13 @@ def _sized_params(node, wants, in_shapes) -> dict:
         known = sum(w.shape[axis] for w in wants if w is not None)
         params["sizes"] = tuple(in_shapes[0][axis] - known if w is None else w.shape[axis] for w in wants)
         return params
+    if "sizes" in params and all(w is None for w in wants):
+        # no part equals an input tensor: the last part takes what the axis gained (a
+        # token selected from the front); a guess, tested by the check at both sizes
+        sizes, axis = list(params["sizes"]), params["axis"]
+        sizes[-1] += in_shapes[0][axis] - node.inputs[0].shape[axis]
+        params["sizes"] = tuple(sizes)
+        return params
     if any(w is None for w in wants):
         if "shape" in params and len(node.inputs) == 1 and \
                 math.prod(params["shape"]) == node.inputs[0].type.size:
