@@ -105,6 +105,8 @@ class OptimizeResult:
     # what was checked in onnxruntime: an ONNX model, or the ``export_for_check`` pair
     # (model, weights fed) that ``exported`` turns into one when it is first read
     checked: tuple | onnx.ModelProto | None = field(default=None, repr=False)
+    # the e-class of each tensor of the extracted graph (``Extraction.classes``)
+    result_classes: dict | None = field(default=None, repr=False)
 
     @property
     def exported(self) -> onnx.ModelProto | None:
@@ -250,7 +252,7 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
     )
     cost_after = after if decision.graph is ext.graph else before
     return OptimizeResult(decision.graph, graph, before, cost_after, getattr(model, "name", "cost model"),
-                          stats, sat, checked)
+                          stats, sat, checked, ext.classes)
 
 
 def _check_numerically(graph: Graph, sat: Saturation, ext: Extraction, seed: int, phase,

@@ -12,22 +12,38 @@ import sys
 
 from .cli_args import add_input_shape_argument, add_optimize_arguments, optimize_options_from_args, parse_input_shapes
 from .errors import ExportError, TasoEggError
+from .onnx_io.symbolic import DEFAULT_LEADING, DEFAULT_OTHER
 from .options import Hooks
 
 
 def _add_model_args(p) -> None:
     p.add_argument("model", help="ONNX file")
-    add_input_shape_argument(p, "fix a symbolic input dimension (repeatable); naming no input, or "
-                                "changing a dimension the model fixes, is an error")
+    add_input_shape_argument(p, f"the sizes to price, saturate and time a model with symbolic dims at "
+                                f"(repeatable); symbolic dims not given are {DEFAULT_LEADING} where they "
+                                f"lead an input (a batch) and {DEFAULT_OTHER} elsewhere, one size per "
+                                f"dim name; the written model keeps its symbolic dims unless "
+                                f"--fix-shapes. Naming no input, changing a dimension the model fixes, "
+                                f"or giving one input or one dim name two sizes is an error")
+
+
+def _add_fix_shapes(p) -> None:
+    p.add_argument("--fix-shapes", action="store_true",
+                   help="write the model with its symbolic dims fixed at the sizes above (without it "
+                        "they stay symbolic, and the written model is checked at two sizes of each)")
 
 
 def _cmd_inspect(args) -> int:
+    from .dynamic import DynamicModel
     from .onnx_io.counts import describe
-    from .onnx_io.importer import load_onnx, read_model, upgraded
+    from .onnx_io.importer import read_model, upgraded
+    from .onnx_io.symbolic import describe_sizes
 
     original = read_model(args.model)
-    g = load_onnx(upgraded(original), parse_input_shapes(args.input_shape))
+    dyn = DynamicModel.load(upgraded(original), parse_input_shapes(args.input_shape))
+    g = dyn.graph
     print(f"{args.model}: {describe(original)}; opset {g.opset}")
+    if dyn.symbolic:
+        print(f"  symbolic dims, sized here at: {describe_sizes(dyn.first)}")
     print("  inputs : " + ", ".join(f"{n.params['name']} {n.outputs[0]}" for n in g.inputs()))
     print("  outputs: " + ", ".join(f"{name} {t.type}" for name, t in g.outputs))
     print(f"  weights: {len(g.weights())}")
@@ -49,33 +65,44 @@ def _cmd_inspect(args) -> int:
 def _cmd_convert(args) -> int:
     """Load, export, and check that onnxruntime computes the same on both files."""
 
+    from .dynamic import DynamicModel, write_symbolic
     from .executor import random_inputs
     from .files import check_writable
     from .onnx_io.counts import describe
     from .onnx_io.exporter import export_onnx, save_atomically
-    from .onnx_io.importer import load_onnx, read_model_file, upgraded
+    from .onnx_io.importer import read_model_file, upgraded
     from .verify import compare_outputs, onnx_outputs
 
     shapes = parse_input_shapes(args.input_shape)
     check_writable(args.output, ExportError)
     original, external = read_model_file(args.model)
-    reference = upgraded(original)
-    g = load_onnx(reference, shapes)
-    model = export_onnx(g)
-    feeds = random_inputs(g)
-    err = compare_outputs(onnx_outputs(reference, feeds), onnx_outputs(model, feeds),
-                          what="exported model")
+    dyn = DynamicModel.load(upgraded(original), shapes)
+    if dyn.symbolic and not args.fix_shapes:
+        written = write_symbolic(dyn, dyn.graph)
+        if written.model is None:
+            raise TasoEggError(f"{args.model}: it cannot be written back with its symbolic dims: "
+                               f"{written.why} (--fix-shapes writes it with them fixed)")
+        model, agree = written.model, _at_sizes(written.errors)
+    else:
+        model = export_onnx(dyn.graph)
+        feeds = random_inputs(dyn.graph)
+        agree = f"{compare_outputs(onnx_outputs(dyn.reference, feeds), onnx_outputs(model, feeds), what='exported model'):.2g}"
     summary = describe(model)
     save_atomically(model, args.output, external_data=external)
     print(f"wrote {args.output}: {summary} (input: {describe(original)}); "
-          f"outputs agree within {err:.2g} relative")
+          f"outputs agree within {agree} relative")
     return 0
+
+
+def _at_sizes(errors) -> str:
+    return "; ".join(f"{e:.2g} at {where}" for where, e in errors.items())
 
 
 def _cmd_optimize(args) -> int:
     # Everything a user can get wrong is checked before anything heavy loads.
+    from .dynamic import DynamicModel
     from .files import check_writable
-    from .onnx_io.importer import load_onnx, read_model_file, upgraded
+    from .onnx_io.importer import read_model_file, upgraded
 
     options = optimize_options_from_args(args)
     limits = options.limits
@@ -83,11 +110,13 @@ def _cmd_optimize(args) -> int:
     check_writable(args.output, ExportError)
     original, external = read_model_file(args.model)
     reference = upgraded(original)  # what onnxruntime runs as the original
-    g = load_onnx(reference, shapes)
+    dyn = DynamicModel.load(reference, shapes)
+    g = dyn.graph
 
     from .api import optimize
     from .onnx_io.counts import describe, format_table, operator_counts
     from .onnx_io.exporter import save_atomically
+    from .onnx_io.symbolic import describe_sizes
     from .rules.lang import load_corpus, load_rule_file
 
     extra = [rule for path in args.rules or () for rule in load_rule_file(path)]
@@ -96,6 +125,10 @@ def _cmd_optimize(args) -> int:
     say(f"{args.model}: {describe(original)}; {len(rules)} rules; saturating (limits: "
         f"{limits.nodes} e-nodes, {limits.iterations} iterations, {limits.seconds:g} s, "
         f"multi-pattern iterations {limits.multi_iterations})")
+    if dyn.symbolic:
+        say(f"symbolic dims priced, saturated and timed at {describe_sizes(dyn.first)}; "
+            + ("written fixed there (--fix-shapes)" if args.fix_shapes else
+               f"written symbolic, checked there and at {describe_sizes(dyn.second)}"))
 
     def progress(it):
         top = sorted(it.matches.items(), key=lambda kv: -kv[1])[:3]
@@ -111,11 +144,33 @@ def _cmd_optimize(args) -> int:
     chosen = result.stats.chosen
     model = original if chosen == "original" else result.exported
     _print_summary(result)
+    if dyn.symbolic and not args.fix_shapes and chosen != "original":
+        model, chosen = _with_symbolic_dims(dyn, result, original)
     print(format_table(operator_counts(original), operator_counts(model)))
     save_atomically(model, args.output, external_data=external)
     print(f"wrote {args.output}: {describe(model)}"
           + (f" ({_CANDIDATE_NAMES[chosen]})" if chosen != "result" else ""))
     return 0
+
+
+def _with_symbolic_dims(dyn, result, original):
+    """``(model, candidate)``: the chosen candidate with the input's symbolic dims,
+    checked at two sizes; else the input, saying why."""
+    from .dynamic import write_symbolic
+    from .egraph.saturate import tensor_classes
+
+    chosen = result.stats.chosen
+    if chosen == "re-export":
+        written = write_symbolic(dyn, dyn.graph)
+    else:
+        written = write_symbolic(dyn, result.graph, result.result_classes, tensor_classes(result.saturation))
+    if written.model is None:
+        print(f"result: the input is written instead of the {chosen}, which cannot be written "
+              f"with the input's symbolic dims: {written.why}")
+        return original, "original"
+    print(f"check: written with the input's symbolic dims, its outputs equal the input's in "
+          f"onnxruntime within {_at_sizes(written.errors)} (relative)")
+    return written.model, chosen
 
 
 _CANDIDATE_NAMES = {"original": "the input, unchanged",
@@ -236,11 +291,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("convert", help="import and re-export an ONNX model, checked in onnxruntime")
     _add_model_args(p)
+    _add_fix_shapes(p)
     p.add_argument("-o", "--output", required=True)
     p.set_defaults(func=_cmd_convert)
 
     p = sub.add_parser("optimize", help="saturate, extract the cheapest graph, check it, write ONNX")
     _add_model_args(p)
+    _add_fix_shapes(p)
     p.add_argument("-o", "--output", required=True)
     add_optimize_arguments(p)
     p.add_argument("--rules", action="append", metavar="FILE", help="extra .rules file (repeatable)")

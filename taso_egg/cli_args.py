@@ -23,11 +23,15 @@ def parse_input_shapes(items) -> dict[str, tuple[int, ...]]:
     for item in items or ():
         name, _, dims = item.partition("=")
         try:
-            shapes[name] = tuple(int(d) for d in dims.replace("x", ",").split(",") if d)
+            shape = tuple(int(d) for d in dims.replace("x", ",").split(",") if d)
         except ValueError:
             raise TasoEggError(f"--input-shape {item!r}: expected NAME=D1,D2,... (e.g. x=1,3,224,224)")
-        if not name or not shapes[name]:
+        if not name or not shape:
             raise TasoEggError(f"--input-shape {item!r}: expected NAME=D1,D2,...")
+        if shapes.get(name, shape) != shape:
+            raise TasoEggError(f"--input-shape gives input {name!r} two shapes: "
+                               f"{','.join(map(str, shapes[name]))} and {','.join(map(str, shape))}")
+        shapes[name] = shape
     return shapes
 
 
