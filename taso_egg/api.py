@@ -194,6 +194,9 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
     graph.validate()
     t0 = time.perf_counter()
     rules = tuple(load_corpus() if rules is None else rules)
+    limits = options.limits
+    phase(f"saturating with {len(rules)} rules (limits: {limits.nodes} e-nodes, {limits.iterations} iterations, "
+          f"{limits.seconds:g} s, multi-pattern iterations {limits.multi_iterations})")
     # Counting e-classes serializes the e-graph: per iteration only for a progress display.
     sat = saturate(graph, rules=rules, limits=options.limits, progress=progress,
                    count_classes=progress is not None)

@@ -199,23 +199,22 @@ def _onnx_table(args) -> int:
 
 def _onnx_row(path: str, corpus: str, options: dict) -> dict:
     from . import timing
-    from .api import optimize
     from .executor import random_inputs
-    from .onnx_io.exporter import export_onnx
-    from .onnx_io.importer import load_onnx, read_model, upgraded
+    from .onnx_optimize import OnnxInput, optimize_onnx
 
-    reference = upgraded(read_model(path))  # what onnxruntime runs as the original
-    g = load_onnx(reference)
+    source = OnnxInput.read(path)  # symbolic dims at optimize's default sizes
+    reference = source.dynamic.reference  # what onnxruntime runs as the original
     t0 = time.perf_counter()
     optimize_options = _optimize_options(options)
     measure = optimize_options.decision.measure
-    r = optimize(g, rules=_corpus(corpus), options=optimize_options, reference=reference)
+    out = optimize_onnx(source, rules=_corpus(corpus), options=optimize_options)
     seconds = time.perf_counter() - t0
+    r = out.result
     st = r.stats
     speedups = {1: None, 2: None}
-    feeds = random_inputs(g)
-    if st.chosen != "original":  # else the file written is the original's bytes
-        written = r.exported if r.exported is not None else export_onnx(r.graph)
+    feeds = random_inputs(source.dynamic.graph)
+    if out.chosen != "original":  # else the file written is the original's bytes
+        written = out.model
         for threads in speedups:
             runs = timing.ort_runs({"original": reference, "written": written}, feeds, measure,
                                    threads=threads)
@@ -225,7 +224,7 @@ def _onnx_row(path: str, corpus: str, options: dict) -> dict:
             "seconds": seconds, "predicted": r.cost_before / st.extracted_cost if st.extracted_cost else 1.0,
             "result": ms["original"] / ms["result"] if "result" in ms and "original" in ms else None,
             "speedup1": speedups[1], "speedup2": speedups[2], "error": _error(st),
-            "chosen": st.chosen, "rss_mb": _peak_rss_mb(),
+            "chosen": out.chosen, "rss_mb": _peak_rss_mb(),
             "shares": _kernel_shares(reference, feeds) if options["kernel_shares"] else []}
 
 

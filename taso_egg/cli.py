@@ -71,6 +71,7 @@ def _cmd_convert(args) -> int:
     from .onnx_io.counts import describe
     from .onnx_io.exporter import export_onnx, save_atomically
     from .onnx_io.importer import read_model_file, upgraded
+    from .onnx_optimize import at_sizes
     from .verify import compare_outputs, onnx_outputs
 
     shapes = parse_input_shapes(args.input_shape)
@@ -82,7 +83,7 @@ def _cmd_convert(args) -> int:
         if written.model is None:
             raise TasoEggError(f"{args.model}: it cannot be written back with its symbolic dims: "
                                f"{written.why} (--fix-shapes writes it with them fixed)")
-        model, agree = written.model, _at_sizes(written.errors)
+        model, agree = written.model, at_sizes(written.errors)
     else:
         model = export_onnx(dyn.graph)
         feeds = random_inputs(dyn.graph)
@@ -94,41 +95,24 @@ def _cmd_convert(args) -> int:
     return 0
 
 
-def _at_sizes(errors) -> str:
-    return "; ".join(f"{e:.2g} at {where}" for where, e in errors.items())
-
-
 def _cmd_optimize(args) -> int:
     # Everything a user can get wrong is checked before anything heavy loads.
-    from .dynamic import DynamicModel
     from .files import check_writable
-    from .onnx_io.importer import read_model_file, upgraded
 
     options = optimize_options_from_args(args)
-    limits = options.limits
     shapes = parse_input_shapes(args.input_shape)
     check_writable(args.output, ExportError)
-    original, external = read_model_file(args.model)
-    reference = upgraded(original)  # what onnxruntime runs as the original
-    dyn = DynamicModel.load(reference, shapes)
-    g = dyn.graph
+    from .onnx_optimize import OnnxInput, optimize_onnx
 
-    from .api import optimize
+    source = OnnxInput.read(args.model, shapes)
+
     from .onnx_io.counts import describe, format_table, operator_counts
     from .onnx_io.exporter import save_atomically
-    from .onnx_io.symbolic import describe_sizes
     from .rules.lang import load_corpus, load_rule_file
 
     extra = [rule for path in args.rules or () for rule in load_rule_file(path)]
     rules = load_corpus() + extra
     say = _stderr_line
-    say(f"{args.model}: {describe(original)}; {len(rules)} rules; saturating (limits: "
-        f"{limits.nodes} e-nodes, {limits.iterations} iterations, {limits.seconds:g} s, "
-        f"multi-pattern iterations {limits.multi_iterations})")
-    if dyn.symbolic:
-        say(f"symbolic dims priced, saturated and timed at {describe_sizes(dyn.first)}; "
-            + ("written fixed there (--fix-shapes)" if args.fix_shapes else
-               f"written symbolic, checked there and at {describe_sizes(dyn.second)}"))
 
     def progress(it):
         top = sorted(it.matches.items(), key=lambda kv: -kv[1])[:3]
@@ -136,41 +120,16 @@ def _cmd_optimize(args) -> int:
             f"{it.seconds:6.2f} s  " + ", ".join(f"{k} x{v}" for k, v in top))
 
     with _Rounds("timing") as rounds:
-        result = optimize(g, rules=rules, options=options, reference=reference,
-                          hooks=Hooks(progress=progress, phase=say, measure_progress=rounds.update))
-    # the original's bytes only when it measured fastest (or nothing paid and nothing
-    # was measured); else the re-export or the result, as optimize exported it and
-    # checked it in onnxruntime against the input
-    chosen = result.stats.chosen
-    model = original if chosen == "original" else result.exported
-    _print_summary(result)
-    if dyn.symbolic and not args.fix_shapes and chosen != "original":
-        model, chosen = _with_symbolic_dims(dyn, result, original)
-    print(format_table(operator_counts(original), operator_counts(model)))
-    save_atomically(model, args.output, external_data=external)
-    print(f"wrote {args.output}: {describe(model)}"
-          + (f" ({_CANDIDATE_NAMES[chosen]})" if chosen != "result" else ""))
+        out = optimize_onnx(source, rules=rules, options=options, fix_shapes=args.fix_shapes,
+                            hooks=Hooks(progress=progress, phase=say, measure_progress=rounds.update))
+    _print_summary(out.result)
+    for note in out.notes:
+        print(note)
+    print(format_table(operator_counts(out.original), operator_counts(out.model)))
+    save_atomically(out.model, args.output, external_data=out.external_data)
+    print(f"wrote {args.output}: {describe(out.model)}"
+          + (f" ({_CANDIDATE_NAMES[out.chosen]})" if out.chosen != "result" else ""))
     return 0
-
-
-def _with_symbolic_dims(dyn, result, original):
-    """``(model, candidate)``: the chosen candidate with the input's symbolic dims,
-    checked at two sizes; else the input, saying why."""
-    from .dynamic import write_symbolic
-    from .egraph.saturate import tensor_classes
-
-    chosen = result.stats.chosen
-    if chosen == "re-export":
-        written = write_symbolic(dyn, dyn.graph)
-    else:
-        written = write_symbolic(dyn, result.graph, result.result_classes, tensor_classes(result.saturation))
-    if written.model is None:
-        print(f"result: the input is written instead of the {chosen}, which cannot be written "
-              f"with the input's symbolic dims: {written.why}")
-        return original, "original"
-    print(f"check: written with the input's symbolic dims, its outputs equal the input's in "
-          f"onnxruntime within {_at_sizes(written.errors)} (relative)")
-    return written.model, chosen
 
 
 _CANDIDATE_NAMES = {"original": "the input, unchanged",
