@@ -10,9 +10,9 @@ import math
 import signal
 import sys
 
-from .cli_args import add_input_shape_argument, add_limit_arguments, limits_from_args, parse_input_shapes
+from .cli_args import CommandParser, add_input_shape_argument, add_limit_arguments, limits_from_args, parse_input_shapes
 from .cost import MIN_GAIN
-from .errors import ExportError, TasoEggError
+from .errors import ExportError, NotModelled, TasoEggError
 
 
 def _add_model_args(p) -> None:
@@ -57,7 +57,7 @@ def _cmd_convert(args) -> int:
     from .verify import compare_outputs, onnx_outputs
 
     shapes = parse_input_shapes(args.input_shape)
-    check_writable(args.output, ExportError)
+    check_writable(args.output, ExportError, inputs=[args.model])
     original, external = read_model_file(args.model)
     reference = upgraded(original)
     g = load_onnx(reference, shapes)
@@ -81,8 +81,11 @@ def _cmd_optimize(args) -> int:
     limits = limits_from_args(args)
     check_optimize_arguments(args.min_gain, args.measure, args.extract_time_limit)
     shapes = parse_input_shapes(args.input_shape)
-    check_writable(args.output, ExportError)
-    original, external = read_model_file(args.model)
+    check_writable(args.output, ExportError, inputs=[args.model])
+    try:
+        original, external = read_model_file(args.model)
+    except NotModelled as e:  # a valid model, but not one the table models: carried whole
+        return _write_unchanged(args.model, args.output, e)
     reference = upgraded(original)  # what onnxruntime runs as the original
     g = load_onnx(reference, shapes)
 
@@ -118,6 +121,18 @@ def _cmd_optimize(args) -> int:
     save_atomically(model, args.output, external_data=external)
     print(f"wrote {args.output}: {describe(model)}"
           + (f" ({_CANDIDATE_NAMES[chosen]})" if chosen != "result" else ""))
+    return 0
+
+
+def _write_unchanged(path, output, why) -> int:
+    from .onnx_io.counts import describe
+    from .onnx_io.exporter import save_atomically
+    from .onnx_io.importer import read_model_file
+
+    model, external = read_model_file(path, validate=False)
+    _stderr_line(f"note: {why}: the input is written unchanged")
+    save_atomically(model, output, external_data=external)
+    print(f"wrote {output}: {describe(model)} (the input, unchanged)")
     return 0
 
 
@@ -231,7 +246,7 @@ PLUGGED_COMMANDS = [
 def build_parser() -> argparse.ArgumentParser:
     from .api import DEFAULT_EXTRACTOR, ILP_TIME_LIMIT
 
-    parser = argparse.ArgumentParser(prog="taso-egg", description=__doc__)
+    parser = CommandParser(prog="taso-egg", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="show debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
 
