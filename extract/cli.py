@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.output is not None:
-        check_writable(args.output, ExtractionError)
+        check_writable(args.output, ExtractionError, inputs=[args.egraph])
     gap = None if args.gap is None else args.gap / 100
     if gap is not None and args.extractor != "ilp":
         raise ExtractionError(f"--gap applies to the ilp extractor only, not {args.extractor!r}")

@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     from .search import backtracking_search
 
     check_measure(args.measure)
-    check_writable(args.output, ExportError)
+    check_writable(args.output, ExportError, inputs=[args.model])
     graph = load_model(args.model, parse_input_shapes(args.input_shape))
     with tqdm(total=args.budget, file=sys.stderr, unit="graph", desc="search") as bar:
         def progress(step):
