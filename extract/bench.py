@@ -17,13 +17,13 @@ the proven gap --gap (percent; its default 0.1 unless given).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
 
 from tqdm import tqdm
 
+from ..cli_args import CommandParser
 from ..errors import TasoEggError
 from .egraph import EGraph, load_egraph
 from .ilp import DEFAULT_GAP_TOLERANCE
@@ -44,7 +44,7 @@ def default_data_dir() -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m taso_egg.extract.bench", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog="python -m taso_egg.extract.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=None,
                         help="folder of egraph-serialize JSON files (default: $TASO_EGG_BENCH_DATA, "
                              "else the repository's tests/data/extraction-gym-tensat)")

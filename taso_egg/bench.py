@@ -23,6 +23,8 @@ import sys
 import time
 from pathlib import Path
 
+from .cli_args import CommandParser
+
 # Tensat's search seconds for TASO's models (Yang et al. 2021, Table 2; V100 host).
 TENSAT_SECONDS = {"bert": 1.4, "resnext50": 0.7, "nasnet-a": 10.6, "nasrnn": 0.5,
                   "inception-v3": 5.1, "squeezenet": 0.3, "vgg19": 0.4}
@@ -34,7 +36,7 @@ def main(argv=None) -> int:
     from . import zoo
     from .cli_args import add_limit_arguments
 
-    p = argparse.ArgumentParser(prog="python -m taso_egg.bench", description=__doc__,
+    p = CommandParser(prog="python -m taso_egg.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", choices=sorted(zoo.MODELS),
                    help=f"zoo models (default: {' '.join(ZOO_DEFAULT)}, unless --bert-layers "
