@@ -75,13 +75,17 @@ def _cmd_convert(args) -> int:
 def _cmd_optimize(args) -> int:
     # Everything a user can get wrong is checked before anything heavy loads.
     from .api import check_optimize_arguments
+    from .cost import load_cost_model
     from .files import check_writable
+    from .rules.lang import blame_user_rules, load_corpus, load_user_rules
     from .onnx_io.importer import load_onnx, read_model_file, upgraded
 
     limits = limits_from_args(args)
     check_optimize_arguments(args.min_gain, args.measure, args.extract_time_limit)
     shapes = parse_input_shapes(args.input_shape)
     check_writable(args.output, ExportError, inputs=[args.model])
+    load_cost_model(args.profile)  # loaded again (cached) where it is used
+    extra = load_user_rules(args.rules or (), args.allow_unproved)
     try:
         original, external = read_model_file(args.model)
     except NotModelled as e:  # a valid model, but not one the table models: carried whole
@@ -92,21 +96,22 @@ def _cmd_optimize(args) -> int:
     from .api import optimize
     from .onnx_io.counts import describe, format_table, operator_counts
     from .onnx_io.exporter import save_atomically
-    from .rules.lang import load_corpus, load_rule_file
 
-    extra = [rule for path in args.rules or () for rule in load_rule_file(path)]
     rules = load_corpus() + extra
     say = _stderr_line
     say(f"{args.model}: {describe(original)}; {len(rules)} rules; saturating (limits: "
         f"{limits.nodes} e-nodes, {limits.iterations} iterations, {limits.seconds:g} s, "
         f"multi-pattern iterations {limits.multi_iterations})")
 
+    applied = set()  # rules that matched, to name the user's when the check fails
+
     def progress(it):
+        applied.update(it.matches)
         top = sorted(it.matches.items(), key=lambda kv: -kv[1])[:3]
         say(f"  iteration {it.iteration:>2}: {it.enodes:>7} e-nodes {it.eclasses:>7} e-classes "
             f"{it.seconds:6.2f} s  " + ", ".join(f"{k} x{v}" for k, v in top))
 
-    with _Rounds("timing") as rounds:
+    with _Rounds("timing") as rounds, blame_user_rules(extra, applied):
         result = optimize(g, rules=rules, limits=limits, extractor=args.extractor, progress=progress,
                           profile=args.profile, min_gain=args.min_gain, measure=args.measure,
                           extract_time_limit=args.extract_time_limit, phase=say,
@@ -267,7 +272,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--extract-time-limit", type=float, default=ILP_TIME_LIMIT, metavar="S",
                    help=f"stop the extractor after S seconds (default {ILP_TIME_LIMIT:g}; the ILP "
                         f"then keeps its best graph so far)")
-    p.add_argument("--rules", action="append", metavar="FILE", help="extra .rules file (repeatable)")
+    p.add_argument("--rules", action="append", metavar="FILE",
+                   help="extra .rules file (repeatable); its rules must carry proof records "
+                        "(taso-egg rules verify FILE writes them)")
+    p.add_argument("--allow-unproved", action="store_true",
+                   help="apply --rules' rules that are not proved (the check still guards the result)")
     p.add_argument("--measure", type=int, default=5, metavar="N",
                    help="time the original, its re-export and the result N times each in "
                         "onnxruntime (interleaved, at most 200) and write the fastest that beats the "

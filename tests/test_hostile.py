@@ -165,14 +165,34 @@ CASES = [
     Case("an unknown option", "usage", lambda d: ["rules", "generate", "--bogus"],
          says="see taso-egg rules generate --help"),
     Case("an unknown command", "usage", lambda d: ["optimise"], says="invalid choice"),
+
+    # 4. rules a user passes: proved, or asked for
+    Case("--rules with an unproved rule", "rules", _optimize(_relu, "--rules", "{d}/wrong.rules"),
+         says="are not proved: "),
+    Case("--allow-unproved, and the rule is wrong", "rules",
+         _optimize(_relu, "--rules", "{d}/wrong.rules", "--allow-unproved"),
+         says="rules of --rules applied: relu-is-identity"),
+
+    # 7. smaller promises
+    Case("--profile is checked before the model loads", "smaller", lambda d: (d / "in.onnx").write_bytes(b"junk") and [
+        "optimize", str(d / "in.onnx"), "-o", str(d / "o.onnx"), "--profile", "nosuch"], says="no profile named"),
+    Case("an unnamed symbolic dimension", "smaller", _optimize(
+        lambda d: _save(d, "in.onnx", _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", [None, 5])], [Y]))),
+        says="unnamed symbolic dimension at axis 0; pass --input-shape x="),
+    Case("extract: negative costs are noted", "smaller", lambda d: [
+        "extract", _egraph(d, cost=-2.0)], rc=0, says="negative costs"),
 ]
 
 
-def _egraph(folder: Path) -> str:
+def _egraph(folder: Path, cost: float = 1.0) -> str:
     path = folder / "g.json"
-    path.write_text(json.dumps({"nodes": {"a": {"op": "x", "children": [], "eclass": "1", "cost": 1.0}},
+    path.write_text(json.dumps({"nodes": {"a": {"op": "x", "children": [], "eclass": "1", "cost": cost}},
                                 "root_eclasses": ["1"]}))
     return str(path)
+
+
+# A rule no proof supports (relu is not the identity), as a user might write one.
+WRONG_RULE = "(rule relu-is-identity\n  :lhs (relu ?x)\n  :rhs ?x)\n"
 
 
 # --- running them ---------------------------------------------------------------------------
@@ -185,6 +205,7 @@ class Row:
     lines: int          # lines on stderr that are errors or tracebacks
     traceback: bool
     intact: bool        # every file the case did not name is as it was
+    err: str = ""       # all of stderr
 
 
 def _snapshot(folder: Path) -> dict[str, tuple]:
@@ -199,7 +220,8 @@ def _snapshot(folder: Path) -> dict[str, tuple]:
 
 
 def run_case(case: Case, folder: Path, capsys) -> Row:
-    argv = case.setup(folder)
+    (folder / "wrong.rules").write_text(WRONG_RULE)
+    argv = [a.replace("{d}", str(folder)) for a in case.setup(folder)]
     before = _snapshot(folder)
     try:
         rc = main(argv)
@@ -217,7 +239,7 @@ def run_case(case: Case, folder: Path, capsys) -> Row:
     errors = [line for line in err.splitlines() if line.startswith("taso-egg: error")]
     traceback_seen = "Traceback" in err
     return Row(case, rc, (errors or err.splitlines() or [""])[0], len(errors) + traceback_seen,
-               traceback_seen, changed <= set(case.writes))
+               traceback_seen, changed <= set(case.writes), err)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -229,6 +251,8 @@ def test_hostile(case, tmp_path, capsys):
     if case.rc:
         assert row.lines == 1 and row.line.startswith("taso-egg: error: "), row.line
         assert case.says in row.line, row.line
+    else:
+        assert case.says in row.err, row.err
     for name in case.writes:  # a written model is one onnxruntime loads
         if name.endswith(".onnx"):
             onnxruntime.InferenceSession(str(tmp_path / name), providers=["CPUExecutionProvider"])
