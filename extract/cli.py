@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from ..errors import ExtractionError, LimitError
@@ -43,6 +44,10 @@ def run(args: argparse.Namespace) -> int:
     if gap is not None and not 0 <= gap < 1:
         raise LimitError(f"--gap must be a percentage in [0, 100), got {args.gap:g}")
     egraph = load_egraph(args.egraph)
+    negative = int((egraph.node_cost < 0).sum())
+    if negative:
+        print(f"note: {negative} e-node(s) have negative costs: the ilp extractor is exact for them, "
+              f"tree and greedy-dag are heuristics on shifted costs", file=sys.stderr)
     result = extract(
         egraph, args.extractor, roots=args.roots, time_limit=args.time_limit, verbose=args.verbose,
         gap_tolerance=gap,

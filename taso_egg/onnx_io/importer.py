@@ -223,11 +223,11 @@ class _Importer:
                     raise OnnxImportError(f"input {vi.name!r} has size {d.dim_value} at axis {axis}: "
                                           f"an empty tensor, which the operator table does not model")
                 else:
-                    sym = d.dim_param or "?"
+                    what = f"a symbolic dimension {d.dim_param!r}" if d.dim_param else \
+                        "an unnamed symbolic dimension"
                     raise OnnxImportError(
-                        f"input {vi.name!r} has a symbolic dimension {sym!r} at axis {axis}; "
-                        f"pass input_shapes={{'{vi.name}': (...)}} (CLI: --input-shape "
-                        f"{vi.name}=...) to fix it")
+                        f"input {vi.name!r} has {what} at axis {axis}; pass --input-shape "
+                        f"{vi.name}=... to fix it (Python: input_shapes={{'{vi.name}': (...)}})")
             shape = tuple(shape)
         check_feed_fits(vi.name, shape, dtype)
         t = self.g.new_input(shape, name=vi.name, dtype=dtype)
