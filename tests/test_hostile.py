@@ -52,6 +52,18 @@ def _attribute(node, name, value):
     return node
 
 
+def _near_overflow(folder: Path) -> str:
+    """x * 3e36 through three MatMuls: the extracted graph multiplies the weights
+    first, so its float32 outputs overflow in other places than the input's."""
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.standard_normal((16, 16)).astype(np.float32), f"w{i}")
+               for i in range(3)]
+    nodes = [helper.make_node("Mul", ["x", "c"], ["s"]), helper.make_node("MatMul", ["s", "w0"], ["a"]),
+             helper.make_node("MatMul", ["a", "w1"], ["b"]), helper.make_node("MatMul", ["b", "w2"], ["y"])]
+    return _save(folder, "in.onnx", _model(nodes, [_vi("x", [8, 16])], [_vi("y", [8, 16])],
+                                           [numpy_helper.from_array(np.array(3e36, np.float32), "c"), *weights]))
+
+
 # --- the cases ------------------------------------------------------------------------------
 
 @dataclass
@@ -172,6 +184,10 @@ CASES = [
     Case("--allow-unproved, and the rule is wrong", "rules",
          _optimize(_relu, "--rules", "{d}/wrong.rules", "--allow-unproved"),
          says="rules of --rules applied: relu-is-identity"),
+
+    # 6. what is deployed runs in float32: the written model must overflow as the input does
+    Case("inputs near float32 overflow through three MatMuls", "float32", _optimize(_near_overflow),
+         says="overflows where the input does not"),
 
     # 7. smaller promises
     Case("--profile is checked before the model loads", "smaller", lambda d: (d / "in.onnx").write_bytes(b"junk") and [
