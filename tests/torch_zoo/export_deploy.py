@@ -385,12 +385,34 @@ def torchvision_model(name, dtype=torch.float32):
     return getattr(torchvision.models, name)(weights=None).eval().to(dtype)
 
 
+def liven(model):
+    """Re-initialises a torchvision model so that random inputs give outputs of order 1:
+    its own init gives ViT a zero head (all outputs 0) and MobileNetV3 fan-out depthwise
+    convs (outputs ~1e-10), which would let any graph pass a numerical check."""
+    g = torch.Generator().manual_seed(SEED)
+    with torch.no_grad():
+        for mod in model.modules():
+            if isinstance(mod, (torch.nn.Conv2d, torch.nn.Linear)):
+                fan_in = mod.weight[0].numel()
+                mod.weight.copy_(torch.randn(mod.weight.shape, generator=g) * (2 / fan_in) ** 0.5)
+                if mod.bias is not None:
+                    mod.bias.copy_(torch.randn(mod.bias.shape, generator=g) * 0.1)
+            elif isinstance(mod, torch.nn.BatchNorm2d):
+                mod.running_mean.copy_(torch.randn(mod.running_mean.shape, generator=g) * 0.1)
+                mod.running_var.copy_(torch.rand(mod.running_var.shape, generator=g) + 0.5)
+    return model
+
+
 IMAGE_ROLES = {"input": ["batch", None, None, None], "output": ["batch", None]}
 
 
-def export_cnn(rec, name, fname_stem, dynamo=False):
+def export_cnn(rec, name, fname_stem, dynamo=False, live=False):
     """A torchvision classifier with a symbolic batch: legacy exporter (and dynamo)."""
     model = torchvision_model(name)
+    desc = f"torchvision {name} (weights=None)"
+    if live:
+        model = liven(model)
+        desc += ", re-initialised (fan-in normal convs/linears, random BN statistics)"
     args = (torch.randn(2, 3, 224, 224),)
     run = torch_runner(model, ["input"])
     jobs = [(f"{fname_stem}.dynbatch.onnx", "legacy TorchScript (dynamo=False), opset 17, "
@@ -399,10 +421,9 @@ def export_cnn(rec, name, fname_stem, dynamo=False):
         jobs.append((f"{fname_stem}.dynbatch.dynamo.onnx",
                      "dynamo (dynamo=True, optimize=True), dynamic_shapes", export_dynamo))
     for fname, exporter, fn in jobs:
-        with rec.exporting(fname, f"torchvision {name} (weights=None)", exporter):
+        with rec.exporting(fname, desc, exporter):
             fn(model, args, rec.path(fname), ["input"], ["output"], IMAGE_ROLES)
-            rec.record(fname, f"torchvision {name} (weights=None)", exporter, IMAGE_ROLES,
-                       torch_fn=run)
+            rec.record(fname, desc, exporter, IMAGE_ROLES, torch_fn=run)
 
 
 def job_resnet50(rec):
@@ -460,33 +481,41 @@ def job_bert(rec):
 
 
 class LastTokenLogits(torch.nn.Module):
-    """GPT-2 prefill as deployed for generation's first step: logits of the last position."""
+    """GPT-2 prefill as deployed for generation's first step: logits of the last position.
+    ``ones_mask`` passes an all-ones attention mask made from input_ids' shape: without a
+    mask transformers 5 looks for packed sequences with torch.diff, which the legacy
+    exporter cannot export (aten::diff)."""
 
-    def __init__(self, model):
+    def __init__(self, model, ones_mask=False):
         super().__init__()
         self.model = model
+        self.ones_mask = ones_mask
 
     def forward(self, input_ids):
-        return self.model(input_ids=input_ids, use_cache=False).logits[:, -1, :]
+        mask = torch.ones_like(input_ids) if self.ones_mask else None
+        return self.model(input_ids=input_ids, attention_mask=mask,
+                          use_cache=False).logits[:, -1, :]
 
 
 def job_gpt2(rec):
     from transformers import GPT2Config, GPT2LMHeadModel
     seed_all()
     cfg = GPT2Config()  # gpt2 small: 12 layers, 768, vocab 50257
-    model = LastTokenLogits(GPT2LMHeadModel(cfg).eval()).eval()
+    lm = GPT2LMHeadModel(cfg).eval()
+    model = LastTokenLogits(lm).eval()
     roles = {"input_ids": ["batch", "sequence"], "logits": ["batch", None]}
     args = text_args(cfg.vocab_size, ["input_ids"])
     run = torch_runner(model, ["input_ids"])
     desc = ("transformers GPT2LMHeadModel, gpt2-small config (12x768), random init, wrapped: "
             "model(input_ids, use_cache=False).logits[:, -1, :]")
-    for fname, exporter, fn in [
+    for fname, exporter, fn, wrapper in [
             ("gpt2.prefill_last.onnx", "legacy TorchScript (dynamo=False), opset 17, "
-             "dynamic_axes", export_legacy),
+             "dynamic_axes; wrapper passes attention_mask=ones_like(input_ids)", export_legacy,
+             LastTokenLogits(lm, ones_mask=True).eval()),
             ("gpt2.prefill_last.dynamo.onnx", "dynamo (dynamo=True, optimize=True), "
-             "dynamic_shapes", export_dynamo)]:
+             "dynamic_shapes", export_dynamo, model)]:
         with rec.exporting(fname, desc, exporter):
-            fn(model, args, rec.path(fname), ["input_ids"], ["logits"], roles)
+            fn(wrapper, args, rec.path(fname), ["input_ids"], ["logits"], roles)
             rec.record(fname, desc, exporter, roles, int_high={"input_ids": cfg.vocab_size},
                        torch_fn=run)
 
@@ -564,7 +593,7 @@ def job_resnet18_fp16(rec):
 
 def job_vision_zoo(rec):
     for name in ("vit_b_16", "convnext_tiny", "mobilenet_v3_large"):
-        export_cnn(rec, name, name)
+        export_cnn(rec, name, name, live=True)
 
 
 def job_wav2vec2(rec):
@@ -594,12 +623,16 @@ def job_wav2vec2(rec):
 
 
 class FullLogits(torch.nn.Module):
+    """All positions' logits; the all-ones mask is there for the legacy exporter (see
+    LastTokenLogits)."""
+
     def __init__(self, model):
         super().__init__()
         self.model = model
 
     def forward(self, input_ids):
-        return self.model(input_ids=input_ids, use_cache=False).logits
+        return self.model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
+                          use_cache=False).logits
 
 
 def job_gpt2_large(rec):
@@ -612,7 +645,8 @@ def job_gpt2_large(rec):
     roles = {"input_ids": ["batch", "sequence"], "logits": ["batch", "sequence", None]}
     fname = "gpt2_large.onnx"
     desc = (f"transformers GPT2LMHeadModel, gpt2-large config (36x1280, 20 heads), "
-            f"{n_params:,} params, random init; output full logits")
+            f"{n_params:,} params, random init; output full logits; wrapper passes "
+            "attention_mask=ones_like(input_ids)")
     exporter = ("legacy TorchScript (dynamo=False), opset 17, dynamic_axes; re-saved with "
                 "onnx.save(save_as_external_data=True, all_tensors_to_one_file=True)")
     with rec.exporting(fname, desc, exporter):
