@@ -220,13 +220,14 @@ class Manifest:
     def __init__(self, folder):
         self.folder = folder
         self.json_path = os.path.join(folder, "MANIFEST.json")
-        self.entries = []
-        if os.path.exists(self.json_path):
-            with open(self.json_path) as f:
-                self.entries = json.load(f)["files"]
 
     def put(self, entry):
-        self.entries = [e for e in self.entries if e["path"] != entry["path"]] + [entry]
+        # read afresh: another run may have added entries since this one started
+        entries = []
+        if os.path.exists(self.json_path):
+            with open(self.json_path) as f:
+                entries = json.load(f)["files"]
+        self.entries = [e for e in entries if e["path"] != entry["path"]] + [entry]
         self._write()
 
     def _write(self):
@@ -480,6 +481,12 @@ def job_bert(rec):
                        int_high={"input_ids": cfg.vocab_size}, torch_fn=run)
 
 
+ONES_MASK_NOTE = ("the legacy exporter fails on plain model(input_ids) (UnsupportedOperatorError: "
+                  "aten::diff, transformers 5's packed-sequence check when no attention_mask "
+                  "is given), so the wrapper passes an all-ones mask made from input_ids' "
+                  "shape; the interface is still input_ids alone")
+
+
 class LastTokenLogits(torch.nn.Module):
     """GPT-2 prefill as deployed for generation's first step: logits of the last position.
     ``ones_mask`` passes an all-ones attention mask made from input_ids' shape: without a
@@ -508,16 +515,16 @@ def job_gpt2(rec):
     run = torch_runner(model, ["input_ids"])
     desc = ("transformers GPT2LMHeadModel, gpt2-small config (12x768), random init, wrapped: "
             "model(input_ids, use_cache=False).logits[:, -1, :]")
-    for fname, exporter, fn, wrapper in [
+    for fname, exporter, fn, wrapper, notes in [
             ("gpt2.prefill_last.onnx", "legacy TorchScript (dynamo=False), opset 17, "
              "dynamic_axes; wrapper passes attention_mask=ones_like(input_ids)", export_legacy,
-             LastTokenLogits(lm, ones_mask=True).eval()),
+             LastTokenLogits(lm, ones_mask=True).eval(), ONES_MASK_NOTE),
             ("gpt2.prefill_last.dynamo.onnx", "dynamo (dynamo=True, optimize=True), "
-             "dynamic_shapes", export_dynamo, model)]:
-        with rec.exporting(fname, desc, exporter):
+             "dynamic_shapes", export_dynamo, model, "")]:
+        with rec.exporting(fname, desc, exporter, notes):
             fn(wrapper, args, rec.path(fname), ["input_ids"], ["logits"], roles)
             rec.record(fname, desc, exporter, roles, int_high={"input_ids": cfg.vocab_size},
-                       torch_fn=run)
+                       torch_fn=run, notes=notes)
 
 
 class RandomImages:
@@ -622,6 +629,33 @@ def job_wav2vec2(rec):
         rec.record(fname, desc, exporter, roles, torch_fn=torch_runner(model, ["input_values"]))
 
 
+def job_clip_vision(rec):
+    from transformers import CLIPVisionConfig, CLIPVisionModel
+    seed_all()
+    cfg = CLIPVisionConfig()  # ViT-B/32: 224 px, patch 32, 12 layers, hidden 768
+    base = CLIPVisionModel(cfg).eval()
+
+    class Outputs(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = base
+
+        def forward(self, pixel_values):
+            out = self.m(pixel_values=pixel_values, return_dict=True)
+            return out.last_hidden_state, out.pooler_output
+
+    model = Outputs().eval()
+    roles = {"pixel_values": ["batch", None, None, None],
+             "last_hidden_state": ["batch", None, None], "pooler_output": ["batch", None]}
+    desc = "transformers CLIPVisionModel, default config (ViT-B/32, 12x768), random init"
+    fname = "clip_vision.onnx"
+    exporter = "legacy TorchScript (dynamo=False), opset 17, dynamic_axes"
+    with rec.exporting(fname, desc, exporter):
+        export_legacy(model, (torch.randn(2, 3, 224, 224),), rec.path(fname), ["pixel_values"],
+                      ["last_hidden_state", "pooler_output"], roles)
+        rec.record(fname, desc, exporter, roles, torch_fn=torch_runner(model, ["pixel_values"]))
+
+
 class FullLogits(torch.nn.Module):
     """All positions' logits; the all-ones mask is there for the legacy exporter (see
     LastTokenLogits)."""
@@ -664,7 +698,7 @@ def job_gpt2_large(rec):
                       all_tensors_to_one_file=True, location=fname + ".data", size_threshold=1024)
             del m
         rec.record(fname, desc, exporter, roles, int_high={"input_ids": cfg.vocab_size},
-                   torch_fn=torch_runner(model, ["input_ids"]))
+                   torch_fn=torch_runner(model, ["input_ids"]), notes=ONES_MASK_NOTE)
 
 
 JOBS = {
@@ -676,6 +710,7 @@ JOBS = {
     "resnet18_fp16": job_resnet18_fp16,
     "vision_zoo": job_vision_zoo,
     "wav2vec2": job_wav2vec2,
+    "clip_vision": job_clip_vision,
     "gpt2_large": job_gpt2_large,
 }
 
