@@ -227,7 +227,12 @@ class Manifest:
         if os.path.exists(self.json_path):
             with open(self.json_path) as f:
                 entries = json.load(f)["files"]
-        self.entries = [e for e in entries if e["path"] != entry["path"]] + [entry]
+        paths = [e["path"] for e in entries]
+        if entry["path"] in paths:
+            entries[paths.index(entry["path"])] = entry
+        else:
+            entries.append(entry)
+        self.entries = entries
         self._write()
 
     def _write(self):
