@@ -3,7 +3,7 @@
 Every parameter function (``(dim T I)``, ``(vec A ...)``, ...) and every guard kind
 (``(= A B)``, ``(weight T)``, ...) is one entry here: its arity, the kinds of its
 arguments, its meaning in words, and a plain-Python evaluator that is the reference
-meaning. ``rules/lang.py`` reads its vocabulary (names, arities, which arguments are
+meaning. ``rules/vocabulary.py`` reads its vocabulary (names, arities, which arguments are
 tensor variables, which literals are allowed) from these tables, and each back end
 declares its own translation of every entry through :func:`backend`, which raises
 RuleError at import time when a back end lacks an entry or names one the language does

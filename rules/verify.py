@@ -52,7 +52,10 @@ from taso_egg.ops import OPS, shapes
 
 from . import semantics
 from .instantiate import builds_on, check_rule_numerically, check_rule_on_other_shapes
-from .lang import App, Guard, Lit, ParamOp, Proj, Proof, Rule, Var, load_rule_file, parse_rules, with_proof_records
+from .ast import App, Guard, Lit, ParamOp, Proj, Proof, Rule, Var
+from .corpus import load_rule_file
+from .records import with_proof_records
+from .syntax import parse_rules
 from .workers import check_jobs, map_in_order, worker_pool
 
 AXIOM_FILE = Path(__file__).with_name("axioms.rules")

@@ -88,7 +88,7 @@ def _cmd_optimize(args) -> int:
     from .api import optimize
     from .onnx_io.counts import describe, format_table, operator_counts
     from .onnx_io.exporter import save_atomically
-    from .rules.lang import load_corpus, load_rule_file
+    from .rules.corpus import load_corpus, load_rule_file
 
     extra = [rule for path in args.rules or () for rule in load_rule_file(path)]
     rules = load_corpus() + extra

@@ -11,7 +11,7 @@ import pytest
 import taso_egg.rules
 from taso_egg.cli import main
 from taso_egg.cost.store import load_profile, profiles_dir
-from taso_egg.rules.lang import load_rule_file, uses_generated_constant
+from taso_egg.rules.corpus import load_rule_file, uses_generated_constant
 
 RULES_DIR = Path(taso_egg.rules.__file__).parent
 PACKAGE_DATA_DIRS = (RULES_DIR, profiles_dir())

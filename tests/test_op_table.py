@@ -22,7 +22,7 @@ from taso_egg.ops.base import PARAM_KINDS
 from taso_egg.ops.shapes import MAX_RANK, evaluate
 from taso_egg.rules import verify
 from taso_egg.rules.instantiate import instantiate
-from taso_egg.rules.lang import load_corpus
+from taso_egg.rules.corpus import load_corpus
 
 
 def _hand_made() -> list:

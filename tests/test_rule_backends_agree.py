@@ -40,7 +40,9 @@ from taso_egg.rules import semantics
 from taso_egg.rules import verify as zv
 from taso_egg.egraph.rule_compiler import _Compiler
 from taso_egg.rules.instantiate import PatternBuilder, evaluate_param, example_values, guard_holds
-from taso_egg.rules.lang import Proj, load_corpus, parse_rules
+from taso_egg.rules.ast import Proj
+from taso_egg.rules.corpus import load_corpus
+from taso_egg.rules.syntax import parse_rules
 from taso_egg.search.matcher import GraphIndex, RuleMatcher
 
 

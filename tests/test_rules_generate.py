@@ -15,8 +15,10 @@ from taso_egg.generator import enumerate as generate
 from taso_egg.generator.enumerate import LeafSpec, Menu, choice, enumerate_terms, matrix_menu
 from taso_egg.generator.prune import canonical, prune as prune_candidates, rules_from
 from taso_egg.rules.instantiate import check_rule_numerically
-from taso_egg.rules.lang import (Proof, corpus_files, load_corpus, load_rule_file, parse_rules,
-                                 with_proof_records)
+from taso_egg.rules.ast import Proof
+from taso_egg.rules.corpus import corpus_files, load_corpus, load_rule_file
+from taso_egg.rules.records import with_proof_records
+from taso_egg.rules.syntax import parse_rules
 
 
 def _run(menu, size):
@@ -170,12 +172,12 @@ def test_bad_proof_records():
 
 
 def test_load_corpus_loads_only_proved_rules(tmp_path, monkeypatch):
-    from taso_egg.rules import lang
+    from taso_egg.rules import corpus
 
     (tmp_path / "c.rules").write_text(with_proof_records(RULES, {"a": Proof("proved", "hand")}))
-    monkeypatch.setattr(lang, "corpus_files", lambda: sorted(tmp_path.glob("*.rules")))
-    assert [r.name for r in lang.load_corpus()] == ["a"]
-    assert [r.name for r in lang.load_corpus(include_unproved=True)] == ["a", "b"]
+    monkeypatch.setattr(corpus, "corpus_files", lambda: sorted(tmp_path.glob("*.rules")))
+    assert [r.name for r in corpus.load_corpus()] == ["a"]
+    assert [r.name for r in corpus.load_corpus(include_unproved=True)] == ["a", "b"]
 
 
 def test_shipped_corpus_rules_carry_proof_records():
@@ -200,7 +202,7 @@ def test_generated_corpus_loads_by_default_proved_and_compiles():
 
 
 def test_study_file_holds_the_rules_over_generated_constants_and_loads_only_by_name():
-    from taso_egg.rules.lang import STUDY_FILES, uses_generated_constant
+    from taso_egg.rules.corpus import STUDY_FILES, uses_generated_constant
 
     default = load_corpus()
     study = load_corpus(["generated-constants"])

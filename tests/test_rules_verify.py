@@ -8,7 +8,8 @@ import pytest
 
 from taso_egg.errors import RuleError, VerificationError
 from taso_egg.rules.instantiate import check_rule_numerically, example_values, other_examples
-from taso_egg.rules.lang import load_rule_file, parse_rules
+from taso_egg.rules.corpus import load_rule_file
+from taso_egg.rules.syntax import parse_rules
 from taso_egg.rules.verify import (AXIOM_FILE, ProofResult, float_check, load_axioms,
                                    prove_rule, verify_rules)
 

@@ -181,7 +181,7 @@ def built_terms(rule) -> list:
     right-hand sides, innermost first. Applying one match of the rule adds at most one
     e-node for each (a new row of its constructor's table), and none for those the
     e-graph already has; equal subterms are one e-node."""
-    from ..rules.lang import App, Proj
+    from ..rules.ast import App, Proj
 
     seen: list = []
 
@@ -332,7 +332,7 @@ def saturate(graph: Graph, rules=None, limits: Limits | None = None, progress=No
 
     The e-graph never grows past ``limits.ceiling`` e-nodes: an iteration whose
     matches could take it there applies only the rules that fit, and is the last."""
-    from ..rules.lang import load_corpus
+    from ..rules.corpus import load_corpus
 
     limits = limits or Limits()
     rules = tuple(load_corpus() if rules is None else rules)

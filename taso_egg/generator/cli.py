@@ -30,7 +30,9 @@ from taso_egg.errors import RuleError
 from taso_egg.files import write_atomically
 
 from .. import rules as _rules_package
-from ..rules.lang import Proof, load_rule_file, parse_rules, uses_generated_constant
+from ..rules.ast import Proof
+from ..rules.corpus import load_rule_file, uses_generated_constant
+from ..rules.syntax import parse_rules
 
 # The verifier (Z3) and the pipeline load when a subcommand runs, not whenever
 # `taso-egg` builds its parser.
@@ -346,7 +348,7 @@ def _stats(args) -> int:
 def _derive(args) -> int:
     from dataclasses import replace
 
-    from ..rules.lang import ORIENTATIONS
+    from ..rules.corpus import ORIENTATIONS
     from .derive import CORPORA, DERIVE_LIMITS, NAMED_CORPORA, WEIGHT_BUILDS, derive_table, is_corpus
 
     corpora = tuple(args.corpus or CORPORA)

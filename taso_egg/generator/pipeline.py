@@ -12,7 +12,8 @@ from dataclasses import replace
 
 from taso_egg.errors import RuleError, TasoEggError
 
-from ..rules.lang import Proof, Rule, load_corpus
+from ..rules.ast import Proof, Rule
+from ..rules.corpus import load_corpus
 from ..rules.verify import DEFAULT_RLIMIT, STATUSES, verify_rules
 from ..rules.workers import map_in_order, worker_pool
 from .derive import DEFAULT_LIMITS as DERIVATION_LIMITS, check_derivable

@@ -55,7 +55,7 @@ from taso_egg.errors import RuleError, TasoEggError
 from taso_egg.ops import OPS
 
 from ..rules.instantiate import builds_on, evaluate_param
-from ..rules.lang import App, Guard, Lit, ParamOp, Proj, Rule, Var, walk_vars
+from ..rules.ast import App, Guard, Lit, ParamOp, Proj, Rule, Var, walk_vars
 from .enumerate import Enumeration, Evaluator, fingerprint, integer_draw
 from .shapes import ShapeFacts, form_expr, general_example, shape_guards
 
