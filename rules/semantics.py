@@ -21,7 +21,8 @@ numeric checker           the evaluators; ``weight`` and ``before`` hold: it bui
                           ``(weight ?v)`` variable as a weight leaf (``rules/instantiate.py``)
 egglog compiler           query facts over the ``shape``, ``wlo`` and ``whi`` analyses
                           (``egraph/rule_compiler.py``)
-Z3 verifier               Z3 terms; ``weight``/``before`` ignored (``rules/verify.py``)
+Z3 verifier               Z3 terms; ``weight``/``before`` ignored
+                          (``rules/prove/encode.py``)
 ========================  =============================================================
 
 Definedness. A function is undefined on some arguments (an axis out of range, a

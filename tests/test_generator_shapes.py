@@ -124,7 +124,7 @@ def test_a_constants_shape_is_a_parameter_tied_to_what_it_meets():
     from taso_egg.egraph.saturate import saturate
     from taso_egg.generator.prune import generalize_or_pin
     from taso_egg.graph import Graph
-    from taso_egg.rules.verify import prove_rule
+    from taso_egg.rules.prove.prover import prove_rule
 
     leaves = _x(1) + [LeafSpec("one", (2, 4), "const_one", "one"), LeafSpec("imm", (4, 4), "const_imm", "imm")]
     rules = _rules(leaves, [choice("ewmul"), choice("matmul", activation="NONE")], 1)

@@ -11,7 +11,7 @@ from taso_egg.errors import RuleError
 from taso_egg.generator.derive import derive_table
 from taso_egg.rules.corpus import STUDY_FILES, load_corpus, load_rule_file, reverse, with_orientations
 from taso_egg.rules.syntax import parse_rules
-from taso_egg.rules.verify import AXIOM_FILE, load_axioms, prove_rule
+from taso_egg.rules.prove.prover import AXIOM_FILE, load_axioms, prove_rule
 
 REFERENCE = AXIOM_FILE.with_name("taso-reference.rules")
 RULES = load_rule_file(REFERENCE)

@@ -45,7 +45,7 @@ GENERATE_OUTPUT = Path("generated.rules")
 
 
 def add_arguments(parser) -> None:
-    from ..rules.verify import DEFAULT_RLIMIT
+    from ..rules.prove.prover import DEFAULT_RLIMIT
 
     sub = parser.add_subparsers(dest="rules_command", required=True)
     p = sub.add_parser("generate", help="enumerate graphs and write candidate rules")
@@ -216,7 +216,7 @@ def _generate(args) -> int:
 
 
 def _verify(args) -> int:
-    from ..rules.verify import verify_file
+    from ..rules.prove.driver import verify_file
 
     if not args.files:
         raise RuleError("rules verify writes the proof records into the files it proves: name "

@@ -14,7 +14,8 @@ from taso_egg.errors import RuleError, TasoEggError
 
 from ..rules.ast import Proof, Rule
 from ..rules.corpus import load_corpus
-from ..rules.verify import DEFAULT_RLIMIT, STATUSES, verify_rules
+from ..rules.prove.driver import verify_rules
+from ..rules.prove.prover import DEFAULT_RLIMIT, STATUSES
 from ..rules.workers import map_in_order, worker_pool
 from .derive import DEFAULT_LIMITS as DERIVATION_LIMITS, check_derivable
 from .enumerate import MENUS, enumerate_terms
