@@ -1,5 +1,6 @@
-"""The rule generator (generator/enumerate.py), pruning (generator/prune.py), proof records in
-the rule language, and the `taso-egg rules` commands, on tiny menus (seconds each)."""
+"""The rule generator (generator/enumerate.py), pruning and emitting (generator/prune.py,
+emit.py), proof records in the rule language, and the `taso-egg rules` commands, on tiny
+menus (seconds each)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from taso_egg.egraph.rule_compiler import compile_rules
 from taso_egg.errors import RuleError, TasoEggError
 from taso_egg.generator import enumerate as generate
 from taso_egg.generator.enumerate import LeafSpec, Menu, choice, enumerate_terms, matrix_menu
-from taso_egg.generator.prune import canonical, prune as prune_candidates, rules_from
+from taso_egg.generator.emit import rules_from
+from taso_egg.generator.prune import canonical, prune as prune_candidates
 from taso_egg.rules.instantiate import check_rule_numerically
 from taso_egg.rules.ast import Proof
 from taso_egg.rules.corpus import corpus_files, load_corpus, load_rule_file
@@ -347,7 +349,7 @@ def test_generation_in_worker_processes_matches_one_process():
 
 
 def test_sizes_no_other_shape_can_vary_are_pinned():
-    from taso_egg.generator.prune import generalize_or_pin, pinned_to_example
+    from taso_egg.generator.emit import generalize_or_pin, pinned_to_example
     from taso_egg.rules.prove.prover import prove_rule
 
     identity, commutes = parse_rules("""
