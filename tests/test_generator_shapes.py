@@ -1,5 +1,5 @@
-"""The generator's shape guards (generator/shapes.py): what typing asks of the inputs,
-split sizes as the operands' dims, and the menu's new kinds (seconds each)."""
+"""The generator's shape guards (generator/shape_guards.py): what typing asks of the
+inputs, split sizes as the operands' dims, and the menu's new kinds (seconds each)."""
 
 from __future__ import annotations
 

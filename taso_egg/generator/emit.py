@@ -1,7 +1,7 @@
 """From pruned candidates to rules of our language: each candidate's orientations, its
-patterns, the shape guards typing asks of both sides (:mod:`.shapes`), the weight guards
-a merge needs, and an example; then each generated rule checked on other shapes and
-generalized or pinned to its example.
+patterns, the shape guards typing asks of both sides (:mod:`.shape_guards`), the
+weight guards a merge needs, and an example; then each generated rule checked on
+other shapes and generalized or pinned to its example.
 
 When candidates become rules (:func:`to_rule`), one whose split cuts elsewhere than
 between two concatenated operands is dropped as ``split off a boundary``: its sizes
@@ -17,7 +17,7 @@ from ..rules.ast import App, Guard, Lit, ParamOp, Proj, Rule, Var, walk_vars
 from ..rules.instantiate import builds_on, evaluate_param
 from .enumerate import Enumeration
 from .prune import Candidate, Pruned, canonical, has_split, leaf_order, leaf_specs, variable_names
-from .shapes import ShapeFacts, form_expr, general_example, shape_guards
+from .shape_guards import ShapeFacts, form_expr, general_example, shape_guards
 
 
 def _pattern(e: Enumeration, tid: int, names: dict, sizes: dict | None = None):
@@ -69,9 +69,9 @@ def orientations(e: Enumeration, c: Candidate) -> list:
 
 def to_rule(e: Enumeration, lhs: tuple, rhs: tuple, name: str) -> Rule | None:
     """The candidate as a rule. Its shape guards are what typing asks of both sides
-    (:mod:`.shapes`), and that their shapes agree; a split's sizes are the dims of what
-    it takes apart (on the left side a parameter variable ``?szN`` that a guard ties to
-    them), a constant's shape a parameter variable ``?shN`` that guards tie to the
+    (:mod:`.shape_guards`), and that their shapes agree; a split's sizes are the dims of
+    what it takes apart (on the left side a parameter variable ``?szN`` that a guard
+    ties to them), a constant's shape a parameter variable ``?shN`` that guards tie to the
     tensors' dims (TASO's ``const_one`` is as wide as what it multiplies), and the
     example gives dims no equation ties distinct sizes. Where typing asks of a constant
     something no guard states (a product or quotient of two varying dims), the
@@ -102,7 +102,7 @@ def to_rule(e: Enumeration, lhs: tuple, rhs: tuple, name: str) -> Rule | None:
 
 def _general_rule(e: Enumeration, lhs: tuple, rhs: tuple, name: str, facts: ShapeFacts, names: dict,
                   leaves: dict, weights: list) -> Rule | None:
-    """The rule under the guards typing asks (:func:`~.shapes.shape_guards`), on an
+    """The rule under the guards typing asks (:func:`~.shape_guards.shape_guards`), on an
     example that varies the free dims or else on the menu's; None where no guard states
     what typing asks, or where neither example builds."""
     general = shape_guards(e, facts, names, leaves)
