@@ -123,7 +123,7 @@ class Proof:
         if self.seconds is not None:
             parts.append(f"(seconds {format_value(float(self.seconds))})")
         if self.reason:
-            parts.append("(reason " + quote(self.reason) + ")")
+            parts.append("(reason " + _quote(self.reason) + ")")
         return "(" + " ".join(parts) + ")"
 
 
@@ -210,7 +210,7 @@ class Rule:
             parts.append("  :example (" + " ".join(
                 f"(?{k} {format_value(v)})" for k, v in self.example.items()) + ")")
         if self.doc:
-            parts.append("  :doc " + quote(self.doc))
+            parts.append("  :doc " + _quote(self.doc))
         if self.proof is not None:
             parts.append(f"  :proof {self.proof}")
         return "\n".join(parts) + ")"
@@ -252,14 +252,13 @@ def _walk(node, kind):
                              else "param")
 
 
-
 def guard_vars(g: Guard) -> Iterator[tuple[str, str]]:
     kind = "tensor" if g.kind in TENSOR_GUARDS else "param"
     for a in g.args:
         yield from _walk(a, kind)
 
 
-def quote(text: str) -> str:
+def _quote(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ") + '"'
 
 
@@ -274,6 +273,5 @@ def format_value(v) -> str:
     return str(v)
 
 
-
 __all__ = ["Var", "Lit", "App", "Proj", "ParamOp", "Guard", "Rule", "Proof", "PROOF_STATUSES",
-           "Pattern", "ParamExpr", "operators", "walk_vars", "guard_vars", "format_value", "quote"]
+           "Pattern", "ParamExpr", "operators", "walk_vars", "guard_vars", "format_value"]

@@ -36,7 +36,6 @@ def read_rule_text(path, data: bytes | None = None) -> str:
                         f"0x{e.object[e.start]:02x})") from None
 
 
-
 def corpus_files() -> list:
     """Every ``*.rules`` file of the ``taso_egg.rules`` package but the axioms (the
     study files included), sorted by file name."""

@@ -80,5 +80,4 @@ def _replace_proof(rule: Rule, proof) -> Rule:
                 rule.multi, proof)
 
 
-
 __all__ = ["with_proof_records"]

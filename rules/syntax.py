@@ -171,7 +171,6 @@ def _atom(tok: str, kind: str, line: int, filename: str) -> _Atom:
     return _Atom("sym", tok, line, tok)
 
 
-
 def _static_kind(e) -> str | None:
     """The value kind (rules/semantics.py's value_kind) of a parameter expression
     where it is known without the operators its variables bind to; None for a variable."""
@@ -180,7 +179,6 @@ def _static_kind(e) -> str | None:
     if isinstance(e, Lit):
         return semantics.value_kind(e.value)
     return None
-
 
 
 # --- parser: S-expressions -> AST --------------------------------------------------
@@ -552,7 +550,6 @@ def check_unique_name(rule: Rule, seen: dict[str, Rule]) -> None:
         raise RuleError(f"{rule.where}: duplicate rule name (first defined at "
                         f"{prev.source[0]}:{prev.source[1]})")
     seen[rule.name] = rule
-
 
 
 __all__ = ["KEYWORDS", "TOKEN", "parse_rules", "check_unique_name"]

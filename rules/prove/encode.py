@@ -223,7 +223,6 @@ _Z3 = semantics.backend("z3", param_fns={
 })
 
 
-
 def _encode_axiom(enc: _Encoder, axiom: Rule) -> list:
     """The quantified equations of one axiom (one per usable trigger side)."""
     sorts = _var_sorts(axiom)

@@ -237,6 +237,5 @@ def float_check(rule: Rule, trials: int = 3, seed: int = 0) -> tuple[bool, str]:
     return agrees is True, why
 
 
-
 __all__ = ["ProofResult", "STATUSES", "DEFAULT_RLIMIT", "AXIOM_FILE", "load_axioms", "prove_rule",
            "prove_and_check", "float_check"]
