@@ -26,7 +26,7 @@ from .executor import random_inputs
 from .graph import Graph
 from .options import ExtractionOptions, Hooks, Limits, OptimizeOptions
 from .onnx_io.exporter import export_for_check, export_onnx, with_weights
-from .rules.lang import load_corpus
+from .rules.corpus import load_corpus
 from .verify import (LocalCheck, check_float32_proves_nothing, check_graphs_equivalent, check_locally,
                      check_onnx_model, share_weights)
 

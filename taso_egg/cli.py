@@ -101,7 +101,7 @@ def _cmd_optimize(args) -> int:
     from .cost import load_cost_model
     from .files import check_writable
     from .onnx_optimize import OnnxInput, optimize_onnx
-    from .rules.lang import blame_user_rules, load_corpus, load_user_rules
+    from .rules.corpus import blame_user_rules, load_corpus, load_user_rules
 
     options = optimize_options_from_args(args)
     shapes = parse_input_shapes(args.input_shape)
