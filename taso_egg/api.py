@@ -28,7 +28,7 @@ from .graph import Graph
 from .onnx_io.exporter import export_for_check, export_onnx, with_weights
 from .rules.lang import load_corpus
 from .verify import (LocalCheck, check_float32_proves_nothing, check_graphs_equivalent, check_locally,
-                     check_onnx_model, share_weights)
+                     check_onnx_model, check_precision_kept, share_weights)
 
 if TYPE_CHECKING:
     import onnx
@@ -448,6 +448,8 @@ def _check_in_onnxruntime(graph: Graph, result: Graph, reference, phase, exporte
     # rather than copied into protobuf and then into onnxruntime; the model to write is
     # exported by the same exporter, weights as initializers, once the check is done.
     written = export_for_check(result) if exported is None else exported
+    if reference is not None:  # the precision is the user's, whatever the numbers say
+        check_precision_kept(reference, written)
     check = check_onnx_model((lambda: export_for_check(graph)) if reference is None else reference,
                              written, graph, seed=seed)
     return check, written

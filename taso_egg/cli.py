@@ -54,7 +54,7 @@ def _cmd_convert(args) -> int:
     from .onnx_io.counts import describe
     from .onnx_io.exporter import export_onnx, save_atomically
     from .onnx_io.importer import load_onnx, read_model_file, upgraded
-    from .verify import compare_outputs, onnx_outputs
+    from .verify import check_precision_kept, compare_outputs, onnx_outputs
 
     shapes = parse_input_shapes(args.input_shape)
     check_writable(args.output, ExportError)
@@ -65,6 +65,7 @@ def _cmd_convert(args) -> int:
     feeds = random_inputs(g)
     err = compare_outputs(onnx_outputs(reference, feeds), onnx_outputs(model, feeds),
                           what="exported model")
+    check_precision_kept(reference, model, "exported model")
     summary = describe(model)
     save_atomically(model, args.output, external_data=external)
     print(f"wrote {args.output}: {summary} (input: {describe(original)}); "

@@ -9,6 +9,7 @@ import numpy as np
 from .errors import ExecutionError, TasoEggError
 from .graph import Graph, Node
 from .ops import OPS
+from .ops.precision import is_float
 
 
 def random_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
@@ -17,7 +18,7 @@ def random_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
     feeds = {}
     for n in graph.inputs():
         shape, dtype = n.params["shape"], np.dtype(n.params["dtype"])
-        if dtype.kind == "f":
+        if is_float(dtype):
             feeds[n.params["name"]] = rng.standard_normal(shape).astype(dtype)
         elif dtype.kind == "b":
             feeds[n.params["name"]] = rng.random(shape) < 0.5

@@ -20,6 +20,7 @@ from ..errors import GraphError, OnnxImportError, ShapeError, TasoEggError, firs
 from ..graph import Graph, Tensor
 from ..ops import ONNX_IMPORTERS, TensorType
 from ..ops.opaque import run_node
+from ..ops.precision import is_quantizing, quantized_operators, widens_stored
 from ..versions import MIN_OPSET
 
 log = logging.getLogger("taso_egg.onnx")
@@ -162,6 +163,7 @@ class _Importer:
                                   f"the model (its inputs: "
                                   f"{', '.join(repr(n) for n in self.types) or 'none'})")
         self._infer_types()
+        self.quantized = quantized_operators(graph.node)
         for node in _topological(graph.node):
             self._import_node(node)
         for vi in graph.output:
@@ -266,10 +268,18 @@ class _Importer:
         attrs = {a.name: _attr_value(helper.get_attribute_value(a)) for a in node.attribute}
         where = f"node {node.name or node.output[0]!r} ({node.op_type})"
         try:
-            if self._alias(node) or self._fold(node, attrs):
+            if self._alias(node):
                 return
-            outs = None
-            if node.domain in ("", "ai.onnx") and node.op_type in ONNX_IMPORTERS:
+            if self._keeps_precision(node, attrs):
+                outs = self._opaque(node, "the model's precision: never folded, a barrier to rewrites")
+            elif tuple(node.output) in self.quantized:
+                outs = self._opaque(node, "between DequantizeLinear and QuantizeLinear, a quantized "
+                                          "operator as onnxruntime runs it")
+            elif self._fold(node, attrs):
+                return
+            else:
+                outs = None
+            if outs is None and node.domain in ("", "ai.onnx") and node.op_type in ONNX_IMPORTERS:
                 outs = ONNX_IMPORTERS[node.op_type](self, node, attrs)
             if outs is None:
                 outs = self._opaque(node)
@@ -296,6 +306,21 @@ class _Importer:
             self.values[node.output[0]] = self.values[src]
             self.types[node.output[0]] = self.types[src]
         return True
+
+    def _keeps_precision(self, node, attrs) -> bool:
+        """Nodes that quantize, and casts that would store a narrow weight wider, stay
+        as the input has them (ops/precision.py): folding them would widen the
+        model's weights."""
+        if is_quantizing(node.op_type, node.domain):
+            return True
+        if node.op_type not in ("Cast", "CastLike") or node.input[0] not in self.consts:
+            return False
+        from onnx import helper
+
+        weight = self.consts[node.input[0]]
+        target = (self.type(node.input[1]).dtype if node.op_type == "CastLike"
+                  else helper.tensor_dtype_to_np_dtype(attrs["to"]))
+        return widens_stored(weight.dtype, target, weight.size)
 
     def _fold(self, node, attrs) -> bool:
         """Evaluate nodes whose result is known before run time."""
@@ -335,12 +360,12 @@ class _Importer:
             self.consts[name] = value
         return True
 
-    def _opaque(self, node):
+    def _opaque(self, node, why: str = "not optimized"):
         if node.op_type not in self.opaque_seen:
             self.opaque_seen.add(node.op_type)
             log.warning("notice: ONNX operator %s%s is kept as an opaque node (carried "
-                        "through unchanged, not optimized)", node.op_type,
-                        f" (domain {node.domain})" if node.domain else "")
+                        "through unchanged: %s)", node.op_type,
+                        f" (domain {node.domain})" if node.domain else "", why)
         out_types = []
         for name in node.output:
             t = self.inferred.get(name)
