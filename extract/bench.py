@@ -17,14 +17,13 @@ the proven gap --gap (percent; its default 0.1 unless given).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
 
 from tqdm import tqdm
 
-from ..cli_args import add_option_arguments, options_from_args
+from ..cli_args import CommandParser, add_option_arguments, options_from_args
 from ..errors import TasoEggError
 from ..options import ExtractionOptions
 from .egraph import EGraph, load_egraph
@@ -46,7 +45,7 @@ def default_data_dir() -> Path:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m taso_egg.extract.bench", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog="python -m taso_egg.extract.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=None,
                         help="folder of egraph-serialize JSON files (default: $TASO_EGG_BENCH_DATA, "
                              "else the repository's tests/data/extraction-gym-tensat)")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from ..cli_args import add_option_arguments, options_from_args
@@ -35,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.output is not None:
-        check_writable(args.output, ExtractionError)
+        check_writable(args.output, ExtractionError, inputs=[args.egraph])
     options = options_from_args(args, ExtractionOptions)
     gap = None if args.gap is None else args.gap / 100
     if gap is not None and options.extractor != "ilp":
@@ -43,6 +44,10 @@ def run(args: argparse.Namespace) -> int:
     if gap is not None and not 0 <= gap < 1:
         raise LimitError(f"--gap must be a percentage in [0, 100), got {args.gap:g}")
     egraph = load_egraph(args.egraph)
+    negative = int((egraph.node_cost < 0).sum())
+    if negative:
+        print(f"note: {negative} e-node(s) have negative costs: the ilp extractor is exact for them, "
+              f"tree and greedy-dag are heuristics on shifted costs", file=sys.stderr)
     result = extract(
         egraph, options.extractor, roots=args.roots, time_limit=options.time_limit, verbose=args.verbose,
         gap_tolerance=gap,

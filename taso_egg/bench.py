@@ -23,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+from .cli_args import CommandParser
 from .errors import TasoEggError
 
 # Tensat's search seconds for TASO's models (Yang et al. 2021, Table 2; V100 host).
@@ -37,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .cli_args import add_optimize_arguments
     from .options import DAG_EXTRACTORS
 
-    p = argparse.ArgumentParser(prog="python -m taso_egg.bench", description=__doc__,
+    p = CommandParser(prog="python -m taso_egg.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", choices=sorted(zoo.MODELS),
                    help=f"zoo models (default: {' '.join(ZOO_DEFAULT)}, unless --bert-layers "

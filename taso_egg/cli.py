@@ -10,8 +10,9 @@ import math
 import signal
 import sys
 
-from .cli_args import add_input_shape_argument, add_optimize_arguments, optimize_options_from_args, parse_input_shapes
-from .errors import ExportError, TasoEggError
+from .cli_args import (CommandParser, add_input_shape_argument, add_optimize_arguments, optimize_options_from_args,
+                       parse_input_shapes)
+from .errors import ExportError, NotModelled, TasoEggError
 from .onnx_io.symbolic import DEFAULT_LEADING, DEFAULT_OTHER
 from .options import Hooks
 
@@ -75,7 +76,7 @@ def _cmd_convert(args) -> int:
     from .verify import check_precision_kept, compare_outputs, onnx_outputs
 
     shapes = parse_input_shapes(args.input_shape)
-    check_writable(args.output, ExportError)
+    check_writable(args.output, ExportError, inputs=[args.model])
     original, external = read_model_file(args.model)
     dyn = DynamicModel.load(upgraded(original), shapes)
     if dyn.symbolic and not args.fix_shapes:
@@ -98,29 +99,36 @@ def _cmd_convert(args) -> int:
 
 def _cmd_optimize(args) -> int:
     # Everything a user can get wrong is checked before anything heavy loads.
+    from .cost import load_cost_model
     from .files import check_writable
+    from .onnx_optimize import OnnxInput, optimize_onnx
+    from .rules.lang import blame_user_rules, load_corpus, load_user_rules
 
     options = optimize_options_from_args(args)
     shapes = parse_input_shapes(args.input_shape)
-    check_writable(args.output, ExportError)
-    from .onnx_optimize import OnnxInput, optimize_onnx
-
-    source = OnnxInput.read(args.model, shapes)
+    check_writable(args.output, ExportError, inputs=[args.model])
+    load_cost_model(options.costs.profile)  # loaded again (cached) where it is used
+    extra = load_user_rules(args.rules or (), args.allow_unproved)
+    try:
+        source = OnnxInput.read(args.model, shapes)
+    except NotModelled as e:  # a valid model, but not one the table models: carried whole
+        return _write_unchanged(args.model, args.output, e)
 
     from .onnx_io.counts import describe, format_table, operator_counts
     from .onnx_io.exporter import save_atomically
-    from .rules.lang import load_corpus, load_rule_file
 
-    extra = [rule for path in args.rules or () for rule in load_rule_file(path)]
     rules = load_corpus() + extra
     say = _stderr_line
 
+    applied = set()  # rules that matched, to name the user's when the check fails
+
     def progress(it):
+        applied.update(it.matches)
         top = sorted(it.matches.items(), key=lambda kv: -kv[1])[:3]
         say(f"  iteration {it.iteration:>2}: {it.enodes:>7} e-nodes {it.eclasses:>7} e-classes "
             f"{it.seconds:6.2f} s  " + ", ".join(f"{k} x{v}" for k, v in top))
 
-    with _Rounds("timing") as rounds:
+    with _Rounds("timing") as rounds, blame_user_rules(extra, applied):
         out = optimize_onnx(source, rules=rules, options=options, fix_shapes=args.fix_shapes,
                             hooks=Hooks(progress=progress, phase=say, measure_progress=rounds.update))
     _print_summary(out.result)
@@ -130,6 +138,18 @@ def _cmd_optimize(args) -> int:
     save_atomically(out.model, args.output, external_data=out.external_data)
     print(f"wrote {args.output}: {describe(out.model)}"
           + (f" ({_CANDIDATE_NAMES[out.chosen]})" if out.chosen != "result" else ""))
+    return 0
+
+
+def _write_unchanged(path, output, why) -> int:
+    from .onnx_io.counts import describe
+    from .onnx_io.exporter import save_atomically
+    from .onnx_io.importer import read_model_file
+
+    model, external = read_model_file(path, validate=False)
+    _stderr_line(f"note: {why}: the input is written unchanged")
+    save_atomically(model, output, external_data=external)
+    print(f"wrote {output}: {describe(model)} (the input, unchanged)")
     return 0
 
 
@@ -241,7 +261,7 @@ PLUGGED_COMMANDS = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="taso-egg", description=__doc__)
+    parser = CommandParser(prog="taso-egg", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="show debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -260,7 +280,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_fix_shapes(p)
     p.add_argument("-o", "--output", required=True)
     add_optimize_arguments(p)
-    p.add_argument("--rules", action="append", metavar="FILE", help="extra .rules file (repeatable)")
+    p.add_argument("--rules", action="append", metavar="FILE",
+                   help="extra .rules file (repeatable); its rules must carry proof records "
+                        "(taso-egg rules verify FILE writes them)")
+    p.add_argument("--allow-unproved", action="store_true",
+                   help="apply --rules' rules that are not proved (the check still guards the result)")
     p.set_defaults(func=_cmd_optimize)
 
     p = sub.add_parser("zoo", help="write one of TASO's benchmark graphs (builder-made) as ONNX")

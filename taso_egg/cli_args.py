@@ -5,10 +5,40 @@ defaults are declared there, once)."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 
 from .errors import TasoEggError
 from .options import Limits, OptimizeOptions
+
+
+class CommandParser(argparse.ArgumentParser):
+    """The parser of every command (``taso-egg``, its subcommands, plugged or not, and
+    the ``python -m`` benchmarks): a usage error is one line on stderr, naming the
+    mistake and where help is, and exit code 1, as every other mistake (argparse's
+    own: the whole usage and exit code 2). Subparsers are made of the same class."""
+
+    def error(self, message: str):
+        message = " ".join(message.split())
+        self.exit(1, f"taso-egg: error: {message} (see {self.prog} --help)\n")
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        if not hasattr(namespace, _PARSED_BY):  # a subcommand's parser sets it first
+            setattr(namespace, _PARSED_BY, self)
+        return namespace, extras
+
+    def parse_args(self, args=None, namespace=None):
+        """As argparse's, but unknown arguments are blamed on the (sub)command that
+        was parsing, so that its --help is the one named."""
+        namespace, extras = self.parse_known_args(args, namespace)
+        parser = vars(namespace).pop(_PARSED_BY)
+        if extras:
+            parser.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace
+
+
+_PARSED_BY = "_parsed_by"
 
 INPUT_SHAPE_METAVAR = "NAME=D1,D2,..."
 

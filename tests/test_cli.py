@@ -125,10 +125,11 @@ def test_convert_to_missing_folder(model_path, tmp_path, capsys):
     assert "does not exist" in err
 
 
-def test_usage_error_exits_2(capsys):
+def test_usage_error_is_one_line_and_exit_1(capsys):
     with pytest.raises(SystemExit) as e:
         main(["convert"])
-    assert e.value.code == 2
+    assert e.value.code == 1
+    _assert_one_error_line(capsys.readouterr().err)
 
 
 # --- optimize ------------------------------------------------------------------------

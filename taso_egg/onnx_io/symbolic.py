@@ -78,8 +78,8 @@ def interface(proto) -> Interface:
     for vi in inputs:
         shape = vi.type.tensor_type.shape if vi.type.HasField("tensor_type") else None
         dims[vi.name] = tuple(
-            d.dim_value if d.HasField("dim_value") and d.dim_value > 0
-            else (d.dim_param or f"?{vi.name}:{axis}")
+            # a fixed size, even 0 (the importer refuses an empty tensor in one line)
+            d.dim_value if d.HasField("dim_value") else (d.dim_param or f"?{vi.name}:{axis}")
             for axis, d in enumerate(shape.dim if shape is not None else ()))
     return Interface(inputs, tuple(proto.graph.output), dims)
 
@@ -112,7 +112,8 @@ def import_shapes(iface: Interface, sizes: Mapping[str, int],
                   given: Mapping[str, Sequence[int]]) -> dict[str, tuple[int, ...]]:
     """The shapes to import at: ``given`` as given (the importer checks them against the
     model), every other input with its symbols at ``sizes``."""
-    shapes = {name: shape for name, shape in iface.shapes(sizes).items() if name not in given}
+    symbolic = {name for name, dims in iface.dims.items() if any(isinstance(d, str) for d in dims)}
+    shapes = {name: shape for name, shape in iface.shapes(sizes).items() if name in symbolic and name not in given}
     shapes.update({name: tuple(shape) for name, shape in given.items()})
     return shapes
 

@@ -33,6 +33,8 @@ import time
 
 import numpy as np
 
+from ..cli_args import CommandParser
+
 BENCH_MODELS = ["bert", "nasrnn", "resnext50", "resnet50", "nasnet-a", "inception-v3", "squeezenet",
                 "vgg19"]
 
@@ -81,7 +83,7 @@ def _time_profiling(models, repeats, warmups, out) -> None:
     from ..errors import TasoEggError
     from . import cli as profile_command
 
-    parser = argparse.ArgumentParser(prog="taso-egg profile")
+    parser = CommandParser(prog="taso-egg profile")
     profile_command.add_arguments(parser)
     with tempfile.TemporaryDirectory() as tmp:
         for backend in ("ort", "numpy"):
@@ -103,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     from ..cli_args import add_option_arguments
     from ..options import DEFAULT_PROFILE, DecisionOptions, ExtractionOptions
 
-    p = argparse.ArgumentParser(prog="python -m taso_egg.profiling.bench", description=__doc__,
+    p = CommandParser(prog="python -m taso_egg.profiling.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=BENCH_MODELS, choices=sorted(zoo.MODELS))
     p.add_argument("--repeats", type=int, default=5, help="end-to-end runs per graph (median)")

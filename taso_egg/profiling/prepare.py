@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..cli_args import CommandParser
 from ..cost import AnalyticCost, load_cost_model
 from ..cost.store import now, profiles_dir
 from ..errors import TasoEggError
@@ -154,7 +155,7 @@ def build_bundle(models, out: Path, model=None, rules=None, log=print) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m taso_egg.profiling.prepare", description=__doc__,
+    p = CommandParser(prog="python -m taso_egg.profiling.prepare", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=list(ZOO_MODELS), metavar="MODEL")
     p.add_argument("-o", "--output", default="build/gpu-bundle", help="the bundle's folder")

@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     search = options_from_args(args, SearchOptions)
     profile = options_from_args(args, CostOptions).profile
     measure = options_from_args(args, DecisionOptions, only=("measure",)).measure
-    check_writable(args.output, ExportError)
+    check_writable(args.output, ExportError, inputs=[args.model])
     graph = load_model(args.model, parse_input_shapes(args.input_shape))
     with tqdm(total=search.budget, file=sys.stderr, unit="graph", desc="search") as bar:
         def progress(step):
