@@ -21,7 +21,7 @@ from .cost import CostModel, graph_cost, load_cost_model
 from .egraph.convert import build_graph
 from .egraph.pricing import priced_egraph
 from .egraph.saturate import Saturation, saturate, tensor_classes
-from .errors import ExtractionError
+from .errors import CannotRun, ExtractionError, ProfileError
 from .executor import random_inputs
 from .graph import Graph
 from .options import ExtractionOptions, Hooks, Limits, OptimizeOptions
@@ -213,17 +213,25 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
     checked, ort, check, check_error, local = None, None, "", None, None
     if options.check.verify and decision.chosen != "original":
         ort, written = _check_in_onnxruntime(graph, decision.graph, reference, phase, decision.exported, seed)
+        unchecked = ""  # why no check can run on the candidate: then the input is returned
         if ort.error is not None:
             check = "onnxruntime"
         elif decision.chosen == "result":
-            check, check_error, local = _check_numerically(graph, sat, ext, seed, phase, ort.skipped)
+            try:
+                check, check_error, local = _check_numerically(graph, sat, ext, seed, phase, ort.skipped)
+            except CannotRun as e:  # an operator neither onnxruntime nor the table runs
+                unchecked = f"{ort.skipped}, and our executor cannot run the input either ({e})"
         else:  # the input exported: our executor would compare the graph with itself
-            phase(f"note: {ort.skipped}, so the re-exported input is not checked in onnxruntime")
-        if not ort.reference_run and not (local is not None and local.outputs_beyond_float32):
+            unchecked = f"{ort.skipped}, and the re-export can be checked nowhere else"
+        if unchecked:
+            phase(f"note: no check can run on the {decision.chosen}: {unchecked}; the input is returned")
+            decision = Decision(graph, f"no check can run on the {decision.chosen}: {unchecked}",
+                                decision.measured_ms, "original")
+        elif not ort.reference_run and not (local is not None and local.outputs_beyond_float32):
             # the written model's float32 outputs proved nothing: neither may the input's
             check_float32_proves_nothing(export_for_check(graph) if reference is None else reference, graph,
                                          ort.skipped, seed)
-        checked = written
+        checked = written if not unchecked else None
     stats = OptimizeStats(
         saturation_seconds=sat.seconds,
         extraction_seconds=ext.seconds,
@@ -323,7 +331,14 @@ def _decide(graph: Graph, result: Graph, before: float, after: float, min_gain: 
                         chosen="original")
     names = " and ".join(", ".join(models).rsplit(", ", 1))
     phase(f"timing {names} in onnxruntime ({measure} interleaved runs each)")
-    runs = timing.ort_runs(models, random_inputs(graph), measure, measure_progress)
+    try:
+        runs = timing.ort_runs(models, random_inputs(graph), measure, measure_progress)
+    except ProfileError:
+        why = timing.cannot_build(models["original"])
+        if not why:  # the original runs: a candidate does not, which is a fault of ours
+            raise
+        return Decision(graph, f"onnxruntime cannot run the input ({why}), so no candidate can be timed",
+                        chosen="original")
     times = {k: statistics.median(v) for k, v in runs.items()}
     # The fastest candidate that beat the original in more interleaved rounds than
     # chance allows; the original otherwise (a changed file must pay for itself).

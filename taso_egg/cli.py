@@ -40,7 +40,11 @@ def _cmd_inspect(args) -> int:
     from .onnx_io.symbolic import describe_sizes
 
     original = read_model(args.model)
-    dyn = DynamicModel.load(upgraded(original), parse_input_shapes(args.input_shape))
+    try:
+        dyn = DynamicModel.load(upgraded(original), parse_input_shapes(args.input_shape))
+    except NotModelled as e:  # what optimize carries whole
+        print(f"{args.model}: {describe(original)}; carried whole (optimize writes it unchanged): {e}")
+        return 0
     g = dyn.graph
     print(f"{args.model}: {describe(original)}; opset {g.opset}")
     if dyn.symbolic:

@@ -183,3 +183,81 @@ def test_the_tolerance_follows_the_precision_on_each_outputs_path():
     steps = rounding_steps(fp16_mlp())
     assert steps == {"y1": 2.0 ** -10, "y2": 2.0 ** -10}
     assert rounding_steps(qdq_model()) == {"y1": 2.0 ** -8, "y2": 2.0 ** -8}
+
+
+# --- carried, not fatal --------------------------------------------------------------------
+
+def _carrier(middle, extra_inits=(), value_info=(), domains=()):
+    """x @ wa + x @ wb (the rewrites factor it), then ``middle`` (nodes from "s" to
+    "c"), then two heads of "c" (merged): work for the rewrites on both sides of a node
+    the table does not model."""
+    rng = np.random.default_rng(4)
+    w = {n: init(n, (rng.standard_normal((16, 16)) * 0.3).astype(np.float32)) for n in ("wa", "wb", "w2", "w3")}
+    nodes = [helper.make_node("MatMul", ["x", "wa"], ["ma"]), helper.make_node("MatMul", ["x", "wb"], ["mb"]),
+             helper.make_node("Add", ["ma", "mb"], ["s"]), *middle,
+             helper.make_node("MatMul", ["c", "w2"], ["y1"]), helper.make_node("MatMul", ["c", "w3"], ["y2"])]
+    model = make_model(nodes, [vi("x", [4, 16])], [vi("y1", [4, 16]), vi("y2", [4, 16])],
+                       [*w.values(), *extra_inits], domains=domains)
+    model.graph.value_info.extend(value_info)
+    return model
+
+
+def custom_op_model(declared: bool = True):
+    return _carrier([helper.make_node("Mystery", ["s"], ["c"], domain="com.example", alpha=0.5)],
+                    value_info=[vi("c", [4, 16])] if declared else [], domains=[("com.example", 1)])
+
+
+def loop_model():
+    """A Loop whose body reads two tensors of the main graph without naming them as
+    inputs: "s" (computed) and "scale" (an initializer)."""
+    body = helper.make_graph(
+        [helper.make_node("Mul", ["s", "scale"], ["p"]), helper.make_node("Add", ["acc_in", "p"], ["acc_out"]),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"])], "body",
+        [vi("i", [], TensorProto.INT64), vi("cond_in", [], TensorProto.BOOL), vi("acc_in", [4, 16])],
+        [vi("cond_out", [], TensorProto.BOOL), vi("acc_out", [4, 16])])
+    return _carrier([helper.make_node("Loop", ["n", "cond", "x"], ["c"], body=body)],
+                    [init("n", np.int64(3)), init("cond", np.bool_(True)),
+                     init("scale", np.random.default_rng(5).standard_normal((4, 16)).astype(np.float32))])
+
+
+@pytest.mark.parametrize("measure", ["0", "5"])
+def test_a_custom_domain_op_is_carried_and_the_input_written(tmp_path, capsys, measure):
+    """Nothing can run the custom operator (onnxruntime has no kernel for it), so
+    nothing can time or check a changed model: the input is written, and the headline
+    says why; no failure."""
+    path, out = tmp_path / "custom.onnx", tmp_path / "custom.out.onnx"
+    onnx.save(custom_op_model(), path)
+    assert main(["optimize", str(path), "-o", str(out), "--measure", measure]) == 0
+    text = capsys.readouterr().out
+    assert out.read_bytes() == path.read_bytes()
+    why = "no check can run on the result" if measure == "0" else "so no candidate can be timed"
+    assert "result: the input, unchanged is written: " in text and why in text
+
+
+def test_a_custom_op_no_one_can_type_is_carried_whole(tmp_path, capsys):
+    """Its output's shape is declared nowhere and nothing can run it to learn it: the
+    model is written unchanged, and inspect says so."""
+    path, out = tmp_path / "custom.onnx", tmp_path / "custom.out.onnx"
+    onnx.save(custom_op_model(declared=False), path)
+    assert main(["optimize", str(path), "-o", str(out)]) == 0
+    assert out.read_bytes() == path.read_bytes()
+    assert "the input is written unchanged" in capsys.readouterr().err
+    assert main(["inspect", str(path)]) == 0
+    assert "carried whole (optimize writes it unchanged)" in capsys.readouterr().out
+
+
+def test_a_loop_reading_outer_scope_tensors_goes_through(tmp_path, capsys):
+    """The body's outer-scope reads are the node's inputs in the graph, so what they
+    read is kept and ordered before it, and the written body reads them under the
+    names they get there; the rewrites around the Loop apply and the result is
+    checked in onnxruntime."""
+    path, out = tmp_path / "loop.onnx", tmp_path / "loop.out.onnx"
+    onnx.save(loop_model(), path)
+    assert main(["optimize", str(path), "-o", str(out), "--measure", "0"]) == 0
+    text = capsys.readouterr().out
+    assert "check: the written model's outputs equal the input's" in text
+    after = onnx.load(out)
+    assert _ops(after)["Loop"] == 1 and _ops(after)["MatMul"] < 4
+    feeds = {"x": np.random.default_rng(6).standard_normal((4, 16)).astype(np.float32)}
+    assert _max_rel_error(onnx.load(path), after, feeds) < 1e-5
+    assert main(["inspect", str(path)]) == 0

@@ -16,11 +16,11 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..errors import GraphError, OnnxImportError, ShapeError, TasoEggError, first_line
+from ..errors import CannotRun, GraphError, NotModelled, OnnxImportError, ShapeError, TasoEggError, first_line
 from ..executor import check_feed_fits
 from ..graph import Graph, Tensor
 from ..ops import ONNX_IMPORTERS, TensorType
-from ..ops.opaque import run_node
+from ..ops.opaque import outer_reads, run_node
 from ..ops.precision import is_quantizing, quantized_operators, widens_stored
 from ..versions import MIN_OPSET
 from .validate import validate_model
@@ -255,7 +255,9 @@ class _Importer:
             for fld in ("float_data", "int64_data", "int32_data", "double_data"):
                 if len(getattr(init, fld)) > 64:
                     init.ClearField(fld)
-        self.inferred: dict[str, TensorType] = {}
+        # What inference cannot type (a custom domain's operator) the model may declare.
+        self.inferred: dict[str, TensorType] = {
+            vi.name: t for vi in self.proto.graph.value_info if (t := _static_type(vi)) is not None}
         try:
             inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
         except Exception as e:  # inference is a help, not a requirement
@@ -266,12 +268,14 @@ class _Importer:
             if t is not None:
                 self.inferred[vi.name] = t
 
+
     # --- per node ------------------------------------------------------------------
 
     def _import_node(self, node):
         from onnx import helper
 
-        for name in node.input:
+        captured = outer_reads(node)  # what its bodies read from this graph
+        for name in (*node.input, *captured):
             if name and name not in self.values and name not in self.consts:
                 raise OnnxImportError(f"node {node.name or node.op_type!r} ({node.op_type}): "
                                       f"input {name!r} is neither a graph input, an initializer "
@@ -286,7 +290,7 @@ class _Importer:
             elif tuple(node.output) in self.quantized:
                 outs = self._opaque(node, "between DequantizeLinear and QuantizeLinear, a quantized "
                                           "operator as onnxruntime runs it")
-            elif self._fold(node, attrs):
+            elif not captured and self._fold(node, attrs):
                 return
             else:
                 outs = None
@@ -381,22 +385,31 @@ class _Importer:
         for name in node.output:
             t = self.inferred.get(name)
             if t is None:
-                t = self._probe_output_types(node)[list(node.output).index(name)]
+                try:
+                    t = self._probe_output_types(node)[list(node.output).index(name)]
+                except CannotRun as e:
+                    raise NotModelled(f"node {node.name or name!r} ({node.op_type}"
+                                      f"{', domain ' + node.domain if node.domain else ''}): the type of its "
+                                      f"output {name!r} is unknown: ONNX shape inference cannot type it, the "
+                                      f"model declares none (value_info), and {first_line(e)}") from None
             out_types.append((t.shape, t.dtype))
-        ins = [self.tensor(n) for n in node.input if n]
+        captured = outer_reads(node)
+        ins = [self.tensor(n) for n in (*node.input, *captured) if n]
         return self.g.add_node("opaque", ins, node.name, op_type=node.op_type,
                                domain=node.domain, opset=self._opset_of(node),
                                attrs=_attr_blobs(node), out_types=tuple(out_types),
-                               empty_inputs=_empty_positions(node))
+                               empty_inputs=_empty_positions(node), captured=captured)
 
     def _probe_output_types(self, node) -> list[TensorType]:
-        """Shape inference gave up: run the node once on zeros to learn its outputs."""
+        """Neither shape inference nor the model's own value_info types the outputs: run
+        the node once on zeros to learn them."""
+        captured = outer_reads(node)
         arrays = [self.consts[n] if n in self.consts else
                   np.zeros(self.types[n].shape, dtype=self.types[n].dtype)
-                  for n in node.input if n]
+                  for n in (*node.input, *captured) if n]
         outs = run_node(node.op_type, node.domain, self._opset_of(node), _attr_blobs(node),
                         tuple((a.shape, str(a.dtype)) for a in arrays), len(node.output), arrays,
-                        _empty_positions(node))
+                        _empty_positions(node), captured)
         return [TensorType(tuple(o.shape), str(o.dtype)) for o in outs]
 
     def _opset_of(self, node) -> int:
