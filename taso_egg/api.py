@@ -83,7 +83,7 @@ class OptimizeStats:
     # the check that ran on the returned graph: "onnxruntime" (float32, the written
     # model), "regions" (our executor, float64: the changed regions, ``local_check``),
     # "whole" (our executor on both whole graphs), "" (none: the input returned, or
-    # verify=False, or a re-export that float32 cannot check)
+    # verify=False)
     check: str = ""
     check_skipped: str = ""          # why onnxruntime's comparison would prove nothing
     local_check: LocalCheck | None = None
@@ -180,7 +180,14 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
     or all zero, round-off past ``verify.MAX_RTOL``, or onnxruntime cannot run the
     input: ``check_skipped``) a returned result is checked in our executor instead
     (float64, tracked exponents), only its changed regions, each on the input's own
-    tensors at its boundary (``verify.check_locally``).
+    tensors at its boundary (``verify.check_locally``). The check's tolerance follows
+    each output's dtype and the quantization on its path (``verify.rounding_steps``),
+    and what is written may not change the model's precision
+    (``verify.check_precision_kept``). A candidate no check can run on (a re-export
+    onnxruntime's comparison proves nothing for; a result whose input neither
+    onnxruntime nor our executor can run, ``errors.CannotRun``) gives way to the
+    original, and ``kept_input`` says why; where onnxruntime cannot run the input,
+    nothing is timed.
 
     ``hooks`` (``taso_egg.options.Hooks``) report progress: ``progress(iteration_stats)``
     after each saturation iteration, ``phase(message)`` when a later phase starts (and
