@@ -49,8 +49,9 @@ LOCAL_RTOL = 1e-9
 SAFETY = 16.0
 # Beyond this relative noise a comparison cannot tell a wrong graph from round-off.
 MAX_RTOL = 0.25
-# An output's floor is at least this many rounding steps of its dtype: float16's
-# round-off alone is ten times RTOL.
+# An output's floor is at least this many rounding steps of the coarsest precision on
+# its path (``rounding_steps``): float16's round-off alone is ten times RTOL, and a
+# quantized path moves by whole steps where round-off flips a rounding.
 FLOOR_STEPS = 4
 
 _EPS = ROUNDING_STEP
@@ -63,7 +64,7 @@ def compare_outputs(expected: Mapping[str, np.ndarray], actual: Mapping[str, np.
     return the worst relative error seen."""
     errors = relative_errors(expected, actual, what)
     for name, rel in errors.items():
-        floor = output_floor(np.asarray(expected[name]).dtype, rtol)
+        floor = output_floor(_EPS.get(np.asarray(expected[name]).dtype.name, 0.0), rtol)
         if not rel <= floor:
             raise VerificationError(f"{what}: output {name!r} differs from the original by "
                                     f"{rel:.3g} relative (> {floor:g})")
@@ -1059,13 +1060,14 @@ def check_onnx_model(reference, model, graph, seed: int = 0, rtol: float = RTOL,
         if why:
             return OnnxCheck(None, "the input's " + why)
     errors = relative_errors(expected, actual, what)
-    floors = {name: output_floor(expected[name].dtype, rtol) for name in errors}
+    steps = rounding_steps(ref())
+    floors = {name: output_floor(steps.get(name, _EPS["float32"]), rtol) for name in errors}
     name = max(errors, key=lambda n: errors[n] / floors[n], default=None)
     if name is not None and errors[name] > floors[name]:
         # the inputs only (the weights are inside the model), each moved by one
         # rounding step of the coarsest precision on the output's path
-        step = rounding_steps(ref()).get(name, _EPS["float32"])
         rng = np.random.default_rng(seed + 2)
+        step = steps.get(name, _EPS["float32"])
         noisy = {k: (v * (1 + step * rng.standard_normal(v.shape))).astype(v.dtype)
                  if is_float(v.dtype) else v for k, v in feeds.items()}
         try:
@@ -1082,10 +1084,12 @@ def check_onnx_model(reference, model, graph, seed: int = 0, rtol: float = RTOL,
     return OnnxCheck(worst)
 
 
-def output_floor(dtype, rtol: float = RTOL) -> float:
-    """The difference an output of ``dtype`` may show whatever the noise: ``rtol``, or
-    FLOOR_STEPS rounding steps of its dtype where that is coarser (float16, bfloat16)."""
-    return max(rtol, FLOOR_STEPS * _EPS.get(np.dtype(dtype).name, 0.0))
+def output_floor(step: float, rtol: float = RTOL) -> float:
+    """The difference an output may show whatever the noise: ``rtol``, or FLOOR_STEPS
+    rounding steps (``step``: the coarsest on its path, ``rounding_steps``) where that is
+    coarser: float16's, and a quantized path's 8 bits (1.6 % of the output's peak, as
+    a few roundings that round-off flips move it)."""
+    return max(rtol, FLOOR_STEPS * step)
 
 
 def rounding_steps(model) -> dict[str, float]:
@@ -1094,8 +1098,12 @@ def rounding_steps(model) -> dict[str, float]:
     inputs, weights and casts it is computed from, and 8 bits where a quantizing node
     (``ops.precision.is_quantizing``) is on it. What one rounding moves an output by is
     measured at that step: a float32 step would not move a float16 or quantized path."""
+    import onnx
     from onnx import helper
 
+    if isinstance(model, (bytes, str)):  # as onnx_outputs takes it
+        model = onnx.load_from_string(model) if isinstance(model, bytes) else \
+            onnx.load(model, load_external_data=False)
     graph = (model[0] if isinstance(model, tuple) else model).graph
     producer = {o: n for n in graph.node for o in n.output if o}
     stored = {t.name: t.data_type for t in graph.initializer}

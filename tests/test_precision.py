@@ -178,11 +178,12 @@ def test_a_cast_of_an_fp16_weight_is_not_folded_into_float32(tmp_path, capsys):
 
 
 def test_the_tolerance_follows_the_precision_on_each_outputs_path():
-    from taso_egg.verify import rounding_steps
+    from taso_egg.verify import output_floor, rounding_steps
 
     steps = rounding_steps(fp16_mlp())
     assert steps == {"y1": 2.0 ** -10, "y2": 2.0 ** -10}
     assert rounding_steps(qdq_model()) == {"y1": 2.0 ** -8, "y2": 2.0 ** -8}
+    assert output_floor(2.0 ** -23) == 1e-4 and output_floor(2.0 ** -10) == 4 * 2.0 ** -10
 
 
 # --- carried, not fatal --------------------------------------------------------------------
