@@ -21,14 +21,14 @@ from .cost import CostModel, graph_cost, load_cost_model
 from .egraph.convert import build_graph
 from .egraph.pricing import priced_egraph
 from .egraph.saturate import Saturation, saturate, tensor_classes
-from .errors import ExtractionError
+from .errors import CannotRun, ExtractionError, ProfileError
 from .executor import random_inputs
 from .graph import Graph
 from .options import ExtractionOptions, Hooks, Limits, OptimizeOptions
 from .onnx_io.exporter import export_for_check, export_onnx, with_weights
 from .rules.corpus import load_corpus
 from .verify import (LocalCheck, check_float32_proves_nothing, check_graphs_equivalent, check_locally,
-                     check_onnx_model, share_weights)
+                     check_onnx_model, check_precision_kept, share_weights)
 
 if TYPE_CHECKING:
     import onnx
@@ -83,7 +83,7 @@ class OptimizeStats:
     # the check that ran on the returned graph: "onnxruntime" (float32, the written
     # model), "regions" (our executor, float64: the changed regions, ``local_check``),
     # "whole" (our executor on both whole graphs), "" (none: the input returned, or
-    # verify=False, or a re-export that float32 cannot check)
+    # verify=False)
     check: str = ""
     check_skipped: str = ""          # why onnxruntime's comparison would prove nothing
     local_check: LocalCheck | None = None
@@ -180,7 +180,14 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
     or all zero, round-off past ``verify.MAX_RTOL``, or onnxruntime cannot run the
     input: ``check_skipped``) a returned result is checked in our executor instead
     (float64, tracked exponents), only its changed regions, each on the input's own
-    tensors at its boundary (``verify.check_locally``).
+    tensors at its boundary (``verify.check_locally``). The check's tolerance follows
+    each output's dtype and the quantization on its path (``verify.rounding_steps``),
+    and what is written may not change the model's precision
+    (``verify.check_precision_kept``). A candidate no check can run on (a re-export
+    onnxruntime's comparison proves nothing for; a result whose input neither
+    onnxruntime nor our executor can run, ``errors.CannotRun``) gives way to the
+    original, and ``kept_input`` says why; where onnxruntime cannot run the input,
+    nothing is timed.
 
     ``hooks`` (``taso_egg.options.Hooks``) report progress: ``progress(iteration_stats)``
     after each saturation iteration, ``phase(message)`` when a later phase starts (and
@@ -213,17 +220,25 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
     checked, ort, check, check_error, local = None, None, "", None, None
     if options.check.verify and decision.chosen != "original":
         ort, written = _check_in_onnxruntime(graph, decision.graph, reference, phase, decision.exported, seed)
+        unchecked = ""  # why no check can run on the candidate: then the input is returned
         if ort.error is not None:
             check = "onnxruntime"
         elif decision.chosen == "result":
-            check, check_error, local = _check_numerically(graph, sat, ext, seed, phase, ort.skipped)
+            try:
+                check, check_error, local = _check_numerically(graph, sat, ext, seed, phase, ort.skipped)
+            except CannotRun as e:  # an operator neither onnxruntime nor the table runs
+                unchecked = f"{ort.skipped}, and our executor cannot run the input either ({e})"
         else:  # the input exported: our executor would compare the graph with itself
-            phase(f"note: {ort.skipped}, so the re-exported input is not checked in onnxruntime")
-        if not ort.reference_run and not (local is not None and local.outputs_beyond_float32):
+            unchecked = f"{ort.skipped}, and the re-export can be checked nowhere else"
+        if unchecked:
+            phase(f"note: no check can run on the {decision.chosen}: {unchecked}; the input is returned")
+            decision = Decision(graph, f"no check can run on the {decision.chosen}: {unchecked}",
+                                decision.measured_ms, "original")
+        elif not ort.reference_run and not (local is not None and local.outputs_beyond_float32):
             # the written model's float32 outputs proved nothing: neither may the input's
             check_float32_proves_nothing(export_for_check(graph) if reference is None else reference, graph,
                                          ort.skipped, seed)
-        checked = written
+        checked = written if not unchecked else None
     stats = OptimizeStats(
         saturation_seconds=sat.seconds,
         extraction_seconds=ext.seconds,
@@ -323,7 +338,14 @@ def _decide(graph: Graph, result: Graph, before: float, after: float, min_gain: 
                         chosen="original")
     names = " and ".join(", ".join(models).rsplit(", ", 1))
     phase(f"timing {names} in onnxruntime ({measure} interleaved runs each)")
-    runs = timing.ort_runs(models, random_inputs(graph), measure, measure_progress)
+    try:
+        runs = timing.ort_runs(models, random_inputs(graph), measure, measure_progress)
+    except ProfileError:
+        why = timing.cannot_build(models["original"])
+        if not why:  # the original runs: a candidate does not, which is a fault of ours
+            raise
+        return Decision(graph, f"onnxruntime cannot run the input ({why}), so no candidate can be timed",
+                        chosen="original")
     times = {k: statistics.median(v) for k, v in runs.items()}
     # The fastest candidate that beat the original in more interleaved rounds than
     # chance allows; the original otherwise (a changed file must pay for itself).
@@ -382,6 +404,8 @@ def _check_in_onnxruntime(graph: Graph, result: Graph, reference, phase, exporte
     # rather than copied into protobuf and then into onnxruntime; the model to write is
     # exported by the same exporter, weights as initializers, once the check is done.
     written = export_for_check(result) if exported is None else exported
+    if reference is not None:  # the precision is the user's, whatever the numbers say
+        check_precision_kept(reference, written)
     check = check_onnx_model((lambda: export_for_check(graph)) if reference is None else reference,
                              written, graph, seed=seed)
     return check, written
