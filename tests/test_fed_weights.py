@@ -115,3 +115,19 @@ def test_large_models_are_timed_one_session_at_a_time(tmp_path, monkeypatch):
     most.clear()
     timing.ort_runs({"a": model, "b": model}, feeds, 3)
     assert most == [1, 2]
+
+
+def test_fed_model_written_inline_is_the_model(tmp_path):
+    """Written one initializer at a time (no whole copy in protobuf), the file reads back
+    as exactly the model with its weights inside."""
+    from taso_egg.onnx_io.exporter import save_atomically
+    from taso_egg.onnx_io.fed import inline
+    from taso_egg.onnx_io.importer import read_model_file
+
+    path = tmp_path / "model.onnx"
+    _mlp(path, external=False)
+    model, _ = read_model_file(path, fed=True)
+    save_atomically(model, tmp_path / "out.onnx")
+    written = onnx.load(tmp_path / "out.onnx")
+    assert written.SerializeToString(deterministic=True) == inline(model).SerializeToString(deterministic=True)
+    assert written.SerializeToString(deterministic=True) == onnx.load(path).SerializeToString(deterministic=True)

@@ -19,7 +19,7 @@ from ..files import write_atomically
 from ..graph import Graph, Node, claim_unique_name
 from ..ops import OPS
 from ..versions import ir_version_for
-from .fed import FedModel, inline, save_external, stub
+from .fed import FedModel, save_external, save_inline, stub
 
 
 # Float constants of at least this many elements are fed, not copied (export_for_check).
@@ -95,7 +95,9 @@ def save_atomically(model, path, external_data: bool = False) -> None:
     import onnx
 
     if not external_data:
-        write_atomically(path, lambda tmp: onnx.save(inline(model), tmp), ExportError)
+        save = (lambda tmp: save_inline(model, tmp)) if isinstance(model, FedModel) else \
+            (lambda tmp: onnx.save(model, tmp))
+        write_atomically(path, save, ExportError)
         return
     data = f"{Path(path).name}.data"
     if isinstance(model, FedModel):  # the arrays streamed into the data file, never into protobuf

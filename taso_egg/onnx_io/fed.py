@@ -173,6 +173,31 @@ def session_parts(model) -> tuple[bytes, list[str], list]:
     return fed.model.SerializeToString(), names, values
 
 
+def save_inline(model: FedModel, path: str) -> None:
+    """Write ``model`` with every weight inside the file, one initializer at a time:
+    the model without its initializers, then each initializer as a model holding only
+    it. Protobuf merges repeated occurrences of a message field, so the file reads as
+    the one model, and no copy of all the weights (nor their serialized bytes) is made."""
+    import onnx
+    from onnx import numpy_helper
+
+    from .validate import copy_fields
+
+    head = onnx.ModelProto()
+    copy_fields(model.model, head, skip="graph")
+    copy_fields(model.model.graph, head.graph, skip="initializer")
+    with open(path, "wb") as f:
+        f.write(head.SerializeToString())
+        for t in model.model.graph.initializer:
+            piece = onnx.ModelProto()
+            if is_stub(t):
+                piece.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(model.arrays[t.name]),
+                                                                       t.name))
+            else:
+                piece.graph.initializer.add().CopyFrom(t)
+            f.write(piece.SerializeToString())
+
+
 def save_external(model: FedModel, path: str, data_name: str) -> None:
     """Write ``model`` to ``path`` with each fed array (and every other initializer of
     at least 1 KiB) in ``data_name`` beside it, streamed array by array."""
