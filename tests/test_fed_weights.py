@@ -118,8 +118,8 @@ def test_large_models_are_timed_one_session_at_a_time(tmp_path, monkeypatch):
 
 
 def test_fed_model_written_inline_is_the_model(tmp_path):
-    """Written one initializer at a time (no whole copy in protobuf), the file reads back
-    as exactly the model with its weights inside."""
+    """Written tensor by tensor (no whole copy in protobuf), the file holds the bytes
+    protobuf writes for the model with its weights inside: the input's own bytes."""
     from taso_egg.onnx_io.exporter import save_atomically
     from taso_egg.onnx_io.fed import inline
     from taso_egg.onnx_io.importer import read_model_file
@@ -128,6 +128,4 @@ def test_fed_model_written_inline_is_the_model(tmp_path):
     _mlp(path, external=False)
     model, _ = read_model_file(path, fed=True)
     save_atomically(model, tmp_path / "out.onnx")
-    written = onnx.load(tmp_path / "out.onnx")
-    assert written.SerializeToString(deterministic=True) == inline(model).SerializeToString(deterministic=True)
-    assert written.SerializeToString(deterministic=True) == onnx.load(path).SerializeToString(deterministic=True)
+    assert (tmp_path / "out.onnx").read_bytes() == path.read_bytes() == inline(model).SerializeToString()

@@ -52,14 +52,20 @@ def is_stub(t) -> bool:
         any(e.key == "location" and e.value == MEMORY for e in t.external_data)
 
 
-def stub(name: str, array: np.ndarray):
-    """An initializer that says ``array``'s type and shape and holds no data."""
+def stub(name: str, array: np.ndarray, like=None):
+    """An initializer that says ``array``'s type and shape and holds no data (with the
+    other fields of ``like``, the initializer it stands for, where there is one)."""
     from onnx import TensorProto, helper
 
     t = TensorProto()
-    t.name = name
-    t.data_type = helper.np_dtype_to_tensor_dtype(array.dtype)
-    t.dims.extend(array.shape)
+    if like is not None:
+        for fld, value in like.ListFields():
+            if fld.name not in ("raw_data", "external_data", "data_location"):
+                _set(t, fld.name, value)
+    else:
+        t.name = name
+        t.data_type = helper.np_dtype_to_tensor_dtype(array.dtype)
+        t.dims.extend(array.shape)
     t.data_location = TensorProto.EXTERNAL
     for key, value in (("location", MEMORY), ("offset", "0"), ("length", str(array.nbytes))):
         entry = t.external_data.add()
@@ -96,7 +102,7 @@ def feed(model, base_dir: str | None = None) -> FedModel:
         else:
             array = numpy_helper.to_array(t)
         arrays[t.name] = array
-        out.graph.initializer.append(stub(t.name, array))
+        out.graph.initializer.append(stub(t.name, array, like=t))
     return FedModel(out, arrays)
 
 
@@ -174,28 +180,72 @@ def session_parts(model) -> tuple[bytes, list[str], list]:
 
 
 def save_inline(model: FedModel, path: str) -> None:
-    """Write ``model`` with every weight inside the file, one initializer at a time:
-    the model without its initializers, then each initializer as a model holding only
-    it. Protobuf merges repeated occurrences of a message field, so the file reads as
-    the one model, and no copy of all the weights (nor their serialized bytes) is made."""
+    """Write ``model`` with every weight inside the file, streamed tensor by tensor:
+    the bytes protobuf would write for the whole model (fields in number order, each
+    fed array as its tensor's raw_data), without a copy of all the weights in protobuf
+    nor of their serialized bytes."""
     import onnx
-    from onnx import numpy_helper
 
     from .validate import copy_fields
 
-    head = onnx.ModelProto()
-    copy_fields(model.model, head, skip="graph")
-    copy_fields(model.model.graph, head.graph, skip="initializer")
+    def split(message, at: int, skip: str = ""):
+        """``message``'s fields numbered below ``at``, and those above, serialized."""
+        before, after = type(message)(), type(message)()
+        for fld, value in message.ListFields():
+            if fld.name != skip:
+                _set(before if fld.number < at else after, fld.name, value)
+        return before.SerializeToString(), after.SerializeToString()
+
+    tensors = []
+    for t in model.model.graph.initializer:
+        if not is_stub(t):
+            tensors.append((t.SerializeToString(), None))
+            continue
+        header = onnx.TensorProto()
+        header.CopyFrom(t)
+        header.ClearField("data_location")
+        del header.external_data[:]
+        pre, post = split(header, 9)  # raw_data is field 9
+        tensors.append((pre, post, memoryview(np.ascontiguousarray(model.arrays[t.name])).cast("B")))
+    graph_pre, graph_post = split(model.model.graph, 5, skip="initializer")  # initializer is field 5
+    pieces = [graph_pre]
+    for parts in tensors:
+        if parts[1] is None:
+            pieces.append(_key(5, len(parts[0])) + parts[0])
+        else:
+            pre, post, data = parts
+            pieces.append((_key(5, len(pre) + len(_key(9, len(data))) + len(data) + len(post)), pre,
+                           _key(9, len(data)), data, post))
+    pieces.append(graph_post)
+    size = sum(len(p) if isinstance(p, bytes) else sum(len(x) for x in p) for p in pieces)
+    model_pre, model_post = split(model.model, 7, skip="graph")  # graph is field 7
     with open(path, "wb") as f:
-        f.write(head.SerializeToString())
-        for t in model.model.graph.initializer:
-            piece = onnx.ModelProto()
-            if is_stub(t):
-                piece.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(model.arrays[t.name]),
-                                                                       t.name))
-            else:
-                piece.graph.initializer.add().CopyFrom(t)
-            f.write(piece.SerializeToString())
+        f.write(model_pre + _key(7, size))
+        for p in pieces:
+            for x in ((p,) if isinstance(p, bytes) else p):
+                f.write(x)
+        f.write(model_post)
+
+
+def _set(message, name: str, value) -> None:
+    field = getattr(message, name)
+    if hasattr(field, "extend"):  # a repeated field
+        field.extend(value)
+    elif hasattr(field, "CopyFrom"):
+        field.CopyFrom(value)
+    else:
+        setattr(message, name, value)
+
+
+def _key(number: int, length: int) -> bytes:
+    """A length-delimited field's tag and length, as protobuf writes them."""
+    out = bytearray()
+    for v in ((number << 3) | 2, length):
+        while v >= 0x80:
+            out.append(v & 0x7F | 0x80)
+            v >>= 7
+        out.append(v)
+    return bytes(out)
 
 
 def save_external(model: FedModel, path: str, data_name: str) -> None:
