@@ -5,7 +5,8 @@ EXTERNAL, location ``MEMORY``) with their values in ``arrays``. onnxruntime is g
 the arrays themselves (``SessionOptions.add_external_initializers``), so candidates
 that share weights share one copy of them (onnxruntime still prepacks its own per
 session), nothing serializes the weights to bytes (protobuf refuses past 2 GB), and
-writing streams the arrays into the external-data file. A model read from a file
+writing streams the arrays tensor by tensor (into the external-data file, or inline
+as the bytes protobuf would write). A model read from a file
 becomes one (``feed``) before it is imported; the importer reads the arrays, the
 exporter's candidates (``exporter.export_fed``) hold the graph's own arrays.
 """
