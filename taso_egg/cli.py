@@ -76,7 +76,7 @@ def _cmd_convert(args) -> int:
     shapes = parse_input_shapes(args.input_shape)
     check_writable(args.output, ExportError)
     original, external = read_model_file(args.model)
-    dyn = DynamicModel.load(upgraded(original), shapes)
+    dyn = DynamicModel.load(upgraded(original), shapes, fixed=args.fix_shapes)
     if dyn.symbolic and not args.fix_shapes:
         written = write_symbolic(dyn, dyn.graph)
         if written.model is None:
@@ -110,7 +110,7 @@ def _cmd_optimize(args) -> int:
     check_writable(args.output, ExportError)
     original, external = read_model_file(args.model)
     reference = upgraded(original)  # what onnxruntime runs as the original
-    dyn = DynamicModel.load(reference, shapes)
+    dyn = DynamicModel.load(reference, shapes, fixed=args.fix_shapes)
     g = dyn.graph
 
     from .api import optimize

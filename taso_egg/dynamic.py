@@ -19,9 +19,9 @@ from typing import Mapping, Sequence
 
 from .errors import ShapeError, VerificationError
 from .graph import Graph
-from .onnx_io.importer import load_onnx
+from .onnx_io.importer import OtherSizes, load_onnx, value_types
 from .onnx_io.symbolic import (Interface, NotSymbolic, describe_sizes, import_shapes, interface,
-                               representative_sizes, second_sizes, symbolize)
+                               representative_sizes, second_sizes, symbolize, writable_sizes)
 
 
 @dataclass
@@ -34,16 +34,23 @@ class DynamicModel:
     first: dict[str, int]
     second: dict[str, int]
     graph: Graph
+    fixed: bool = False               # written with the symbolic dims fixed at ``first``
     _second_graph: Graph | None = field(default=None, repr=False)
 
     @classmethod
-    def load(cls, reference, given: Mapping[str, Sequence[int]] | None = None) -> DynamicModel:
-        """``given``: input name -> shape (--input-shape), the sizes to price and time at."""
+    def load(cls, reference, given: Mapping[str, Sequence[int]] | None = None,
+             fixed: bool = False) -> DynamicModel:
+        """``given``: input name -> shape (--input-shape), the sizes to price and time at;
+        ``fixed``: the model is written with them (--fix-shapes), so everything that
+        depends on them may fold."""
         given = dict(given or {})
         iface = interface(reference)
         first = representative_sizes(iface, given)
-        graph = load_onnx(reference, import_shapes(iface, first, given))
-        return cls(reference, iface, first, second_sizes(first), graph)
+        second = second_sizes(first)
+        shapes = import_shapes(iface, first, given)
+        other = None if fixed or not iface.symbolic else \
+            OtherSizes(value_types(reference, iface.shapes(second)), writable_sizes(first, second))
+        return cls(reference, iface, first, second, load_onnx(reference, shapes, other), fixed=fixed)
 
     @property
     def symbolic(self) -> bool:
@@ -52,7 +59,9 @@ class DynamicModel:
     def second_graph(self) -> Graph:
         """The model imported at the second sizes (made when first asked for)."""
         if self._second_graph is None:
-            self._second_graph = load_onnx(self.reference, self.iface.shapes(self.second))
+            other = None if self.fixed else OtherSizes(value_types(self.reference, self.iface.shapes(self.first)),
+                                                       writable_sizes(self.second, self.first))
+            self._second_graph = load_onnx(self.reference, self.iface.shapes(self.second), other)
         return self._second_graph
 
 

@@ -131,6 +131,18 @@ def second_sizes(sizes: Mapping[str, int]) -> dict[str, int]:
     return out
 
 
+def writable_sizes(here: Mapping[str, int], there: Mapping[str, int]):
+    """Whether an integer vector of sizes, ``v`` at the ``here`` sizes and ``w`` at
+    ``there``, is one ``symbolize`` writes: each element a monomial of the symbols."""
+    r = [here[s] for s in here]
+    a = [there[s] for s in here]
+
+    def writable(v: np.ndarray, w: np.ndarray) -> bool:
+        return v.shape == w.shape and all(_monomial(x, y, r, a) is not None
+                                          for x, y in zip(v.ravel().tolist(), w.ravel().tolist()))
+    return writable
+
+
 def describe_sizes(sizes: Mapping[str, int]) -> str:
     return ", ".join(f"{s}={v}" for s, v in sizes.items())
 
@@ -155,6 +167,7 @@ def symbolize(at_first, at_second, original, first: Mapping[str, int], second: M
     r = [first[s] for s in symbols]
     a = [second[s] for s in symbols]
     others = {t.name: t for t in g2.initializer}
+    targets_only = _reshape_targets_only(g1)
     kept, sized = [], {}
     for t in g1.initializer:
         v1, v2 = numpy_helper.to_array(t), numpy_helper.to_array(others[t.name])
@@ -164,13 +177,16 @@ def symbolize(at_first, at_second, original, first: Mapping[str, int], second: M
         if v1.dtype.kind not in "iu" or v1.shape != v2.shape:
             raise NotSymbolic(f"constant {t.name!r} ({v1.dtype}{list(v1.shape)}) depends on the "
                               f"symbolic sizes and is not an integer vector of sizes")
-        terms = []
-        for x, y in zip(v1.ravel().tolist(), v2.ravel().tolist()):
-            term = _monomial(x, y, r, a)
-            if term is None:
-                raise NotSymbolic(f"constant {t.name!r} holds {x} at {describe_sizes(first)} and {y} at "
-                                  f"{describe_sizes(second)}: not a product of the symbolic sizes")
-            terms.append(term)
+        terms = [_monomial(x, y, r, a) for x, y in zip(v1.ravel().tolist(), v2.ravel().tolist())]
+        if terms.count(None) == 1 and t.name in targets_only and -1 not in v1.ravel().tolist():
+            # a reshape's target: the one size that is no product (frames after a conv
+            # stack) is what the others leave of the element count, as -1 says
+            terms[terms.index(None)] = (-1, (0,) * len(r))
+        if None in terms:
+            x, y = next((x, y) for x, y, term in zip(v1.ravel().tolist(), v2.ravel().tolist(), terms)
+                        if term is None)
+            raise NotSymbolic(f"constant {t.name!r} holds {x} at {describe_sizes(first)} and {y} at "
+                              f"{describe_sizes(second)}: not a product of the symbolic sizes")
         sized[t.name] = (v1, terms)
 
     model = onnx.ModelProto()
@@ -204,6 +220,15 @@ def _same_structure(g1, g2) -> None:
             if a1.SerializeToString(deterministic=True) != a2.SerializeToString(deterministic=True):
                 raise NotSymbolic(f"node {n1.name!r} ({n1.op_type}): attribute {a1.name!r} depends "
                                   f"on the symbolic sizes")
+
+
+def _reshape_targets_only(graph) -> set[str]:
+    """Names of the initializers that only Reshape nodes read, as their target."""
+    targets, other = set(), set()
+    for n in graph.node:
+        for i, name in enumerate(n.input):
+            (targets if n.op_type == "Reshape" and i == 1 else other).add(name)
+    return targets - other
 
 
 def _monomial(x: int, y: int, r: Sequence[int], a: Sequence[int]):
