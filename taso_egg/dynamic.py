@@ -20,7 +20,7 @@ from typing import Mapping, Sequence
 from .errors import ShapeError, VerificationError
 from .graph import Graph
 from .onnx_io.importer import OtherSizes, load_onnx, value_types
-from .onnx_io.symbolic import (Interface, NotSymbolic, describe_sizes, import_shapes, interface,
+from .onnx_io.symbolic import (Interface, NotSymbolic, describe_sizes, grown_sizes, import_shapes, interface,
                                representative_sizes, second_sizes, symbolize, writable_sizes)
 
 
@@ -46,11 +46,15 @@ class DynamicModel:
         given = dict(given or {})
         iface = interface(reference)
         first = representative_sizes(iface, given)
-        second = second_sizes(first)
-        shapes = import_shapes(iface, first, given)
-        other = None if fixed or not iface.symbolic else \
-            OtherSizes(value_types(reference, iface.shapes(second)), writable_sizes(first, second))
-        return cls(reference, iface, first, second, load_onnx(reference, shapes, other), fixed=fixed)
+        while True:
+            second = second_sizes(first)
+            other = None if fixed or not iface.symbolic else \
+                OtherSizes(value_types(reference, iface.shapes(second)), writable_sizes(first, second))
+            graph = load_onnx(reference, import_shapes(iface, first, given), other)
+            grown = grown_sizes(iface, first, given)
+            if grown is None or _runs(reference, graph):
+                return cls(reference, iface, first, second, graph, fixed=fixed)
+            first = grown
 
     @property
     def symbolic(self) -> bool:
@@ -63,6 +67,24 @@ class DynamicModel:
                                                        writable_sizes(self.second, self.first))
             self._second_graph = load_onnx(self.reference, self.iface.shapes(self.second), other)
         return self._second_graph
+
+
+def _runs(reference, graph: Graph) -> bool:
+    """Whether the model runs at the sizes ``graph`` was imported at: no tensor is
+    empty, and, where an opaque node's types came from ONNX's shape inference (which
+    lets a window outlast its input), onnxruntime runs it."""
+    from .executor import random_inputs
+    from .verify import onnx_outputs
+
+    if any(0 in t.shape for n in graph.nodes.values() for t in n.outputs):
+        return False
+    if not any(n.op == "opaque" for n in graph.nodes.values()):
+        return True
+    try:
+        onnx_outputs(reference, random_inputs(graph))
+    except Exception as e:  # onnxruntime's own errors carry no common type
+        return "shape" not in str(e).lower()
+    return True
 
 
 @dataclass

@@ -5,7 +5,9 @@ A model whose inputs have symbolic dims (a dynamic batch, a sequence length) is
 imported at representative sizes: one size per dim_param name, shared by every input
 that names it; given by ``--input-shape``, else ``DEFAULT_LEADING`` for a dim that
 leads an input (a batch) and ``DEFAULT_OTHER`` for the rest (a sequence length).
-Everything is priced, saturated and timed there.
+Everything is priced, saturated and timed there. Where a default leaves some tensor
+empty (a conv stack over 64 audio samples has no frames), the defaulted sizes that do
+not lead an input double until none is (``grown_sizes``).
 
 A candidate to write is exported twice: at those sizes and at ``second_sizes`` (each
 symbol moved to a prime that divides none of the first sizes, so that the ratios of
@@ -33,6 +35,7 @@ from ..errors import OnnxImportError, TasoEggError
 DEFAULT_LEADING = 1    # a symbolic dim at axis 0 of an input: a batch
 DEFAULT_OTHER = 64     # any other symbolic dim: a sequence length, an image side
 _MAX_EXPONENT = 2      # sizes up to the square of a symbol (attention's seq x seq)
+_MAX_GROWN = 1 << 14   # a default grows up to this (a second of 16 kHz audio)
 
 
 class NotSymbolic(TasoEggError):
@@ -106,6 +109,19 @@ def representative_sizes(iface: Interface, given: Mapping[str, Sequence[int]]) -
     for s in iface.symbols:
         sizes.setdefault(s, DEFAULT_LEADING if s in leading else DEFAULT_OTHER)
     return sizes
+
+
+def grown_sizes(iface: Interface, sizes: Mapping[str, int],
+                given: Mapping[str, Sequence[int]]) -> dict[str, int] | None:
+    """``sizes`` with every symbol that no given shape sets and that leads no input
+    doubled; None when there is none, or past ``_MAX_GROWN``."""
+    set_by_given = {d for name, shape in given.items() for d in iface.dims.get(name, ())
+                    if isinstance(d, str)}
+    leading = {dims[0] for dims in iface.dims.values() if dims and isinstance(dims[0], str)}
+    free = [s for s in iface.symbols if s not in set_by_given and s not in leading]
+    if not free or any(sizes[s] * 2 > _MAX_GROWN for s in free):
+        return None
+    return {s: v * 2 if s in free else v for s, v in sizes.items()}
 
 
 def import_shapes(iface: Interface, sizes: Mapping[str, int],
