@@ -2,7 +2,9 @@
 their symbolic dims, checked at two sizes.
 
 ``DynamicModel.load`` imports a model at the sizes ``onnx_io.symbolic`` chooses (the
-graph ``optimize`` prices, saturates and times). ``write_symbolic`` turns the chosen
+graph ``optimize`` prices, saturates and times), told the model's types at the second
+sizes so that what depends on the sizes (masks, position ranges) stays computed at run
+time; both imports then make the same choices, node for node. ``write_symbolic`` turns the chosen
 candidate into a model with the input's interface: the candidate is rebuilt at the
 second sizes (the re-export is the input imported there; the extracted graph is
 retyped tensor by tensor, each taking the type the input's tensor of its e-class has
