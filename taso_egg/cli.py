@@ -82,7 +82,7 @@ def _cmd_convert(args) -> int:
     shapes = parse_input_shapes(args.input_shape)
     check_writable(args.output, ExportError, inputs=[args.model])
     original, external = read_model_file(args.model)
-    dyn = DynamicModel.load(upgraded(original), shapes)
+    dyn = DynamicModel.load(upgraded(original), shapes, fixed=args.fix_shapes)
     if dyn.symbolic and not args.fix_shapes:
         written = write_symbolic(dyn, dyn.graph)
         if written.model is None:
@@ -114,7 +114,7 @@ def _cmd_optimize(args) -> int:
     load_cost_model(options.costs.profile)  # loaded again (cached) where it is used
     extra = load_user_rules(args.rules or (), args.allow_unproved)
     try:
-        source = OnnxInput.read(args.model, shapes)
+        source = OnnxInput.read(args.model, shapes, fix_shapes=args.fix_shapes)
     except NotModelled as e:  # a valid model, but not one the table models: carried whole
         return _write_unchanged(args.model, args.output, e)
 
@@ -133,7 +133,7 @@ def _cmd_optimize(args) -> int:
             f"{it.seconds:6.2f} s  " + ", ".join(f"{k} x{v}" for k, v in top))
 
     with _Rounds("timing") as rounds, blame_user_rules(extra, applied):
-        out = optimize_onnx(source, rules=rules, options=options, fix_shapes=args.fix_shapes,
+        out = optimize_onnx(source, rules=rules, options=options,
                             hooks=Hooks(progress=progress, phase=say, measure_progress=rounds.update))
     _print_summary(out.result)
     for note in out.notes:

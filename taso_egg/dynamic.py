@@ -2,7 +2,9 @@
 their symbolic dims, checked at two sizes.
 
 ``DynamicModel.load`` imports a model at the sizes ``onnx_io.symbolic`` chooses (the
-graph ``optimize`` prices, saturates and times). ``write_symbolic`` turns the chosen
+graph ``optimize`` prices, saturates and times), told the model's types at the second
+sizes so that what depends on the sizes (masks, position ranges) stays computed at run
+time; both imports then make the same choices, node for node. ``write_symbolic`` turns the chosen
 candidate into a model with the input's interface: the candidate is rebuilt at the
 second sizes (the re-export is the input imported there; the extracted graph is
 retyped tensor by tensor, each taking the type the input's tensor of its e-class has
@@ -19,9 +21,9 @@ from typing import Mapping, Sequence
 
 from .errors import ShapeError, VerificationError
 from .graph import Graph
-from .onnx_io.importer import load_onnx
-from .onnx_io.symbolic import (Interface, NotSymbolic, describe_sizes, import_shapes, interface,
-                               representative_sizes, second_sizes, symbolize)
+from .onnx_io.importer import OtherSizes, load_onnx, value_types
+from .onnx_io.symbolic import (Interface, NotSymbolic, describe_sizes, grown_sizes, import_shapes, interface,
+                               representative_sizes, second_sizes, symbolize, writable_sizes)
 
 
 @dataclass
@@ -34,16 +36,27 @@ class DynamicModel:
     first: dict[str, int]
     second: dict[str, int]
     graph: Graph
+    fixed: bool = False               # written with the symbolic dims fixed at ``first``
     _second_graph: Graph | None = field(default=None, repr=False)
 
     @classmethod
-    def load(cls, reference, given: Mapping[str, Sequence[int]] | None = None) -> DynamicModel:
-        """``given``: input name -> shape (--input-shape), the sizes to price and time at."""
+    def load(cls, reference, given: Mapping[str, Sequence[int]] | None = None,
+             fixed: bool = False) -> DynamicModel:
+        """``given``: input name -> shape (--input-shape), the sizes to price and time at;
+        ``fixed``: the model is written with them (--fix-shapes), so everything that
+        depends on them may fold."""
         given = dict(given or {})
         iface = interface(reference)
         first = representative_sizes(iface, given)
-        graph = load_onnx(reference, import_shapes(iface, first, given))
-        return cls(reference, iface, first, second_sizes(first), graph)
+        while True:
+            second = second_sizes(first)
+            other = None if fixed or not iface.symbolic else \
+                OtherSizes(value_types(reference, iface.shapes(second)), writable_sizes(first, second))
+            graph = load_onnx(reference, import_shapes(iface, first, given), other)
+            grown = grown_sizes(iface, first, given)
+            if grown is None or _runs(reference, graph):
+                return cls(reference, iface, first, second, graph, fixed=fixed)
+            first = grown
 
     @property
     def symbolic(self) -> bool:
@@ -52,8 +65,28 @@ class DynamicModel:
     def second_graph(self) -> Graph:
         """The model imported at the second sizes (made when first asked for)."""
         if self._second_graph is None:
-            self._second_graph = load_onnx(self.reference, self.iface.shapes(self.second))
+            other = None if self.fixed else OtherSizes(value_types(self.reference, self.iface.shapes(self.first)),
+                                                       writable_sizes(self.second, self.first))
+            self._second_graph = load_onnx(self.reference, self.iface.shapes(self.second), other)
         return self._second_graph
+
+
+def _runs(reference, graph: Graph) -> bool:
+    """Whether the model runs at the sizes ``graph`` was imported at: no tensor is
+    empty, and, where an opaque node's types came from ONNX's shape inference (which
+    lets a window outlast its input), onnxruntime runs it."""
+    from .executor import random_inputs
+    from .verify import onnx_outputs
+
+    if any(0 in t.shape for n in graph.nodes.values() for t in n.outputs):
+        return False
+    if not any(n.op == "opaque" for n in graph.nodes.values()):
+        return True
+    try:
+        onnx_outputs(reference, random_inputs(graph))
+    except Exception as e:  # onnxruntime's own errors carry no common type
+        return "shape" not in str(e).lower()
+    return True
 
 
 @dataclass

@@ -35,15 +35,17 @@ class OnnxInput:
     dynamic: DynamicModel
 
     @classmethod
-    def read(cls, path, input_shapes: Mapping[str, Sequence[int]] | None = None) -> OnnxInput:
+    def read(cls, path, input_shapes: Mapping[str, Sequence[int]] | None = None,
+             fix_shapes: bool = False) -> OnnxInput:
         """Read and import ``path`` (one clear error for what is wrong with it, before
         any work). ``input_shapes`` (input name -> shape) are the sizes to price,
-        saturate and time a model with symbolic dims at."""
+        saturate and time a model with symbolic dims at; with ``fix_shapes`` it is to
+        be written with those sizes fixed (so all that depends on them may fold)."""
         # fed: the weights read once into arrays that the imports, candidates and
         # onnxruntime sessions share, never whole into protobuf
         original, external = read_model_file(path, fed=True)
         reference = upgraded(original)  # what onnxruntime runs as the original
-        return cls(str(path), original, external, DynamicModel.load(reference, input_shapes))
+        return cls(str(path), original, external, DynamicModel.load(reference, input_shapes, fixed=fix_shapes))
 
 
 @dataclass
@@ -61,13 +63,14 @@ class OnnxOptimization:
     notes: list[str] = field(default_factory=list)
 
 
-def optimize_onnx(source, *, rules=None, options: OptimizeOptions | None = None, hooks: Hooks | None = None,
-                  fix_shapes: bool = False) -> OnnxOptimization:
+def optimize_onnx(source, *, rules=None, options: OptimizeOptions | None = None,
+                  hooks: Hooks | None = None) -> OnnxOptimization:
     """Optimize an ONNX file (see the module docstring): ``source`` is an ``OnnxInput``
-    or a path (read at the default sizes). ``fix_shapes`` writes the model with the
-    sizes it was priced at fixed instead of keeping its symbolic dims (never done unasked)."""
+    or a path (read at the default sizes, symbolic dims kept: they are fixed only
+    where ``OnnxInput.read`` is asked to)."""
     if not isinstance(source, OnnxInput):
         source = OnnxInput.read(source)
+    fix_shapes = source.dynamic.fixed
     original, external, dyn, reference = source.original, source.external_data, source.dynamic, \
         source.dynamic.reference
     phase = (hooks or Hooks()).phase or (lambda message: None)

@@ -120,7 +120,7 @@ def test_symbolic_dims_optimized_and_kept(tmp_path, capsys, build, shapes):
     out = tmp_path / "out.onnx"
     rc, cap = _optimize(capsys, path, out)
     assert rc == 0, cap.err
-    assert "written with the input's symbolic dims" in cap.out
+    assert "check: written with the input's symbolic dims" in cap.out
     original, written = onnx.load(path), onnx.load(out)
     assert len(written.graph.node) != len(original.graph.node) or \
         [n.op_type for n in written.graph.node] != [n.op_type for n in original.graph.node]  # rewritten
@@ -193,3 +193,96 @@ def test_convert_keeps_symbolic_dims(tmp_path, capsys):
     assert main(["convert", str(path), "-o", str(out)]) == 0, capsys.readouterr().err
     _assert_interface_kept(onnx.load(path), onnx.load(out))
     _assert_same_outputs(path, out, [(3, 5, 32)])
+
+
+def _assert_same_outputs_fed(original_path, written_path, feeds):
+    """The two files compute the same in onnxruntime on each of ``feeds``."""
+    import onnxruntime as ort
+
+    ref = ort.InferenceSession(str(original_path), providers=["CPUExecutionProvider"])
+    got = ort.InferenceSession(str(written_path), providers=["CPUExecutionProvider"])
+    for feed in feeds:
+        expected, actual = ref.run(None, feed)[0], got.run(None, feed)[0]
+        assert actual.shape == expected.shape
+        np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-5 * np.abs(expected).max())
+
+
+def _masked_attention(tmp_path):
+    """BERT's way with a padding mask over x [batch, seq, 16], mask int64 [batch, seq]:
+    the mask cast to bool, expanded over the queries to a shape built from Shape(mask),
+    made an additive bias by Where; position ids from a Range over Shape(x)'s seq index
+    a position table. Two projections of one input the rules merge."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 16])
+    mask = helper.make_tensor_value_info("mask", TensorProto.INT64, ["batch", "seq"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 16])
+    nodes = [helper.make_node("Shape", ["mask"], ["msh"]), _ints("i0", 0), _ints("i1", 1), _ints("zero", 0),
+             _ints("one", 1), _ints("ax0", [0]), _ints("ax1", [1]),
+             helper.make_node("Gather", ["msh", "i0"], ["B"], axis=0),
+             helper.make_node("Gather", ["msh", "i1"], ["S"], axis=0),
+             helper.make_node("Unsqueeze", ["B", "ax0"], ["B1"]), helper.make_node("Unsqueeze", ["S", "ax0"], ["S1"]),
+             helper.make_node("Concat", ["B1", "S1", "S1"], ["bss"], axis=0),
+             helper.make_node("Cast", ["mask"], ["mb"], to=TensorProto.BOOL),
+             helper.make_node("Unsqueeze", ["mb", "ax1"], ["mb1"]),
+             helper.make_node("Expand", ["mb1", "bss"], ["keep"]),
+             helper.make_node("Where", ["keep", "no_bias", "bias"], ["attn_bias"]),
+             helper.make_node("Shape", ["x"], ["xsh"]), helper.make_node("Gather", ["xsh", "i1"], ["Sx"], axis=0),
+             helper.make_node("Range", ["zero", "Sx", "one"], ["pos"]),
+             helper.make_node("Gather", ["positions", "pos"], ["pe"], axis=0),
+             helper.make_node("Add", ["x", "pe"], ["h"])]
+    for n in "qkv":
+        nodes.append(helper.make_node("MatMul", ["h", f"w{n}"], [n]))
+    nodes += [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+              helper.make_node("MatMul", ["q", "kt"], ["s0"]), helper.make_node("Add", ["s0", "attn_bias"], ["s1"]),
+              helper.make_node("Softmax", ["s1"], ["p"], axis=-1), helper.make_node("MatMul", ["p", "v"], ["y"])]
+    inits = [_weight(f"w{n}", 16, 16) for n in "qkv"] + [_weight("positions", 128, 16),
+             numpy_helper.from_array(np.array(0.0, dtype=np.float32), "no_bias"),
+             numpy_helper.from_array(np.array(-1e4, dtype=np.float32), "bias")]
+    return _save(tmp_path, helper.make_graph(nodes, "masked", [x, mask], [y], inits))
+
+
+def test_attention_mask_from_shape_written_symbolically(tmp_path, capsys):
+    """The mask, the Range and the position lookup depend on the sizes: they stay in
+    the written graph, computed at run time, and the result is written with the
+    input's symbolic dims, right at sizes it was not optimized at."""
+    path = _masked_attention(tmp_path)
+    out = tmp_path / "out.onnx"
+    rc, cap = _optimize(capsys, path, out)
+    assert rc == 0, cap.err
+    assert "check: written with the input's symbolic dims" in cap.out, cap.out
+    original, written = onnx.load(path), onnx.load(out)
+    _assert_interface_kept(original, written)
+    assert "Range" in {n.op_type for n in written.graph.node}  # computed at run time
+    feeds = []
+    for b, s in ((1, 64), (2, 10), (3, 7)):
+        mask = (RNG.random((b, s)) < 0.7).astype(np.int64)
+        mask[:, 0] = 1
+        feeds.append({"x": RNG.standard_normal((b, s, 16)).astype(np.float32), "mask": mask})
+    _assert_same_outputs_fed(path, out, feeds)
+
+
+def _last_position(tmp_path, select):
+    """Two projections of x [batch, seq, 16] summed, then the last position only (as
+    GPT-2's logits[:, -1, :] exports): ``select`` is "gather" (Gather index -1) or
+    "slice" (Slice -1 to INT64_MAX, then a Squeeze)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 32])
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["a"]), helper.make_node("MatMul", ["x", "w2"], ["b"]),
+             helper.make_node("Add", ["a", "b"], ["c"]), _ints("last", -1), _ints("last_v", [-1]),
+             _ints("end", [np.iinfo(np.int64).max]), _ints("ax1", [1])]
+    if select == "gather":
+        nodes.append(helper.make_node("Gather", ["c", "last"], ["y"], axis=1))
+    else:
+        nodes += [helper.make_node("Slice", ["c", "last_v", "end", "ax1"], ["c1"]),
+                  helper.make_node("Squeeze", ["c1", "ax1"], ["y"])]
+    return _save(tmp_path, helper.make_graph(nodes, "last", [x], [y], [_weight("w1", 16, 32), _weight("w2", 16, 32)]))
+
+
+@pytest.mark.parametrize("select", ["gather", "slice"])
+def test_last_position_kept_counted_from_the_end(tmp_path, capsys, select):
+    path = _last_position(tmp_path, select)
+    out = tmp_path / "out.onnx"
+    rc, cap = _optimize(capsys, path, out)
+    assert rc == 0, cap.err
+    assert "check: written with the input's symbolic dims" in cap.out, cap.out
+    _assert_interface_kept(onnx.load(path), onnx.load(out))
+    _assert_same_outputs(path, out, [(1, 64, 16), (2, 5, 16), (3, 100, 16)])

@@ -4,6 +4,13 @@ Every node ends up somewhere: mapped onto the operator table, folded into a cons
 (when all its inputs are known before run time, as exporters' shape arithmetic is
 once shapes are fixed), removed when it is an identity (Identity, inference
 Dropout), or kept as an opaque operator with its inferred output types.
+
+A model imported at sizes of its symbolic dims that it keeps (``OtherSizes``: the
+same inputs at other sizes) folds a value that depends on those sizes only when it
+is a small integer vector of sizes (a reshape target, which ``symbolic.symbolize``
+writes as arithmetic on the input's Shape); the rest (attention masks, position
+ranges, a slice's bounds) stays in the graph as opaque nodes down from the Shape of
+the run-time tensor, so that the written model computes it at any size.
 """
 
 from __future__ import annotations
@@ -12,7 +19,7 @@ import logging
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -40,15 +47,42 @@ _FOLD_LIMIT = 1 << 24
 # known position ids; the mask operators, which rules leave out), so a known result
 # is just data.
 _FOLD_ANYWAY = {"Gather", "GatherND", "Slice", "Expand", "Cast", "Equal", "And", "Where", "IsNaN"}
+# A value that depends on symbolic sizes folds only as a vector of sizes: an integer
+# (or bool, between Equal and Where) vector at most this long, as a shape is.
+_SIZES_VECTOR = 8
+_INT64_MAX = np.iinfo(np.int64).max
 
 
-def load_onnx(model, input_shapes: Mapping[str, Sequence[int]] | None = None) -> Graph:
+@dataclass(frozen=True)
+class OtherSizes:
+    """The model at other sizes of the symbolic dims it keeps: the type there of each
+    value computed at run time (``value_types``), and whether an integer vector of
+    sizes, given its values at the sizes imported and at these, can be written as
+    arithmetic on the inputs' Shape (``writable``)."""
+
+    types: Mapping[str, TensorType]
+    writable: Callable[[np.ndarray, np.ndarray], bool]
+
+
+def load_onnx(model, input_shapes: Mapping[str, Sequence[int]] | None = None,
+              other_sizes: OtherSizes | None = None) -> Graph:
     """Read an ONNX model (path, bytes or ModelProto) into a Graph.
 
     ``input_shapes`` fixes symbolic dimensions (e.g. a dynamic batch) by input name.
+    ``other_sizes``: the symbolic dims are kept (the graph is written back with them):
+    what depends on them stays computed at run time (see the module's doc).
     """
     proto = upgraded(read_model(model))
-    return _Importer(proto, dict(input_shapes or {})).run()
+    return _Importer(proto, dict(input_shapes or {}), other_sizes).run()
+
+
+def value_types(model, input_shapes: Mapping[str, Sequence[int]]) -> dict[str, TensorType]:
+    """The type of each value of the model that is computed at run time when its
+    inputs have ``input_shapes`` (by ONNX name; ONNX's own shape inference loses
+    track where a sized slice feeds a broadcast)."""
+    importer = _Importer(upgraded(read_model(model)), dict(input_shapes))
+    importer.run()
+    return importer.types
 
 
 def read_model(model):
@@ -157,7 +191,12 @@ def _default_opset(proto) -> int:
 class _Importer:
     proto: object
     input_shapes: dict
+    other_sizes: OtherSizes | None = None
     consts: dict[str, np.ndarray] = field(default_factory=dict)
+    # constants that depend on the kept symbolic sizes: value at the other sizes (None
+    # where unknown), and the ONNX node that computes it (run when the graph needs it)
+    sized: dict[str, np.ndarray | None] = field(default_factory=dict)
+    sized_by: dict[str, object] = field(default_factory=dict)
     values: dict[str, Tensor] = field(default_factory=dict)
     types: dict[str, TensorType] = field(default_factory=dict)
     opaque_seen: set = field(default_factory=set)
@@ -179,7 +218,7 @@ class _Importer:
                                   f"{', '.join(map(repr, unknown))}, which is not an input of "
                                   f"the model (its inputs: "
                                   f"{', '.join(repr(n) for n in self.types) or 'none'})")
-        self._infer_types()
+        self.inferred = self._infer_types(self.types)
         self.quantized = quantized_operators(graph.node)
         for node in _topological(graph.node):
             self._import_node(node)
@@ -249,16 +288,17 @@ class _Importer:
         self.values[vi.name] = t
         self.types[vi.name] = t.type
 
-    def _infer_types(self):
-        """ONNX shape inference with the inputs fixed, for opaque nodes' outputs."""
+    def _infer_types(self, input_types: Mapping[str, TensorType]) -> dict[str, TensorType]:
+        """ONNX shape inference with the inputs fixed at ``input_types``, for opaque
+        nodes' outputs."""
         import onnx
         from onnx import helper
 
         model = onnx.ModelProto()
         model.CopyFrom(self.proto.model if isinstance(self.proto, FedModel) else self.proto)
         for vi in model.graph.input:
-            if vi.name in self.types:
-                t = self.types[vi.name]
+            if vi.name in input_types:
+                t = input_types[vi.name]
                 vi.CopyFrom(helper.make_tensor_value_info(
                     vi.name, helper.np_dtype_to_tensor_dtype(np.dtype(t.dtype)), list(t.shape)))
         del model.graph.value_info[:]
@@ -269,17 +309,18 @@ class _Importer:
                 if len(getattr(init, fld)) > 64:
                     init.ClearField(fld)
         # What inference cannot type (a custom domain's operator) the model may declare.
-        self.inferred: dict[str, TensorType] = {
-            vi.name: t for vi in self.proto.graph.value_info if (t := _static_type(vi)) is not None}
+        types = {vi.name: t for vi in self.proto.graph.value_info if (t := _static_type(vi)) is not None}
+        types.update(input_types)
         try:
             inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
         except Exception as e:  # inference is a help, not a requirement
             log.debug("ONNX shape inference failed: %s", e)
-            return
+            return types
         for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
             t = _static_type(vi)
             if t is not None:
-                self.inferred[vi.name] = t
+                types[vi.name] = t
+        return types
 
 
     # --- per node ------------------------------------------------------------------
@@ -307,7 +348,10 @@ class _Importer:
                 return
             else:
                 outs = None
-            if outs is None and node.domain in ("", "ai.onnx") and node.op_type in ONNX_IMPORTERS:
+            if outs is None and self.sized:
+                node = self._counted_from_end(node, attrs)
+            if (outs is None and node.domain in ("", "ai.onnx") and node.op_type in ONNX_IMPORTERS
+                    and self._mappable(node)):
                 outs = ONNX_IMPORTERS[node.op_type](self, node, attrs)
             if outs is None:
                 outs = self._opaque(node)
@@ -330,6 +374,8 @@ class _Importer:
         src = node.input[0]
         if src in self.consts:
             self.consts[node.output[0]] = self.consts[src]
+            if src in self.sized:
+                self.sized[node.output[0]], self.sized_by[node.output[0]] = self.sized[src], node
         else:
             self.values[node.output[0]] = self.values[src]
             self.types[node.output[0]] = self.types[src]
@@ -356,19 +402,19 @@ class _Importer:
             self.consts[node.output[0]] = _constant_value(node, attrs)
             return True
         if node.op_type in ("Shape", "Size") and node.input[0] in self.types:
-            shape = np.array(self.types[node.input[0]].shape, dtype=np.int64)
-            if node.op_type == "Size":
-                value = np.array(math.prod(shape.tolist()), dtype=np.int64)
-            else:
-                start, end = attrs.get("start", 0), attrs.get("end", len(shape))
-                value = shape[start:end]
+            value = _shape_value(node.op_type, attrs, self.types[node.input[0]].shape)
             self.consts[node.output[0]] = value
+            if self.other_sizes is not None and node.input[0] not in self.consts:  # a run-time tensor
+                other = self.other_sizes.types.get(node.input[0])
+                other = None if other is None else _shape_value(node.op_type, attrs, other.shape)
+                if other is None or not np.array_equal(other, value):
+                    self.sized[node.output[0]], self.sized_by[node.output[0]] = other, node
             return True
         if node.op_type == "CastLike" and node.input[0] in self.consts:
             # only the dtype of the second input matters, and it is known here
             target = self.type(node.input[1]).dtype
-            self.consts[node.output[0]] = self.consts[node.input[0]].astype(target)
-            return True
+            return self._keep_folded(node, [self.consts[node.input[0]].astype(target)],
+                                     lambda arrays: [arrays[0].astype(target)], [node.input[0]])
         present = [n for n in node.input if n]
         if not present or not all(n in self.consts for n in present) \
                 or node.op_type in _NONDETERMINISTIC:
@@ -378,34 +424,156 @@ class _Importer:
             # Weight-only arithmetic of mapped ops stays in the graph (folded at export),
             # so rewrites can still see it; only shape arithmetic folds here.
             return False
-        arrays = [self.consts[n] for n in present]
-        outs = run_node(node.op_type, node.domain, self._opset_of(node), _attr_blobs(node),
-                        tuple((a.shape, str(a.dtype)) for a in arrays), len(node.output), arrays,
-                        _empty_positions(node))
+
+        def run(arrays):
+            return run_node(node.op_type, node.domain, self._opset_of(node), _attr_blobs(node),
+                            tuple((a.shape, str(a.dtype)) for a in arrays), len(node.output), arrays,
+                            _empty_positions(node))
+
+        outs = run([self.consts[n] for n in present])
         if any(o.size > _FOLD_LIMIT for o in outs):
             return False
+        return self._keep_folded(node, outs, run, present)
+
+    def _keep_folded(self, node, outs, run, present) -> bool:
+        """Record ``node``'s folded outputs, unless one depends on kept symbolic sizes
+        and is no vector of sizes (it is computed at run time then: False). ``run``
+        computes the outputs from the ``present`` inputs' values."""
+        if any(n in self.sized for n in present):
+            others = None
+            if not any(n in self.sized and self.sized[n] is None for n in present):
+                try:
+                    others = run([self.sized.get(n, self.consts[n]) for n in present])
+                except TasoEggError:
+                    pass  # unknown at the other sizes
+            changed = [i for i, v in enumerate(outs)
+                       if others is None or v.shape != others[i].shape or not np.array_equal(v, others[i])]
+            if any(not _sizes_vector(outs[i], None if others is None else others[i]) for i in changed):
+                return False
+            for i in changed:
+                self.sized[node.output[i]] = None if others is None else others[i]
+                self.sized_by[node.output[i]] = node
         for name, value in zip(node.output, outs):
             self.consts[name] = value
         return True
 
-    def _opaque(self, node, why: str = "not optimized"):
-        if node.op_type not in self.opaque_seen:
+    def _mappable(self, node) -> bool:
+        """Whether the operator table may take ``node``: it reads no value that depends
+        on kept symbolic sizes, but for a reshape's target that ``symbolize`` can write.
+        (A table operator's parameters are sizes at the sizes imported: an expand to its
+        own shape would vanish at a batch of 1, and so would not be there at another.)"""
+        sized = [n for n in node.input if n in self.sized]
+        if not sized:
+            return True
+        target = node.input[1] if node.op_type == "Reshape" and len(node.input) > 1 else None
+        return sized == [target] and (self.sized[target] is None or
+                                      self.other_sizes.writable(self.consts[target], self.sized[target]))
+
+    def _counted_from_end(self, node, attrs):
+        """``node`` with a Slice's bounds or a Gather's index that depend on kept sizes
+        but sit a fixed distance from the end of their axis at both (the last position,
+        ``seq - 1``) written as that distance, negative (an end past the axis: INT64_MAX),
+        as an exporter writes ``x[:, -1]``; ``node`` itself where they do not."""
+        if node.op_type not in ("Slice", "Gather") or len(node.input) < 2 or node.input[0] in self.sized:
+            return node
+        here, other = self.type(node.input[0]).shape, self._other_shape(node.input[0])
+        if other is None or len(other) != len(here):
+            return node
+        inputs = list(node.input)
+        if node.op_type == "Gather":
+            axes, bounds = None, {1: "start"}
+            axis = int(attrs.get("axis", 0))
+        else:
+            fixed = [n for n in inputs[3:5] if n]
+            if any(n in self.sized or n not in self.consts for n in fixed):
+                return node
+            if len(inputs) > 4 and inputs[4] and np.any(self.consts[inputs[4]] != 1):
+                return node
+            bounds = {1: "start", 2: "end"}
+            axes = self.consts[inputs[3]].reshape(-1) if len(inputs) > 3 and inputs[3] else None
+        for i, kind in bounds.items():
+            name = inputs[i]
+            if name not in self.sized:
+                continue
+            v, w = self.consts[name], self.sized[name]
+            if w is None or w.shape != v.shape or v.dtype.kind not in "iu":
+                return node
+            flat_axes = [axis] * v.size if axes is None else list(axes) if len(axes) == v.size else None
+            if flat_axes is None or (node.op_type == "Gather" and v.ndim > 1):
+                return node
+            out = []
+            for x, y, ax in zip(v.reshape(-1).tolist(), w.reshape(-1).tolist(), flat_axes):
+                n, m = here[int(ax)], other[int(ax)]
+                if kind == "end" and x >= n and y >= m:
+                    out.append(_INT64_MAX)
+                    continue
+                x, y = x + n if x < 0 else x, y + m if y < 0 else y
+                if x - n != y - m or x - n >= 0 or x < 0:
+                    return node
+                out.append(x - n)
+            inputs[i] = self._new_const(np.array(out, dtype=v.dtype).reshape(v.shape), name)
+        if inputs == list(node.input):
+            return node
+        from onnx import NodeProto
+
+        rewritten = NodeProto()
+        rewritten.CopyFrom(node)
+        del rewritten.input[:]
+        rewritten.input.extend(inputs)
+        return rewritten
+
+    def _other_shape(self, name: str):
+        """The shape of value ``name`` at the other sizes; None where unknown."""
+        if name in self.consts:
+            value = self.sized.get(name, self.consts[name])
+            return None if value is None else tuple(value.shape)
+        t = self.other_sizes.types.get(name)
+        return None if t is None else t.shape
+
+    def _new_const(self, value: np.ndarray, hint: str) -> str:
+        name, k = f"{hint}_from_end", 0
+        while name in self.consts or name in self.values:
+            k += 1
+            name = f"{hint}_from_end_{k}"
+        self.consts[name] = value
+        return name
+
+    def _at_run_time(self, name: str) -> None:
+        """The folded value ``name``, which depends on kept sizes, as the opaque nodes
+        that compute it from the Shape of a run-time tensor."""
+        node = self.sized_by[name]
+        if node.op_type in ("Identity", "Dropout"):
+            self.values[name] = self.tensor(node.input[0])
+        else:
+            outs = self._opaque(node, out_types=[self.type(o) for o in node.output], quiet=True)
+            for o, t in zip(node.output, outs):
+                if o:
+                    self.values[o] = t
+        self.types[name] = self.values[name].type
+
+    def _opaque(self, node, why: str = "not optimized", out_types: Sequence[TensorType] | None = None,
+                quiet: bool = False):
+        """``node`` carried as an opaque operator (``out_types``: its outputs' types
+        where known; ``quiet``: no notice, it is shape arithmetic kept on purpose)."""
+        if node.op_type not in self.opaque_seen and not quiet:
             self.opaque_seen.add(node.op_type)
             log.warning("notice: ONNX operator %s%s is kept as an opaque node (carried "
                         "through unchanged: %s)", node.op_type,
                         f" (domain {node.domain})" if node.domain else "", why)
-        out_types = []
-        for name in node.output:
-            t = self.inferred.get(name)
-            if t is None:
-                try:
-                    t = self._probe_output_types(node)[list(node.output).index(name)]
-                except CannotRun as e:
-                    raise NotModelled(f"node {node.name or name!r} ({node.op_type}"
-                                      f"{', domain ' + node.domain if node.domain else ''}): the type of its "
-                                      f"output {name!r} is unknown: ONNX shape inference cannot type it, the "
-                                      f"model declares none (value_info), and {first_line(e)}") from None
-            out_types.append((t.shape, t.dtype))
+        if out_types is None:
+            out_types = []
+            for name in node.output:
+                t = self.inferred.get(name)
+                if t is None:
+                    try:
+                        t = self._probe_output_types(node)[list(node.output).index(name)]
+                    except CannotRun as e:
+                        raise NotModelled(f"node {node.name or name!r} ({node.op_type}"
+                                          f"{', domain ' + node.domain if node.domain else ''}): the type of its "
+                                          f"output {name!r} is unknown: ONNX shape inference cannot type it, the "
+                                          f"model declares none (value_info), and {first_line(e)}") from None
+                out_types.append(t)
+        out_types = [(t.shape, t.dtype) for t in out_types]
         captured = outer_reads(node)
         ins = [self.tensor(n) for n in (*node.input, *captured) if n]
         return self.g.add_node("opaque", ins, node.name, op_type=node.op_type,
@@ -441,6 +609,8 @@ class _Importer:
 
     def tensor(self, name: str) -> Tensor:
         """The graph tensor for an ONNX value; constants become weights on first use."""
+        if name not in self.values and name in self.sized:
+            self._at_run_time(name)
         if name not in self.values:
             data = self.consts[name]
             t = self.g.new_weight(data.shape, data=data, name=_weight_name(self.g, name))
@@ -481,6 +651,21 @@ def _topological(nodes):
                 state[idx] = 2
                 order.append(nodes[idx])
     return order
+
+
+def _shape_value(op_type: str, attrs, shape) -> np.ndarray:
+    """What a Shape (with its start and end) or a Size node gives for ``shape``."""
+    shape = np.array(shape, dtype=np.int64)
+    if op_type == "Size":
+        return np.array(math.prod(shape.tolist()), dtype=np.int64)
+    return shape[attrs.get("start", 0):attrs.get("end", len(shape))]
+
+
+def _sizes_vector(value: np.ndarray, other: np.ndarray | None) -> bool:
+    """Whether a value that depends on symbolic sizes (``other`` at the other sizes,
+    None where unknown) may fold: a short integer vector whose length is not a size."""
+    return value.dtype.kind in "iub" and value.ndim <= 1 and value.size <= _SIZES_VECTOR and \
+        (other is None or other.shape == value.shape)
 
 
 def _static_type(vi):

@@ -5,7 +5,9 @@ A model whose inputs have symbolic dims (a dynamic batch, a sequence length) is
 imported at representative sizes: one size per dim_param name, shared by every input
 that names it; given by ``--input-shape``, else ``DEFAULT_LEADING`` for a dim that
 leads an input (a batch) and ``DEFAULT_OTHER`` for the rest (a sequence length).
-Everything is priced, saturated and timed there.
+Everything is priced, saturated and timed there. Where a default leaves some tensor
+empty (a conv stack over 64 audio samples has no frames), the defaulted sizes that do
+not lead an input double until none is (``grown_sizes``).
 
 A candidate to write is exported twice: at those sizes and at ``second_sizes`` (each
 symbol moved to a prime that divides none of the first sizes, so that the ratios of
@@ -35,6 +37,7 @@ from .validate import without_weight_data
 DEFAULT_LEADING = 1    # a symbolic dim at axis 0 of an input: a batch
 DEFAULT_OTHER = 64     # any other symbolic dim: a sequence length, an image side
 _MAX_EXPONENT = 2      # sizes up to the square of a symbol (attention's seq x seq)
+_MAX_GROWN = 1 << 14   # a default grows up to this (a second of 16 kHz audio)
 
 
 class NotSymbolic(TasoEggError):
@@ -110,6 +113,19 @@ def representative_sizes(iface: Interface, given: Mapping[str, Sequence[int]]) -
     return sizes
 
 
+def grown_sizes(iface: Interface, sizes: Mapping[str, int],
+                given: Mapping[str, Sequence[int]]) -> dict[str, int] | None:
+    """``sizes`` with every symbol that no given shape sets and that leads no input
+    doubled; None when there is none, or past ``_MAX_GROWN``."""
+    set_by_given = {d for name, shape in given.items() for d in iface.dims.get(name, ())
+                    if isinstance(d, str)}
+    leading = {dims[0] for dims in iface.dims.values() if dims and isinstance(dims[0], str)}
+    free = [s for s in iface.symbols if s not in set_by_given and s not in leading]
+    if not free or any(sizes[s] * 2 > _MAX_GROWN for s in free):
+        return None
+    return {s: v * 2 if s in free else v for s, v in sizes.items()}
+
+
 def import_shapes(iface: Interface, sizes: Mapping[str, int],
                   given: Mapping[str, Sequence[int]]) -> dict[str, tuple[int, ...]]:
     """The shapes to import at: ``given`` as given (the importer checks them against the
@@ -132,6 +148,18 @@ def second_sizes(sizes: Mapping[str, int]) -> dict[str, int]:
         taken.add(p)
         out[s] = p
     return out
+
+
+def writable_sizes(here: Mapping[str, int], there: Mapping[str, int]):
+    """Whether an integer vector of sizes, ``v`` at the ``here`` sizes and ``w`` at
+    ``there``, is one ``symbolize`` writes: each element a monomial of the symbols."""
+    r = [here[s] for s in here]
+    a = [there[s] for s in here]
+
+    def writable(v: np.ndarray, w: np.ndarray) -> bool:
+        return v.shape == w.shape and all(_monomial(x, y, r, a) is not None
+                                          for x, y in zip(v.ravel().tolist(), w.ravel().tolist()))
+    return writable
 
 
 def describe_sizes(sizes: Mapping[str, int]) -> str:
@@ -158,6 +186,7 @@ def symbolize(at_first, at_second, original, first: Mapping[str, int], second: M
     r = [first[s] for s in symbols]
     a = [second[s] for s in symbols]
     others = {t.name: t for t in g2.initializer}
+    targets_only = _reshape_targets_only(g1)
     kept, sized = [], {}
     for t in g1.initializer:
         v1, v2 = array_of(at_first, t), array_of(at_second, others[t.name])
@@ -167,13 +196,16 @@ def symbolize(at_first, at_second, original, first: Mapping[str, int], second: M
         if v1.dtype.kind not in "iu" or v1.shape != v2.shape:
             raise NotSymbolic(f"constant {t.name!r} ({v1.dtype}{list(v1.shape)}) depends on the "
                               f"symbolic sizes and is not an integer vector of sizes")
-        terms = []
-        for x, y in zip(v1.ravel().tolist(), v2.ravel().tolist()):
-            term = _monomial(x, y, r, a)
-            if term is None:
-                raise NotSymbolic(f"constant {t.name!r} holds {x} at {describe_sizes(first)} and {y} at "
-                                  f"{describe_sizes(second)}: not a product of the symbolic sizes")
-            terms.append(term)
+        terms = [_monomial(x, y, r, a) for x, y in zip(v1.ravel().tolist(), v2.ravel().tolist())]
+        if terms.count(None) == 1 and t.name in targets_only and -1 not in v1.ravel().tolist():
+            # a reshape's target: the one size that is no product (frames after a conv
+            # stack) is what the others leave of the element count, as -1 says
+            terms[terms.index(None)] = (-1, (0,) * len(r))
+        if None in terms:
+            x, y = next((x, y) for x, y, term in zip(v1.ravel().tolist(), v2.ravel().tolist(), terms)
+                        if term is None)
+            raise NotSymbolic(f"constant {t.name!r} holds {x} at {describe_sizes(first)} and {y} at "
+                              f"{describe_sizes(second)}: not a product of the symbolic sizes")
         sized[t.name] = (v1, terms)
 
     fed = at_first.arrays if isinstance(at_first, FedModel) else {}
@@ -208,6 +240,15 @@ def _same_structure(g1, g2) -> None:
             if a1.SerializeToString(deterministic=True) != a2.SerializeToString(deterministic=True):
                 raise NotSymbolic(f"node {n1.name!r} ({n1.op_type}): attribute {a1.name!r} depends "
                                   f"on the symbolic sizes")
+
+
+def _reshape_targets_only(graph) -> set[str]:
+    """Names of the initializers that only Reshape nodes read, as their target."""
+    targets, other = set(), set()
+    for n in graph.node:
+        for i, name in enumerate(n.input):
+            (targets if n.op_type == "Reshape" and i == 1 else other).add(name)
+    return targets - other
 
 
 def _monomial(x: int, y: int, r: Sequence[int], a: Sequence[int]):
