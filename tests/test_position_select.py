@@ -1,0 +1,172 @@
+"""A transformer whose output is read at one position (a causal LM's logits at the last
+position, a classifier's at token 0) computes its head, final LayerNorm, last layer and
+that layer's attention rows for that position alone: the Gather/Slice of the position
+imports as a part of a split (part 1 for the last, part 0 for the first), and the
+split-*-0/1 rules move it up through every per-position operator and into attention's
+query side (keys and values stay whole)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from onnx import helper
+
+import taso_egg
+from taso_egg.api import extract_graph
+from taso_egg.cost import AnalyticCost
+from taso_egg.egraph.saturate import saturate
+from taso_egg.rules.lang import load_corpus
+from taso_egg.verify import onnx_outputs
+from test_onnx_io import rand
+
+from conftest import assert_close, check_against_ort, init, make_model, vi
+
+B, S, E, H, V = 2, 20, 8, 2, 40  # batch, positions (past the all-indices split's 16), width, heads, vocabulary
+D = E // H
+
+
+def _n(op, ins, outs, **attrs):
+    return helper.make_node(op, ins, outs, **attrs)
+
+
+def _block(i, x, causal):
+    """One pre-norm layer as torch exports GPT-2's: a packed q/k/v projection cut by a
+    Split, heads split off by Reshape and Transpose, scores divided by sqrt(d), the causal
+    mask added, Softmax, heads merged back, out-projection, residual; an MLP with GELU's
+    tanh formula (Pow by 3, Tanh) and a residual."""
+    p = f"b{i}_"
+    inits = [init(p + "ln1_s", rand(E) + 1), init(p + "ln1_b", rand(E)), init(p + "ln2_s", rand(E) + 1),
+             init(p + "ln2_b", rand(E)), init(p + "w_qkv", rand(E, 3 * E)), init(p + "b_qkv", rand(3 * E)),
+             init(p + "w_o", rand(E, E)), init(p + "b_o", rand(E)), init(p + "w_fc", rand(E, 4 * E)),
+             init(p + "b_fc", rand(4 * E)), init(p + "w_pr", rand(4 * E, E)), init(p + "b_pr", rand(E))]
+    nodes = [
+        _n("LayerNormalization", [x, p + "ln1_s", p + "ln1_b"], [p + "a"], axis=-1, epsilon=1e-5),
+        _n("MatMul", [p + "a", p + "w_qkv"], [p + "qkv0"]), _n("Add", [p + "qkv0", p + "b_qkv"], [p + "qkv"]),
+        _n("Split", [p + "qkv", "qkv_sizes"], [p + "q0", p + "k0", p + "v0"], axis=2)]
+    for name, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
+        nodes += [_n("Reshape", [p + name + "0", "heads"], [p + name + "1"]),
+                  _n("Transpose", [p + name + "1"], [p + name], perm=perm)]
+    nodes += [_n("MatMul", [p + "q", p + "k"], [p + "s0"]), _n("Div", [p + "s0", "sqrt_d"], [p + "s1"])]
+    scores = p + "s1"
+    if causal:
+        nodes += [_n("Add", [p + "s1", "mask"], [p + "s2"])]
+        scores = p + "s2"
+    nodes += [
+        _n("Softmax", [scores], [p + "pr"], axis=-1), _n("MatMul", [p + "pr", p + "v"], [p + "o0"]),
+        _n("Transpose", [p + "o0"], [p + "o1"], perm=[0, 2, 1, 3]), _n("Reshape", [p + "o1", "merged"], [p + "o2"]),
+        _n("MatMul", [p + "o2", p + "w_o"], [p + "o3"]), _n("Add", [p + "o3", p + "b_o"], [p + "o4"]),
+        _n("Add", [x, p + "o4"], [p + "r1"]),
+        _n("LayerNormalization", [p + "r1", p + "ln2_s", p + "ln2_b"], [p + "m0"], axis=-1, epsilon=1e-5),
+        _n("MatMul", [p + "m0", p + "w_fc"], [p + "m1"]), _n("Add", [p + "m1", p + "b_fc"], [p + "m2"]),
+        _n("Mul", [p + "m2", "half"], [p + "g0"]), _n("Pow", [p + "m2", "three"], [p + "g1"]),
+        _n("Mul", [p + "g1", "cubic"], [p + "g2"]), _n("Add", [p + "m2", p + "g2"], [p + "g3"]),
+        _n("Mul", [p + "g3", "sqrt_2_pi"], [p + "g4"]), _n("Tanh", [p + "g4"], [p + "g5"]),
+        _n("Add", [p + "g5", "one"], [p + "g6"]), _n("Mul", [p + "g0", p + "g6"], [p + "g7"]),
+        _n("MatMul", [p + "g7", p + "w_pr"], [p + "m3"]), _n("Add", [p + "m3", p + "b_pr"], [p + "m4"]),
+        _n("Add", [p + "r1", p + "m4"], [p + "r2"])]
+    return nodes, inits, p + "r2"
+
+
+def _model(index, select="Gather", causal=True, layers=2):
+    """Hidden states [B, S, E] through ``layers`` layers, the final LayerNorm and a head
+    [E, V], read at position ``index`` by a Gather (the axis dropped) or a Slice (kept)."""
+    i64 = lambda name, v: init(name, np.asarray(v, np.int64))  # noqa: E731
+    f32 = lambda name, v: init(name, np.asarray(v, np.float32))  # noqa: E731
+    inits = [i64("qkv_sizes", [E, E, E]), i64("heads", [B, S, H, D]), i64("merged", [B, S, E]),
+             f32("sqrt_d", math.sqrt(D)), f32("half", 0.5), f32("three", 3.0), f32("cubic", 0.044715),
+             f32("sqrt_2_pi", math.sqrt(2 / math.pi)), f32("one", 1.0),
+             f32("mask", np.triu(np.full((S, S), -1e9, np.float32), 1).reshape(1, 1, S, S)),
+             init("lnf_s", rand(E) + 1), init("lnf_b", rand(E)), init("w_head", rand(E, V))]
+    nodes, x = [], "h"
+    for i in range(layers):
+        more, more_inits, x = _block(i, x, causal)
+        nodes += more
+        inits += more_inits
+    nodes += [_n("LayerNormalization", [x, "lnf_s", "lnf_b"], ["f"], axis=-1, epsilon=1e-5),
+              _n("MatMul", ["f", "w_head"], ["logits"])]
+    if select == "Gather":
+        nodes += [_n("Gather", ["logits", "at"], ["y"], axis=1)]
+        inits += [i64("at", index)]
+    else:
+        end = index + 1 if index != -1 else np.iinfo(np.int64).max
+        nodes += [_n("Slice", ["logits", "starts", "ends", "axes"], ["y"])]
+        inits += [i64("starts", [index]), i64("ends", [end]), i64("axes", [1])]
+    return make_model(nodes, [vi("h", [B, S, E])], [vi("y", None)], inits)
+
+
+def _select_rules():
+    return [r for r in load_corpus() if r.name.startswith(("split-", "gelu-"))]
+
+
+def _optimized(model, rules):
+    g = taso_egg.load_onnx(model)
+    return g, extract_graph(saturate(g, rules=rules), cost_model=AnalyticCost()).graph
+
+
+def _rows(g, op, where=lambda n: True):
+    """The number of positions (the second-to-last axis) each ``op`` node computes."""
+    return sorted(n.outputs[0].shape[-2] for n in g.nodes.values() if n.op == op and where(n))
+
+
+def _by_weight(shape):
+    return lambda n: n.inputs[1].shape == shape
+
+
+def _check_numerics(model, out):
+    feeds = {"h": rand(B, S, E)}
+    ours, _ = check_against_ort(out, feeds, rtol=1e-4)
+    assert_close(onnx_outputs(model, feeds), ours, rtol=1e-4)
+
+
+@pytest.mark.parametrize("index, select", [(-1, "Gather"), (S - 1, "Gather"), (-1, "Slice"), (0, "Gather"),
+                                           (0, "Slice")])
+def test_a_position_read_alone_prunes_the_head_and_the_last_layer(index, select):
+    """The head's matmul, the final LayerNorm, the last layer's MLP and out-projection and
+    its attention rows run for the one position read; the first layer (whose keys and
+    values the last one reads) and the last layer's q/k/v projection for all."""
+    model = _model(index, select)
+    g, out = _optimized(model, _select_rules())
+    assert _rows(g, "matmul", _by_weight((E, V))) == [S]
+    assert _rows(out, "matmul", _by_weight((E, V))) == [1]
+    assert _rows(out, "layernorm") == [1, 1, S, S, S]  # final, last layer's second; the rest whole
+    assert _rows(out, "matmul", _by_weight((E, 4 * E))) == [1, S]
+    assert _rows(out, "matmul", _by_weight((4 * E, E))) == [1, S]
+    assert _rows(out, "matmul", _by_weight((E, E))) == [1, S]  # out-projections
+    assert _rows(out, "matmul", _by_weight((E, 3 * E))) == [S, S]  # q/k/v: keys and values need all
+    assert _rows(out, "softmax") == [1, S]  # the last layer's query rows alone
+    _check_numerics(model, out)
+
+
+def test_a_middle_position_read_alone_is_part_1_of_three():
+    model = _model(7)
+    _, out = _optimized(model, _select_rules())
+    assert _rows(out, "matmul", _by_weight((E, V))) == [1]
+    assert _rows(out, "softmax") == [1, S]
+    _check_numerics(model, out)
+
+
+def test_a_cls_classifier_without_a_mask_reads_token_0_alone():
+    """A bidirectional encoder (no mask) read at token 0: the same steps with part 0."""
+    model = _model(0, causal=False)
+    _, out = _optimized(model, _select_rules())
+    assert _rows(out, "matmul", _by_weight((E, V))) == [1]
+    assert _rows(out, "softmax") == [1, S]
+    _check_numerics(model, out)
+
+
+def test_with_the_default_corpus_the_head_runs_on_the_last_position():
+    """The whole default corpus (what optimize saturates with) finds the pruned head too."""
+    model = _model(-1)
+    g = taso_egg.load_onnx(model)
+    out = extract_graph(saturate(g), cost_model=AnalyticCost()).graph
+    assert _rows(out, "matmul", _by_weight((E, V))) == [1]
+    _check_numerics(model, out)
+
+
+def test_without_the_last_part_rules_every_position_is_computed():
+    model = _model(-1)
+    _, out = _optimized(model, [r for r in _select_rules() if not r.name.endswith("-1")])
+    assert _rows(out, "matmul", _by_weight((E, V))) == [S]
+    assert _rows(out, "softmax") == [S, S]
