@@ -31,19 +31,29 @@ def _n(op, ins, outs, **attrs):
     return helper.make_node(op, ins, outs, **attrs)
 
 
-def _block(i, x, causal):
+def _linear(x, w, b, y, flat, unflat):
+    """x w + b: a MatMul and an Add, or (``flat``, a batch of one) as the dynamo exporter
+    writes GPT-2's: the input flattened to positions by features, a Gemm, reshaped back."""
+    if not flat:
+        return [_n("MatMul", [x, w], [y + "_mm"]), _n("Add", [y + "_mm", b], [y])]
+    return [_n("Reshape", [x, "flat"], [y + "_2d"]), _n("Gemm", [y + "_2d", w, b], [y + "_mm"]),
+            _n("Reshape", [y + "_mm", unflat], [y])]
+
+
+def _block(i, x, causal, flat):
     """One pre-norm layer as torch exports GPT-2's: a packed q/k/v projection cut by a
     Split, heads split off by Reshape and Transpose, scores divided by sqrt(d), the causal
     mask added, Softmax, heads merged back, out-projection, residual; an MLP with GELU's
     tanh formula (Pow by 3, Tanh) and a residual."""
     p = f"b{i}_"
+    lin = lambda x, w, y: _linear(x, p + "w_" + w, p + "b_" + w, y, flat, "unflat_" + w)  # noqa: E731
     inits = [init(p + "ln1_s", rand(E) + 1), init(p + "ln1_b", rand(E)), init(p + "ln2_s", rand(E) + 1),
              init(p + "ln2_b", rand(E)), init(p + "w_qkv", rand(E, 3 * E)), init(p + "b_qkv", rand(3 * E)),
              init(p + "w_o", rand(E, E)), init(p + "b_o", rand(E)), init(p + "w_fc", rand(E, 4 * E)),
              init(p + "b_fc", rand(4 * E)), init(p + "w_pr", rand(4 * E, E)), init(p + "b_pr", rand(E))]
     nodes = [
         _n("LayerNormalization", [x, p + "ln1_s", p + "ln1_b"], [p + "a"], axis=-1, epsilon=1e-5),
-        _n("MatMul", [p + "a", p + "w_qkv"], [p + "qkv0"]), _n("Add", [p + "qkv0", p + "b_qkv"], [p + "qkv"]),
+        *lin(p + "a", "qkv", p + "qkv"),
         _n("Split", [p + "qkv", "qkv_sizes"], [p + "q0", p + "k0", p + "v0"], axis=2)]
     for name, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
         nodes += [_n("Reshape", [p + name + "0", "heads"], [p + name + "1"]),
@@ -56,32 +66,34 @@ def _block(i, x, causal):
     nodes += [
         _n("Softmax", [scores], [p + "pr"], axis=-1), _n("MatMul", [p + "pr", p + "v"], [p + "o0"]),
         _n("Transpose", [p + "o0"], [p + "o1"], perm=[0, 2, 1, 3]), _n("Reshape", [p + "o1", "merged"], [p + "o2"]),
-        _n("MatMul", [p + "o2", p + "w_o"], [p + "o3"]), _n("Add", [p + "o3", p + "b_o"], [p + "o4"]),
+        *lin(p + "o2", "o", p + "o4"),
         _n("Add", [x, p + "o4"], [p + "r1"]),
         _n("LayerNormalization", [p + "r1", p + "ln2_s", p + "ln2_b"], [p + "m0"], axis=-1, epsilon=1e-5),
-        _n("MatMul", [p + "m0", p + "w_fc"], [p + "m1"]), _n("Add", [p + "m1", p + "b_fc"], [p + "m2"]),
+        *lin(p + "m0", "fc", p + "m2"),
         _n("Mul", [p + "m2", "half"], [p + "g0"]), _n("Pow", [p + "m2", "three"], [p + "g1"]),
         _n("Mul", [p + "g1", "cubic"], [p + "g2"]), _n("Add", [p + "m2", p + "g2"], [p + "g3"]),
         _n("Mul", [p + "g3", "sqrt_2_pi"], [p + "g4"]), _n("Tanh", [p + "g4"], [p + "g5"]),
         _n("Add", [p + "g5", "one"], [p + "g6"]), _n("Mul", [p + "g0", p + "g6"], [p + "g7"]),
-        _n("MatMul", [p + "g7", p + "w_pr"], [p + "m3"]), _n("Add", [p + "m3", p + "b_pr"], [p + "m4"]),
+        *lin(p + "g7", "pr", p + "m4"),
         _n("Add", [p + "r1", p + "m4"], [p + "r2"])]
     return nodes, inits, p + "r2"
 
 
-def _model(index, select="Gather", causal=True, layers=2):
-    """Hidden states [B, S, E] through ``layers`` layers, the final LayerNorm and a head
-    [E, V], read at position ``index`` by a Gather (the axis dropped) or a Slice (kept)."""
+def _model(index, select="Gather", causal=True, layers=2, batch=B, flat=False):
+    """Hidden states [batch, S, E] through ``layers`` layers, the final LayerNorm and a
+    head [E, V], read at position ``index`` by a Gather (the axis dropped) or a Slice (kept)."""
     i64 = lambda name, v: init(name, np.asarray(v, np.int64))  # noqa: E731
     f32 = lambda name, v: init(name, np.asarray(v, np.float32))  # noqa: E731
-    inits = [i64("qkv_sizes", [E, E, E]), i64("heads", [B, S, H, D]), i64("merged", [B, S, E]),
+    inits = [i64("qkv_sizes", [E, E, E]), i64("heads", [batch, S, H, D]), i64("merged", [batch, S, E]),
+             i64("flat", [S, -1]), *(i64("unflat_" + w, [1, S, n]) for w, n in
+                                    (("qkv", 3 * E), ("o", E), ("fc", 4 * E), ("pr", E))),
              f32("sqrt_d", math.sqrt(D)), f32("half", 0.5), f32("three", 3.0), f32("cubic", 0.044715),
              f32("sqrt_2_pi", math.sqrt(2 / math.pi)), f32("one", 1.0),
              f32("mask", np.triu(np.full((S, S), -1e9, np.float32), 1).reshape(1, 1, S, S)),
              init("lnf_s", rand(E) + 1), init("lnf_b", rand(E)), init("w_head", rand(E, V))]
     nodes, x = [], "h"
     for i in range(layers):
-        more, more_inits, x = _block(i, x, causal)
+        more, more_inits, x = _block(i, x, causal, flat)
         nodes += more
         inits += more_inits
     nodes += [_n("LayerNormalization", [x, "lnf_s", "lnf_b"], ["f"], axis=-1, epsilon=1e-5),
@@ -93,7 +105,7 @@ def _model(index, select="Gather", causal=True, layers=2):
         end = index + 1 if index != -1 else np.iinfo(np.int64).max
         nodes += [_n("Slice", ["logits", "starts", "ends", "axes"], ["y"])]
         inits += [i64("starts", [index]), i64("ends", [end]), i64("axes", [1])]
-    return make_model(nodes, [vi("h", [B, S, E])], [vi("y", None)], inits)
+    return make_model(nodes, [vi("h", [batch, S, E])], [vi("y", None)], inits)
 
 
 def _select_rules():
@@ -114,8 +126,8 @@ def _by_weight(shape):
     return lambda n: n.inputs[1].shape == shape
 
 
-def _check_numerics(model, out):
-    feeds = {"h": rand(B, S, E)}
+def _check_numerics(model, out, batch=B):
+    feeds = {"h": rand(batch, S, E)}
     ours, _ = check_against_ort(out, feeds, rtol=1e-4)
     assert_close(onnx_outputs(model, feeds), ours, rtol=1e-4)
 
@@ -145,6 +157,19 @@ def test_a_middle_position_read_alone_is_part_1_of_three():
     assert _rows(out, "matmul", _by_weight((E, V))) == [1]
     assert _rows(out, "softmax") == [1, S]
     _check_numerics(model, out)
+
+
+def test_a_batch_of_one_flattened_for_gemms_is_pruned_too():
+    """GPT-2 as the dynamo exporter writes it for a batch of one: each linear layer
+    flattens positions by features, runs a Gemm and reshapes back."""
+    model = _model(-1, batch=1, flat=True)
+    _, out = _optimized(model, _select_rules())
+    assert _rows(out, "matmul", _by_weight((E, V))) == [1]
+    assert _rows(out, "matmul", _by_weight((E, 4 * E))) == [1, S]
+    assert _rows(out, "matmul", _by_weight((4 * E, E))) == [1, S]
+    assert _rows(out, "matmul", _by_weight((E, E))) == [1, S]
+    assert _rows(out, "softmax") == [1, S]
+    _check_numerics(model, out, batch=1)
 
 
 def test_a_cls_classifier_without_a_mask_reads_token_0_alone():
