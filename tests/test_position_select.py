@@ -195,3 +195,21 @@ def test_without_the_last_part_rules_every_position_is_computed():
     _, out = _optimized(model, [r for r in _select_rules() if not r.name.endswith("-1")])
     assert _rows(out, "matmul", _by_weight((E, V))) == [S]
     assert _rows(out, "softmax") == [S, S]
+
+
+def test_the_last_position_of_a_short_sequence_is_part_1_of_two():
+    """Along an axis of 16 or less a lone Gather (no sibling Gathers, unlike q, k and v
+    of a packed projection) cuts around its index too, so the rules match it at a short
+    sequence as well."""
+    short = 8
+    model = make_model([_n("LayerNormalization", ["h", "s", "b"], ["f"], axis=-1),
+                        _n("MatMul", ["f", "w_head"], ["logits"]), _n("Gather", ["logits", "at"], ["y"], axis=1)],
+                       [vi("h", [1, short, E])], [vi("y", None)],
+                       [init("s", rand(E) + 1), init("b", rand(E)), init("w_head", rand(E, V)),
+                        init("at", np.asarray(-1, np.int64))])
+    g, out = _optimized(model, _select_rules())
+    assert [n.params["sizes"] for n in g.nodes.values() if n.op == "split"] == [(short - 1, 1)]
+    assert _rows(out, "matmul") == [1]
+    feeds = {"h": rand(1, short, E)}
+    ours, _ = check_against_ort(out, feeds, rtol=1e-4)
+    assert_close(onnx_outputs(model, feeds), ours, rtol=1e-4)

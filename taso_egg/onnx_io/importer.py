@@ -377,6 +377,15 @@ class _Importer:
     def const(self, name: str):
         return self.consts.get(name)
 
+    def readers(self, name: str) -> list:
+        """The ONNX nodes that read value ``name``."""
+        if not hasattr(self, "_readers"):
+            self._readers: dict[str, list] = {}
+            for node in self.proto.graph.node:
+                for i in dict.fromkeys(node.input):
+                    self._readers.setdefault(i, []).append(node)
+        return self._readers.get(name, [])
+
     def tensor(self, name: str) -> Tensor:
         """The graph tensor for an ONNX value; constants become weights on first use."""
         if name not in self.values:
