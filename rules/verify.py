@@ -1,9 +1,10 @@
 """The Z3 verifier: a rule is proved when its two sides are equal under the operator
 axioms of ``rules/axioms.rules``, the way TASO's verifier proves its rules.
 
-Encoding. Tensors are an uninterpreted sort; every operator (per input count, and per
-output for ``split``) is an uninterpreted function of its parameters and then its
-tensor inputs. Parameters keep their kind: integers (axes) are Z3 ints, symbols
+Encoding. Tensors are an uninterpreted sort; every operator (per input count) is an
+uninterpreted function of its parameters, then (``split``) the index of the output
+read, an int (so ``(proj ?i ...)`` states a rule for every output), then its tensor
+inputs. Parameters keep their kind: integers (axes) are Z3 ints, symbols
 (``RELU``, ``SAME``, dtypes) Z3 strings, int vectors (strides, kernels, split sizes,
 perms, literal shapes) Z3 sequences of ints. A tensor's shape is two functions,
 ``rank : Tensor -> Int`` and ``dim : Tensor x Int -> Int`` (dimensions past the rank
@@ -169,6 +170,8 @@ def _var_sorts(rule: Rule) -> dict:
 
     def walk(p):
         if isinstance(p, Proj):
+            if isinstance(p.index, Var) and sorts.setdefault(p.index.name, z3.IntSort()) != z3.IntSort():
+                raise _Unsupported(f"?{p.index.name} is bound to parameters of different kinds")
             walk(p.pattern)
         elif isinstance(p, App):
             names = ("axis",) if p.op == "concat" else tuple(OPS[p.op].defaults)
@@ -197,13 +200,15 @@ class _Encoder:
     def __init__(self):
         self.funcs: dict[tuple, z3.FuncDeclRef] = {}
 
-    def func(self, op: str, n_inputs: int, output: int | None) -> z3.FuncDeclRef:
-        key = (op, n_inputs, output)
+    def func(self, op: str, n_inputs: int) -> z3.FuncDeclRef:
+        """The function of ``op`` with ``n_inputs`` tensors: its parameters, then (for a
+        multi-output operator) the output's index, then its tensor inputs."""
+        key = (op, n_inputs)
         if key not in self.funcs:
             names = ("axis",) if op == "concat" else tuple(OPS[op].defaults)
-            sorts = [_param_sort(op, n) for n in names] + [Tensor] * n_inputs
-            fname = f"{op}/{n_inputs}" + ("" if output is None else f"#{output}")
-            self.funcs[key] = z3.Function(fname, *sorts, Tensor)
+            sorts = [_param_sort(op, n) for n in names] + [z3.IntSort()] * OPS[op].multi_output \
+                + [Tensor] * n_inputs
+            self.funcs[key] = z3.Function(f"{op}/{n_inputs}", *sorts, Tensor)
         return self.funcs[key]
 
     def term(self, pat, env: dict, abstract: list | None = None):
@@ -225,17 +230,18 @@ class _Encoder:
         if app.op not in OPS:
             raise _Unsupported(f"operator {app.op!r}")
         names = ("axis",) if app.op == "concat" else tuple(OPS[app.op].defaults)
+        given = list(zip(names, app.params)) + ([("output", output)] if output is not None else [])
         params = []
-        for name, e in zip(names, app.params):
-            sort = _param_sort(app.op, name)
-            value = self.param(e, env, sort)
+        for name, e in given:
+            sort = z3.IntSort() if name == "output" else _param_sort(app.op, name)
+            value = self.param(Lit(e) if isinstance(e, int) else e, env, sort)
             if abstract is not None and not isinstance(e, Var):
                 bound = z3.FreshConst(sort, name)
                 abstract.append((bound, bound == value))
                 value = bound
             params.append(value)
         inputs = [self.term(t, env, abstract) for t in app.inputs]
-        return self.func(app.op, len(inputs), output)(*params, *inputs)
+        return self.func(app.op, len(inputs))(*params, *inputs)
 
     def param(self, e, env: dict, sort=None):
         if isinstance(e, Var):
@@ -286,11 +292,12 @@ _Z3 = semantics.backend("z3", param_fns={
 def _shape_axiom(key: tuple, f: z3.FuncDeclRef):
     """The quantified shape axiom of operator function ``f`` (None when typing fixes
     nothing useful about its result)."""
-    op, n, output = key
+    op, n = key
     params = [z3.FreshConst(f.domain(i), "p") for i in range(f.arity() - n)]
     ins = [z3.FreshConst(Tensor, "t") for _ in range(n)]
     result = f(*params, *ins)
-    facts = _shape_facts(op, params, [_Shape(t) for t in ins], _Shape(result), output)
+    op_params, output = (params[:-1], params[-1]) if OPS[op].multi_output else (params, None)
+    facts = _shape_facts(op, op_params, [_Shape(t) for t in ins], _Shape(result), output)
     return None if facts is None else z3.ForAll(params + ins, facts, patterns=[result])
 
 
@@ -375,7 +382,7 @@ class _ShapeEnv:
                 return _Vec(z3.Length(v), lambda i: v[i])
             return v
         if isinstance(e, shapes.OutIndex):
-            return z3.IntVal(self.output)
+            return self.output
         fn = e.fn
         if fn == "pad":  # paddings are symbols here: explicit amounts are not modelled
             return None
@@ -443,7 +450,8 @@ def _lhs_typing(enc: "_Encoder", pat, env: dict) -> list:
 
     def walk(p, output=None):
         if isinstance(p, Proj):
-            return walk(p.pattern, p.index)
+            return walk(p.pattern, enc.param(Lit(p.index) if isinstance(p.index, int) else p.index, env,
+                                             z3.IntSort()))
         if not isinstance(p, App):
             return
         names = ("axis",) if p.op == "concat" else tuple(OPS[p.op].defaults)
@@ -499,7 +507,7 @@ def _bare_vars(pat) -> set[str]:
     if isinstance(pat, Var):
         return {pat.name}
     if isinstance(pat, Proj):
-        return _bare_vars(pat.pattern)
+        return _bare_vars(pat.pattern) | ({pat.index.name} if isinstance(pat.index, Var) else set())
     out = {e.name for e in pat.params if isinstance(e, Var)}
     for t in pat.inputs:
         out |= _bare_vars(t)

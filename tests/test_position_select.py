@@ -2,8 +2,8 @@
 position, a classifier's at token 0) computes its head, final LayerNorm, last layer and
 that layer's attention rows for that position alone: the Gather/Slice of the position
 imports as a part of a split (part 1 for the last, part 0 for the first), and the
-split-*-0/1 rules move it up through every per-position operator and into attention's
-query side (keys and values stay whole)."""
+split-* rules (stated for any part, ``(proj ?i ...)``) move it up through every
+per-position operator and into attention's query side (keys and values stay whole)."""
 
 from __future__ import annotations
 
@@ -190,9 +190,9 @@ def test_with_the_default_corpus_the_head_runs_on_the_last_position():
     _check_numerics(model, out)
 
 
-def test_without_the_last_part_rules_every_position_is_computed():
+def test_without_the_select_rules_every_position_is_computed():
     model = _model(-1)
-    _, out = _optimized(model, [r for r in _select_rules() if not r.name.endswith("-1")])
+    _, out = _optimized(model, [r for r in _select_rules() if not r.name.startswith("split-")])
     assert _rows(out, "matmul", _by_weight((E, V))) == [S]
     assert _rows(out, "softmax") == [S, S]
 
