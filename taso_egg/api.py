@@ -16,30 +16,25 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from . import timing
-from .cost import DEFAULT_PROFILE, MIN_GAIN, CostModel, graph_cost, load_cost_model
+from .cost import CostModel, graph_cost, load_cost_model
 from .egraph.convert import build_graph
-from .egraph.pricing import ENodeConfigs, nested_concats, node_cost
-from .egraph.saturate import Limits, Saturation, saturate
-from .errors import ExtractionError, LimitError, TasoEggError
+from .egraph.pricing import priced_egraph
+from .egraph.saturate import Saturation, saturate, tensor_classes
+from .errors import CannotRun, ExtractionError, ProfileError
 from .executor import random_inputs
-from .extract.ilp import DEFAULT_TIME_LIMIT as ILP_TIME_LIMIT
 from .graph import Graph
-from .onnx_io.exporter import export_for_check, export_onnx, with_weights
-from .rules.lang import load_corpus
+from .options import ExtractionOptions, Hooks, Limits, OptimizeOptions
+from .onnx_io.exporter import export_fed, export_for_check, fed_from_check
+from .onnx_io.fed import FedModel, array_of, feed, inline
+from .rules.corpus import load_corpus
 from .verify import (LocalCheck, check_float32_proves_nothing, check_graphs_equivalent, check_locally,
-                     check_onnx_model, share_weights)
+                     check_onnx_model, check_precision_kept, share_weights)
 
 if TYPE_CHECKING:
     import onnx
-
-# The extractor of optimize and of `taso-egg optimize` unless told otherwise: the ILP
-# finds the cheapest DAG the e-graph holds (on NASNet-A 0.716 s of predicted cost
-# against greedy-dag's 0.911 s; scripts/fingerprint.py) and, when its time limit
-# (ILP_TIME_LIMIT unless given) runs out, keeps the best graph found so far. greedy-dag
-# is faster and stays the choice where speed matters more (the runtime form's fusions).
-DEFAULT_EXTRACTOR = "ilp"
-
 
 @dataclass
 class Extraction:
@@ -91,7 +86,7 @@ class OptimizeStats:
     # the check that ran on the returned graph: "onnxruntime" (float32, the written
     # model), "regions" (our executor, float64: the changed regions, ``local_check``),
     # "whole" (our executor on both whole graphs), "" (none: the input returned, or
-    # verify=False, or a re-export that float32 cannot check)
+    # verify=False)
     check: str = ""
     check_skipped: str = ""          # why onnxruntime's comparison would prove nothing
     local_check: LocalCheck | None = None
@@ -113,23 +108,31 @@ class OptimizeResult:
     # what was checked in onnxruntime: an ONNX model, or the ``export_for_check`` pair
     # (model, weights fed) that ``exported`` turns into one when it is first read
     checked: tuple | onnx.ModelProto | None = field(default=None, repr=False)
+    # the e-class of each tensor of the extracted graph (``Extraction.classes``)
+    result_classes: dict | None = field(default=None, repr=False)
 
     @property
     def exported(self) -> onnx.ModelProto | None:
         """``graph`` exported to ONNX, as checked in onnxruntime (the input graph's
         export when the re-export is chosen); None when the original is returned or
-        verify is off. Made when first read (copying the weights into protobuf is
-        writing's cost, not the search's: VGG-19's is 0.5 GB)."""
+        verify is off. Made when read (copying the weights into protobuf is writing's
+        cost, not the search's: VGG-19's is 0.5 GB); ``exported_fed`` copies none."""
+        return inline(self.exported_fed)
+
+    @property
+    def exported_fed(self) -> FedModel | None:
+        """``exported`` as an ``onnx_io.fed.FedModel``: its large weights the graph's
+        arrays, not copied into protobuf (what a model past 2 GB is written from)."""
         if isinstance(self.checked, tuple):
-            self.checked = with_weights(*self.checked)
-        return self.checked
+            self.checked = fed_from_check(*self.checked)
+        return None if self.checked is None else feed(self.checked)
 
     @property
     def speedup(self) -> float:
         return self.cost_before / self.cost_after if self.cost_after > 0 else math.inf
 
 
-def extract_graph(saturation: Saturation, extractor: str = DEFAULT_EXTRACTOR,
+def extract_graph(saturation: Saturation, extractor: str = ExtractionOptions.extractor,
                   cost_model: CostModel | None = None, time_limit: float | None = None) -> Extraction:
     """Pick the cheapest graph in a saturated e-graph (DAG cost) and rebuild it: price
     every e-node, run the extractor (``time_limit`` seconds; the ILP's default when
@@ -150,68 +153,21 @@ def extract_graph(saturation: Saturation, extractor: str = DEFAULT_EXTRACTOR,
                       [node for _, node in picks], classes, time.process_time() - cpu_start)
 
 
-def priced_egraph(saturation: Saturation, model: CostModel):
-    """The saturated e-graph as the extractors take it (``extract.egraph.EGraph``), each
-    e-node priced by ``model``; e-nodes that cannot run (no known input shape) are
-    left out. Also the ``ENodeConfigs`` that priced them."""
-    from .extract import egraph as xeg
-
-    configs = ENodeConfigs(saturation)
-    eg = configs.eg
-    class_ids = list(eg.classes)
-    index = {c: i for i, c in enumerate(class_ids)}
-    node_ids, node_class, costs, children, ops, concat_axis = [], [], [], [], [], []
-    for cid, nodes in eg.classes.items():
-        for n in nodes:
-            c = node_cost(n, configs, model)
-            if not math.isfinite(c) or any(ch not in index for ch in n.children):
-                continue
-            node_ids.append(n.id)
-            node_class.append(index[cid])
-            costs.append(c)
-            children.append(tuple(index[ch] for ch in n.children))
-            ops.append(n.op)
-            concat_axis.append(n.params["axis"] if n.op == "concat" else None)
-    roots = [index[r] for r in eg.roots]
-    return xeg.EGraph(class_ids, node_ids, node_class, costs, children, roots, ops, "saturation",
-                      absorbers=nested_concats(node_class, children, concat_axis)), configs
-
-
-# An upper bound on ``measure``: each run times both graphs once more; past a few
-# hundred interleaved runs the median no longer moves, only the wait grows.
-MAX_MEASURE = 200
-
-
-def check_optimize_arguments(min_gain: float, measure: int, extract_time_limit: float | None) -> None:
-    """What ``optimize`` refuses, checked alone (the CLI calls it before loading anything)."""
-    if not 0 <= min_gain < 1:
-        raise TasoEggError(f"min_gain (--min-gain) must be a fraction in [0, 1), got {min_gain!r}")
-    check_measure(measure)
-    if extract_time_limit is not None and not extract_time_limit > 0:
-        raise LimitError(f"extract_time_limit (--extract-time-limit) must be a positive number "
-                         f"of seconds, got {extract_time_limit!r}")
-
-
-def check_measure(runs) -> None:
-    """LimitError unless ``runs`` is a number of measured runs from 0 to MAX_MEASURE."""
-    if not (isinstance(runs, int) and 0 <= runs <= MAX_MEASURE):
-        raise LimitError(f"measure (--measure) must be a number of runs from 0 to {MAX_MEASURE}, "
-                         f"got {runs!r}")
-
-
-def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: str = DEFAULT_EXTRACTOR,
-             cost_model: CostModel | None = None, progress=None, verify: bool = True,
-             seed: int = 0, profile: str = DEFAULT_PROFILE, min_gain: float = MIN_GAIN,
-             measure: int = 0, extract_time_limit: float | None = None, phase=None,
-             measure_progress=None, reference=None) -> OptimizeResult:
+def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None, hooks: Hooks | None = None,
+             reference=None) -> OptimizeResult:
     """Saturate, extract, decide what to return, and check what is returned.
 
-    Costs come from ``cost_model`` when given, else from ``profile`` (a shipped profile's
-    name, a profile path, or "analytic"; see ``taso_egg.cost.load_cost_model``).
+    ``options`` (``taso_egg.options.OptimizeOptions``, every default in one place) say
+    how, stage by stage: ``limits`` bound saturation; ``extraction`` names the extractor
+    and its time limit; ``costs`` give the cost model (``model``, an object) or
+    ``profile`` (a shipped profile's name, a profile path, or "analytic"; see
+    ``taso_egg.cost.load_cost_model``); ``decision`` says how many runs to time
+    (``measure``) and, without timing, the predicted gain that must be passed
+    (``min_gain``); ``check`` whether to check (``verify``) and the random inputs' seed.
     ``rules`` default to the proved corpus. Without measurement the result replaces the
     input only when its predicted cost is lower by more than ``min_gain`` (a fraction):
     smaller predicted gains are within the cost model's error and measured as often
-    slower as faster. With ``measure`` > 0 (at most MAX_MEASURE) the candidates below are
+    slower as faster. With ``measure`` > 0 (the default) the candidates below are
     exported and timed in onnxruntime (``measure`` interleaved runs each) instead.
 
     Three candidates are weighed (``OptimizeStats.chosen``): the original model as
@@ -233,45 +189,65 @@ def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: 
     or all zero, round-off past ``verify.MAX_RTOL``, or onnxruntime cannot run the
     input: ``check_skipped``) a returned result is checked in our executor instead
     (float64, tracked exponents), only its changed regions, each on the input's own
-    tensors at its boundary (``verify.check_locally``).
+    tensors at its boundary (``verify.check_locally``). The check's tolerance follows
+    each output's dtype and the quantization on its path (``verify.rounding_steps``),
+    and what is written may not change the model's precision
+    (``verify.check_precision_kept``). A candidate no check can run on (a re-export
+    onnxruntime's comparison proves nothing for; a result whose input neither
+    onnxruntime nor our executor can run, ``errors.CannotRun``) gives way to the
+    original, and ``kept_input`` says why; where onnxruntime cannot run the input,
+    nothing is timed.
 
-    ``extract_time_limit`` bounds the extractor in seconds (the ILP's default,
-    ILP_TIME_LIMIT, when None). ``progress(iteration_stats)`` is called after each
-    saturation iteration, ``phase(message)`` when a later phase starts (and with notes),
-    and ``measure_progress(done, total)`` after each measured run."""
-    check_optimize_arguments(min_gain, measure, extract_time_limit)
-    phase = phase or (lambda message: None)
-    model = cost_model or load_cost_model(profile)
+    ``hooks`` (``taso_egg.options.Hooks``) report progress: ``progress(iteration_stats)``
+    after each saturation iteration, ``phase(message)`` when a later phase starts (and
+    with notes), and ``measure_progress(done, total)`` after each measured run."""
+    options = options or OptimizeOptions()
+    hooks = hooks or Hooks()
+    progress, measure_progress = hooks.progress, hooks.measure_progress
+    phase = hooks.phase or (lambda message: None)
+    extraction, decide, seed = options.extraction, options.decision, options.check.seed
+    model = options.costs.model or load_cost_model(options.costs.profile)
     graph.validate()
     t0 = time.perf_counter()
     rules = tuple(load_corpus() if rules is None else rules)
+    limits = options.limits
+    phase(f"saturating with {len(rules)} rules (limits: {limits.nodes} e-nodes, {limits.iterations} iterations, "
+          f"{limits.seconds:g} s, multi-pattern iterations {limits.multi_iterations})")
     # Counting e-classes serializes the e-graph: per iteration only for a progress display.
-    sat = saturate(graph, rules=rules, limits=limits, progress=progress, count_classes=progress is not None)
-    phase(f"extracting ({extractor}"
-          + (f", time limit {extract_time_limit:g} s)" if extract_time_limit else ")"))
-    ext = extract_graph(sat, extractor, model, extract_time_limit)
+    sat = saturate(graph, rules=rules, limits=options.limits, progress=progress,
+                   count_classes=progress is not None)
+    phase(f"extracting ({extraction.extractor}, time limit {extraction.time_limit:g} s)")
+    ext = extract_graph(sat, extraction.extractor, model, extraction.time_limit)
     before, after = runtime_cost(graph, rules, model), graph_cost(ext.graph, model)
     # Decide first, check what is returned: a result that is not returned needs no
     # check (timing an unchecked candidate writes nothing).
-    decision = _decide(graph, ext.graph, before, after, min_gain, measure, phase, measure_progress,
-                       reference)
+    decision = _decide(graph, ext.graph, before, after, decide.min_gain, decide.measure, phase,
+                       measure_progress, reference)
     # The returned graph is checked once: in onnxruntime (float32) where that proves
     # something, else in our executor (float64, tracked exponents).
     t_check = time.perf_counter()
     checked, ort, check, check_error, local = None, None, "", None, None
-    if verify and decision.chosen != "original":
+    if options.check.verify and decision.chosen != "original":
         ort, written = _check_in_onnxruntime(graph, decision.graph, reference, phase, decision.exported, seed)
+        unchecked = ""  # why no check can run on the candidate: then the input is returned
         if ort.error is not None:
             check = "onnxruntime"
         elif decision.chosen == "result":
-            check, check_error, local = _check_numerically(graph, sat, ext, seed, phase, ort.skipped)
+            try:
+                check, check_error, local = _check_numerically(graph, sat, ext, seed, phase, ort.skipped)
+            except CannotRun as e:  # an operator neither onnxruntime nor the table runs
+                unchecked = f"{ort.skipped}, and our executor cannot run the input either ({e})"
         else:  # the input exported: our executor would compare the graph with itself
-            phase(f"note: {ort.skipped}, so the re-exported input is not checked in onnxruntime")
-        if not ort.reference_run and not (local is not None and local.outputs_beyond_float32):
+            unchecked = f"{ort.skipped}, and the re-export can be checked nowhere else"
+        if unchecked:
+            phase(f"note: no check can run on the {decision.chosen}: {unchecked}; the input is returned")
+            decision = Decision(graph, f"no check can run on the {decision.chosen}: {unchecked}",
+                                decision.measured_ms, "original")
+        elif not ort.reference_run and not (local is not None and local.outputs_beyond_float32):
             # the written model's float32 outputs proved nothing: neither may the input's
             check_float32_proves_nothing(export_for_check(graph) if reference is None else reference, graph,
                                          ort.skipped, seed)
-        checked = written
+        checked = written if not unchecked else None
     stats = OptimizeStats(
         saturation_seconds=sat.seconds,
         extraction_seconds=ext.seconds,
@@ -282,7 +258,7 @@ def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: 
         iterations=len(sat.iterations),
         enodes=sat.enodes,
         eclasses=sat.iterations[-1].eclasses if progress is not None else sat.eclasses(),
-        extractor=extractor,
+        extractor=extraction.extractor,
         extractor_status=ext.status,
         ops_before=graph.op_counts(runtime_only=True),
         ops_after=decision.graph.op_counts(runtime_only=True),
@@ -303,7 +279,7 @@ def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: 
     )
     cost_after = after if decision.graph is ext.graph else before
     return OptimizeResult(decision.graph, graph, before, cost_after, getattr(model, "name", "cost model"),
-                          stats, sat, checked)
+                          stats, sat, checked, ext.classes)
 
 
 def _check_numerically(graph: Graph, sat: Saturation, ext: Extraction, seed: int, phase,
@@ -318,24 +294,6 @@ def _check_numerically(graph: Graph, sat: Saturation, ext: Extraction, seed: int
     phase(f"checking the extracted graph in our executor (float64, changed regions): {why}")
     local = check_locally(graph, ext.graph, tensor_classes(sat), ext.classes, seed=seed, outputs=True)
     return "regions", local.error, local
-
-
-def tensor_classes(saturation: Saturation) -> dict:
-    """The e-class of each tensor of the saturated graph, ``(node id, output index) ->
-    class id``: the e-graph serialized once more with every tensor's variable as a
-    root (class ids are the same in every serialization of an unchanged e-graph)."""
-    import json
-
-    from egglog.bindings import PanicSpan, Var
-
-    span = PanicSpan()
-    tensor_vars = saturation.program.tensor_vars
-    data = json.loads(saturation.egraph.serialize([Var(span, v) for v in tensor_vars.values()]).to_json())
-    roots = data.get("root_eclasses", [])
-    if len(roots) != len(tensor_vars):
-        raise ExtractionError(f"serialized e-graph: {len(roots)} root classes for the input's "
-                              f"{len(tensor_vars)} tensors")
-    return dict(zip(tensor_vars, roots))
 
 
 @dataclass
@@ -371,10 +329,12 @@ def _decide(graph: Graph, result: Graph, before: float, after: float, min_gain: 
         if predicted:
             return Decision(graph, predicted, chosen="original", not_measured=unmeasured)
         return Decision(result, not_measured=unmeasured)
-    models = {"original": reference if reference is not None else export_onnx(graph)}
+    # candidates as FedModels: the re-export's weights are the graph's arrays, the
+    # result's too where it keeps them, so onnxruntime gets no copy of them to time
+    models = {"original": reference if reference is not None else export_fed(graph)}
     if reference is not None:
-        models["re-export"] = export_onnx(graph)
-    models["result"] = export_onnx(result)
+        models["re-export"] = export_fed(graph)
+    models["result"] = export_fed(result)
     # a candidate that computes node for node what an earlier one does is not timed
     # (the earlier one stands for it), so that noise does not choose between twins
     seen: dict[tuple, str] = {}
@@ -389,7 +349,14 @@ def _decide(graph: Graph, result: Graph, before: float, after: float, min_gain: 
                         chosen="original")
     names = " and ".join(", ".join(models).rsplit(", ", 1))
     phase(f"timing {names} in onnxruntime ({measure} interleaved runs each)")
-    runs = timing.ort_runs(models, random_inputs(graph), measure, measure_progress)
+    try:
+        runs = timing.ort_runs(models, random_inputs(graph), measure, measure_progress)
+    except ProfileError:
+        why = timing.cannot_build(models["original"])
+        if not why:  # the original runs: a candidate does not, which is a fault of ours
+            raise
+        return Decision(graph, f"onnxruntime cannot run the input ({why}), so no candidate can be timed",
+                        chosen="original")
     times = {k: statistics.median(v) for k, v in runs.items()}
     # The fastest candidate that beat the original in more interleaved rounds than
     # chance allows; the original otherwise (a changed file must pay for itself).
@@ -417,19 +384,21 @@ def _computation(model) -> tuple:
 
     from onnx import TensorProto, helper, numpy_helper
 
-    def tensor_key(t) -> str:
-        a = numpy_helper.to_array(t)
-        return hashlib.sha1(f"{a.dtype}{a.shape}".encode() + a.tobytes()).hexdigest()
+    def tensor_key(t, model) -> str:
+        a = np.ascontiguousarray(array_of(model, t) if model is not None else numpy_helper.to_array(t))
+        digest = hashlib.sha1(f"{a.dtype}{a.shape}".encode())
+        digest.update(a.reshape(-1).view(np.uint8) if a.dtype != object else a.tobytes())  # no copy
+        return digest.hexdigest()
 
     g = model.graph
     key = {"": ""}
-    key.update({t.name: tensor_key(t) for t in g.initializer})
+    key.update({t.name: tensor_key(t, model) for t in g.initializer})
     key.update({i.name: "input " + i.name for i in g.input if i.name not in key})
     for node in g.node:
         attrs = []
         for a in sorted(node.attribute, key=lambda a: a.name):
             v = helper.get_attribute_value(a)
-            attrs.append((a.name, tensor_key(v) if isinstance(v, TensorProto) else repr(v)))
+            attrs.append((a.name, tensor_key(v, None) if isinstance(v, TensorProto) else repr(v)))
         digest = hashlib.sha1(repr((node.domain, node.op_type, attrs,
                                     [key.get(i, "?" + i) for i in node.input])).encode()).hexdigest()
         for j, out in enumerate(node.output):
@@ -448,6 +417,8 @@ def _check_in_onnxruntime(graph: Graph, result: Graph, reference, phase, exporte
     # rather than copied into protobuf and then into onnxruntime; the model to write is
     # exported by the same exporter, weights as initializers, once the check is done.
     written = export_for_check(result) if exported is None else exported
+    if reference is not None:  # the precision is the user's, whatever the numbers say
+        check_precision_kept(reference, written)
     check = check_onnx_model((lambda: export_for_check(graph)) if reference is None else reference,
                              written, graph, seed=seed)
     return check, written
@@ -460,7 +431,7 @@ def keep_unless_faster(graph: Graph, candidate: Graph, repeats: int,
     sign test ``optimize`` applies), else ``(graph, times, why)``. Times are median
     milliseconds under "original" and "optimized". Every command that writes an
     optimized graph applies this guard."""
-    runs = timing.ort_runs({"original": export_onnx(graph), "optimized": export_onnx(candidate)},
+    runs = timing.ort_runs({"original": export_fed(graph), "optimized": export_fed(candidate)},
                            random_inputs(graph), repeats, progress)
     times = {k: statistics.median(v) for k, v in runs.items()}
     if times["optimized"] >= times["original"]:

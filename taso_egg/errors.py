@@ -21,12 +21,23 @@ class OnnxImportError(TasoEggError):
     """An ONNX model cannot be read or mapped (truncated file, dynamic shape, ...)."""
 
 
+class NotModelled(OnnxImportError):
+    """A valid ONNX model holds what the operator table cannot model (a sequence, a
+    map, an optional): ``optimize`` writes such a model unchanged."""
+
+
 class ExportError(TasoEggError):
     """A graph cannot be written as ONNX."""
 
 
 class ExecutionError(TasoEggError):
     """A graph could not be run (missing input, kernel failure)."""
+
+
+class CannotRun(ExecutionError):
+    """onnxruntime cannot build an operator the table does not model (a custom
+    domain's, one it has no kernel for): what needs its values cannot be computed
+    here, so a candidate that only such a run could check gives way to the input."""
 
 
 class VerificationError(TasoEggError):

@@ -17,142 +17,21 @@ it (``admit.Admission``), which gives the same matches as compiling the corpus u
 from __future__ import annotations
 
 import json
-import sys
 import time
 from dataclasses import dataclass, field
 from itertools import count
 
-from ..errors import LimitError
+from ..errors import ExtractionError
 from ..graph import Graph
+from ..options import Limits
 from .admit import Admission, present_ops
+from .bindings import bindings
 from .convert import GraphProgram, TensorEGraph, add_fused_convs, graph_to_program, read_serialized
 from .language import base_declarations, declarations
 from .rule_compiler import compile_match_recorder, compile_probe, compile_rules
 
-def bindings():
-    """egglog's bindings (its Rust extension, ``egglog.bindings``), which is all this
-    package uses. Importing them the ordinary way first runs the ``egglog`` package's
-    Python front end (0.4 s in a fresh process, most of a small model's saturation),
-    so the extension is loaded alone where it can be; the front end still imports
-    normally later, onto the same module. Any failure falls back to the ordinary import."""
-    mod = sys.modules.get("egglog.bindings")
-    if mod is not None:
-        return mod
-    if "egglog" not in sys.modules:
-        try:
-            return _load_extension_alone()
-        except Exception:  # whatever it is, the ordinary import still works (or says why)
-            sys.modules.pop("egglog.bindings", None)
-    import egglog.bindings
-
-    return egglog.bindings
-
-
-def _load_extension_alone():
-    import importlib.machinery
-    import importlib.util
-    from pathlib import Path
-
-    package = importlib.util.find_spec("egglog")  # finds the package without running it
-    for folder in package.submodule_search_locations or ():
-        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-            path = Path(folder) / f"bindings{suffix}"
-            if path.is_file():
-                loader = importlib.machinery.ExtensionFileLoader("egglog.bindings", str(path))
-                spec = importlib.util.spec_from_file_location("egglog.bindings", path, loader=loader)
-                mod = importlib.util.module_from_spec(spec)
-                sys.modules["egglog.bindings"] = mod
-                loader.exec_module(mod)
-                sys.meta_path.insert(0, _LinkBindings())
-                return mod
-    raise ImportError("egglog's bindings extension not found")
-
-
-class _LinkBindings:
-    """A one-shot import hook: when the ``egglog`` package itself is imported later, its
-    ``bindings`` attribute is the extension already loaded (Python sets a package's
-    attribute only for a submodule it imports itself)."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name != "egglog":
-            return None
-        import importlib.util
-
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        if spec is not None and spec.loader is not None:
-            run = spec.loader.exec_module
-
-            def exec_module(module):
-                module.bindings = sys.modules["egglog.bindings"]
-                run(module)
-
-            spec.loader.exec_module = exec_module
-        return spec
-
-
 # Functions that are analyses, not e-nodes of the tensor language.
 _ANALYSES = {"shape", "dtype", "wlo", "whi", "pending"}
-
-# The ceiling's headroom above the node limit is the limit itself, and never less than
-# this: a step that adds fewer e-nodes (a few MB) still runs whole, so a small limit
-# still stops saturation at the iteration that crosses it, as before the ceiling.
-MIN_HEADROOM = 10_000
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Saturation stops at whichever limit comes first. Each field's ``metadata`` gives
-    the command-line option that sets it and its help (``cli_args.add_limit_arguments``
-    makes the options of every command that saturates from these fields)."""
-    nodes: int = field(default=20_000, metadata={  # e-nodes in the tensor language
-        "flag": "--node-limit",
-        "help": "stop after the iteration that passes this many e-nodes (default {default}). "
-                "The e-graph never holds more than twice the limit (the limit + 10000 below "
-                "10000), even within an iteration: an iteration whose matches could pass that "
-                "applies only the rules that fit, and is the last; peak memory follows"})
-    iterations: int = field(default=15, metadata={
-        "flag": "--iter-limit", "help": "stop after this many iterations"})
-    seconds: float = field(default=30.0, metadata={
-        "flag": "--time-limit", "help": "stop saturating after this many seconds"})
-    # Iterations in which multi-pattern rules run (k_multi). Tensat uses 1; 2 lets a
-    # merge see the results of the first round (BERT's q/k/v after associativity,
-    # NasRNN's concatenated pairs) and, measured on the zoo, beats backtracking search
-    # on every model at a few thousand extra e-nodes; 3 blows NasRNN past 50,000.
-    multi_iterations: int = field(default=2, metadata={
-        "flag": "--multi-iterations", "help": "iterations in which multi-pattern rules run (k_multi)"})
-    # After the first iteration, merges of merges grow combinatorially where many
-    # operators share an input (NasRNN: 1,876 -> 11,961 e-nodes in iteration 2, for no
-    # cheaper graph), while where they pay they add little (BERT's q/k/v +36 %,
-    # Inception-v3's +24 %). So a later multi-pattern step whose matches could add more
-    # than this times the e-graph's e-nodes applies only the rules that fit, and
-    # saturation goes on without multi-pattern rules. Measured on the zoo: no extracted
-    # cost changes.
-    multi_growth: float = field(default=1.0, metadata={
-        "flag": "--multi-growth",
-        "help": "after the first iteration, multi-pattern rules apply only where their matches "
-                "could add at most this many times the e-graph's e-nodes; past that only the "
-                "rules that fit apply, and saturation goes on without multi-pattern rules "
-                "(default {default})"})
-
-    @property
-    def ceiling(self) -> int:
-        """The most e-nodes saturation lets the e-graph hold at any time, even in the
-        middle of an iteration: the node limit plus max(limit, MIN_HEADROOM), twice
-        the limit from 10,000 up. (An input graph above it gets no rewrite that could
-        add an e-node.)"""
-        return self.nodes + max(self.nodes, MIN_HEADROOM)
-
-    def __post_init__(self):
-        for name in ("nodes", "iterations", "multi_iterations"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < (0 if name == "multi_iterations" else 1):
-                raise LimitError(f"limit {name}={v!r} must be an integer >= "
-                                 f"{0 if name == 'multi_iterations' else 1}")
-        if not self.seconds > 0:
-            raise LimitError(f"limit seconds={self.seconds!r} must be positive")
-        if not (isinstance(self.multi_growth, (int, float)) and self.multi_growth > 0):
-            raise LimitError(f"limit multi_growth={self.multi_growth!r} must be positive")
 
 
 @dataclass
@@ -240,7 +119,7 @@ def built_terms(rule) -> list:
     right-hand sides, innermost first. Applying one match of the rule adds at most one
     e-node for each (a new row of its constructor's table), and none for those the
     e-graph already has; equal subterms are one e-node."""
-    from ..rules.lang import App, Proj
+    from ..rules.ast import App, Proj
 
     seen: list = []
 
@@ -391,7 +270,7 @@ def saturate(graph: Graph, rules=None, limits: Limits | None = None, progress=No
 
     The e-graph never grows past ``limits.ceiling`` e-nodes: an iteration whose
     matches could take it there applies only the rules that fit, and is the last."""
-    from ..rules.lang import load_corpus
+    from ..rules.corpus import load_corpus
 
     limits = limits or Limits()
     rules = tuple(load_corpus() if rules is None else rules)
@@ -457,24 +336,13 @@ def saturate(graph: Graph, rules=None, limits: Limits | None = None, progress=No
             progress(stats)
         elapsed = time.perf_counter() - start
         if passed:
-            sat.stop_reason = (f"node limit ({limits.nodes}): the e-graph passed its ceiling of "
-                               f"{ceiling} e-nodes in iteration {it} ({enodes} after its {passed} step: "
-                               f"the rules applied more matches than were counted beforehand)")
+            sat.stop_reason = _passed_the_ceiling(limits, it, enodes, passed)
             break
         if cut:
-            held = sorted(cut.held_back.items(), key=lambda kv: (-kv[1], kv[0]))
-            names = ", ".join(f"{rule} x{n}" for rule, n in held[:3]) + \
-                (f" and {len(held) - 3} more" if len(held) > 3 else "")
-            sat.stop_reason = (f"node limit ({limits.nodes}): iteration {it} held back {names}; "
-                               f"its matches could have added {cut.worst} e-nodes, past the "
-                               f"ceiling of {ceiling}")
+            sat.stop_reason = _held_back(limits, it, cut)
             break
         if not updated and enodes == before:
-            sat.stop_reason = "saturated"
-            if deferred_ever:
-                sat.stop_reason += (f" (multi-pattern matches held back by the growth bound, "
-                                    f"{limits.multi_growth:g}x the e-graph: "
-                                    + ", ".join(f"{r} x{n}" for r, n in sorted(deferred_ever.items())) + ")")
+            sat.stop_reason = _saturated(limits, deferred_ever)
             break
         if enodes >= limits.nodes:
             sat.stop_reason = f"node limit ({limits.nodes})"
@@ -487,3 +355,47 @@ def saturate(graph: Graph, rules=None, limits: Limits | None = None, progress=No
     sat.seconds = time.perf_counter() - start
     sat.cpu_seconds = time.process_time() - cpu_start
     return sat
+
+
+# --- stop reasons --------------------------------------------------------------------
+
+
+def _passed_the_ceiling(limits: Limits, it: int, enodes: int, ruleset: str) -> str:
+    return (f"node limit ({limits.nodes}): the e-graph passed its ceiling of "
+            f"{limits.ceiling} e-nodes in iteration {it} ({enodes} after its {ruleset} step: "
+            f"the rules applied more matches than were counted beforehand)")
+
+
+def _held_back(limits: Limits, it: int, cut: _Step) -> str:
+    held = sorted(cut.held_back.items(), key=lambda kv: (-kv[1], kv[0]))
+    names = ", ".join(f"{rule} x{n}" for rule, n in held[:3]) + \
+        (f" and {len(held) - 3} more" if len(held) > 3 else "")
+    return (f"node limit ({limits.nodes}): iteration {it} held back {names}; "
+            f"its matches could have added {cut.worst} e-nodes, past the "
+            f"ceiling of {limits.ceiling}")
+
+
+def _saturated(limits: Limits, deferred_ever: dict[str, int]) -> str:
+    if not deferred_ever:
+        return "saturated"
+    return ("saturated (multi-pattern matches held back by the growth bound, "
+            f"{limits.multi_growth:g}x the e-graph: "
+            + ", ".join(f"{r} x{n}" for r, n in sorted(deferred_ever.items())) + ")")
+
+
+def tensor_classes(saturation: Saturation) -> dict:
+    """The e-class of each tensor of the saturated graph, ``(node id, output index) ->
+    class id``: the e-graph serialized once more with every tensor's variable as a
+    root (class ids are the same in every serialization of an unchanged e-graph)."""
+    import json
+
+    from egglog.bindings import PanicSpan, Var
+
+    span = PanicSpan()
+    tensor_vars = saturation.program.tensor_vars
+    data = json.loads(saturation.egraph.serialize([Var(span, v) for v in tensor_vars.values()]).to_json())
+    roots = data.get("root_eclasses", [])
+    if len(roots) != len(tensor_vars):
+        raise ExtractionError(f"serialized e-graph: {len(roots)} root classes for the input's "
+                              f"{len(tensor_vars)} tensors")
+    return dict(zip(tensor_vars, roots))
