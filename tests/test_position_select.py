@@ -159,17 +159,46 @@ def test_a_middle_position_read_alone_is_part_1_of_three():
     _check_numerics(model, out)
 
 
-def test_a_batch_of_one_flattened_for_gemms_is_pruned_too():
-    """GPT-2 as the dynamo exporter writes it for a batch of one: each linear layer
-    flattens positions by features, runs a Gemm and reshapes back."""
+def test_a_batch_flattened_for_gemms_keeps_its_linear_layers_whole():
+    """GPT-2 as the dynamo exporter writes it: each linear layer flattens batch and
+    positions into one axis for a Gemm and reshapes back. One position of every batch
+    row is no part of that axis (unless the batch is 1, which a symbolic batch is not),
+    so the select stops at the reshape: the head and final LayerNorm run on the last
+    position, the layers' linear parts on all."""
     model = _model(-1, batch=1, flat=True)
     _, out = _optimized(model, _select_rules())
     assert _rows(out, "matmul", _by_weight((E, V))) == [1]
-    assert _rows(out, "matmul", _by_weight((E, 4 * E))) == [1, S]
-    assert _rows(out, "matmul", _by_weight((4 * E, E))) == [1, S]
-    assert _rows(out, "matmul", _by_weight((E, E))) == [1, S]
-    assert _rows(out, "softmax") == [1, S]
+    assert _rows(out, "layernorm") == [1, S, S, S, S]
+    assert _rows(out, "matmul", _by_weight((E, 4 * E))) == [S, S]
     _check_numerics(model, out, batch=1)
+
+
+def test_symbolic_dims_are_written_with_the_head_on_the_last_position(tmp_path, capsys):
+    """optimize on a model whose batch and sequence are symbolic: the result, its head on
+    the last position, is written with the input's interface and agrees with it at other
+    sizes (the select's splits moved up take the input's own split's sizes there: the
+    first part grows with the sequence, not the last)."""
+    import onnx
+    import onnxruntime as ort
+
+    from taso_egg.cli import main
+
+    model = _model(-1, layers=1, batch=1, causal=False)
+    for t in model.graph.initializer:  # heads split off and merged back whatever the sizes (0: copied)
+        if t.name in ("heads", "merged"):
+            t.CopyFrom(init(t.name, np.asarray([0, 0] + list(onnx.numpy_helper.to_array(t))[2:], np.int64)))
+    for dim, name in zip(model.graph.input[0].type.tensor_type.shape.dim, ("batch", "seq")):
+        dim.dim_param = name
+    path, out = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    onnx.save(model, path)
+    assert main(["optimize", str(path), "-o", str(out), "--measure", "0", "--input-shape", f"h=1,{S},{E}"]) == 0
+    assert "written with the input's symbolic dims" in capsys.readouterr().out
+    g = taso_egg.load_onnx(str(out), {"h": (1, S, E)})
+    assert _rows(g, "matmul", _by_weight((E, V))) == [1]
+    ref, got = (ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in (path, out))
+    for batch, seq in ((1, S), (3, 7), (2, S + 5)):
+        feed = {"h": rand(batch, seq, E)}
+        np.testing.assert_allclose(got.run(None, feed)[0], ref.run(None, feed)[0], rtol=1e-4, atol=1e-5)
 
 
 def test_a_cls_classifier_without_a_mask_reads_token_0_alone():

@@ -76,8 +76,10 @@ def _split_export(ctx, p, in_types, ins, outs):
     read = [i for i, o in enumerate(outs) if ctx.read(o)]
     if len(read) == 1:  # one part read (a token or q/k/v selected): copy only that part
         (i,) = read
-        lo = sum(p["sizes"][:i])
-        ctx.node("Slice", [ins[0], ctx.int64s([lo], "starts"), ctx.int64s([lo + p["sizes"][i]], "ends"),
+        lo, hi = sum(p["sizes"][:i]), sum(p["sizes"][:i + 1])
+        if i == len(p["sizes"]) - 1 and i:  # the last part counts from the end, whatever the axis's length
+            lo, hi = lo - hi, np.iinfo(np.int64).max
+        ctx.node("Slice", [ins[0], ctx.int64s([lo], "starts"), ctx.int64s([hi], "ends"),
                            ctx.int64s([p["axis"]], "axes")], [outs[i]])
         return
     ctx.node("Split", [ins[0], ctx.int64s(p["sizes"], "split_sizes")], outs, axis=p["axis"])
