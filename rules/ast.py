@@ -93,9 +93,10 @@ class App:
 
 @dataclass(frozen=True)
 class Proj:
-    """Output ``index`` of a multi-output operator application (``split``)."""
+    """Output ``index`` of a multi-output operator application (``split``): an int, or
+    a parameter :class:`Var` for any output."""
 
-    index: int
+    index: Union[int, Var]
     pattern: App
 
     def __str__(self) -> str:
@@ -245,6 +246,7 @@ def _walk(node, kind):
         for t in node.inputs:
             yield from _walk(t, "tensor")
     elif isinstance(node, Proj):
+        yield from _walk(node.index, "param")
         yield from _walk(node.pattern, "tensor")
     elif isinstance(node, ParamOp):
         for i, a in enumerate(node.args):

@@ -152,7 +152,7 @@ def _canonical(lhs, rhs, guards) -> bytes:
         if isinstance(node, App):
             return (node.op, tuple(map(walk, node.params)), tuple(map(walk, node.inputs)))
         if isinstance(node, Proj):
-            return ("proj", node.index, walk(node.pattern))
+            return ("proj", walk(node.index), walk(node.pattern))
         if isinstance(node, ParamOp):
             return (node.fn, tuple(map(walk, node.args)))
         if isinstance(node, Guard):

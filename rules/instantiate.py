@@ -151,9 +151,10 @@ class PatternBuilder:
             return self.tensors[p.name]
         if isinstance(p, Proj):
             outs = self.outputs(p.pattern)
-            if p.index >= len(outs):
-                raise self.fail(f"{p}: index {p.index} out of range ({len(outs)} outputs)")
-            return outs[p.index]
+            index = self.param(p.index) if isinstance(p.index, Var) else p.index
+            if not 0 <= index < len(outs):
+                raise self.fail(f"{p}: index {index} out of range ({len(outs)} outputs)")
+            return outs[index]
         if isinstance(p, App):
             return self.outputs(p)[0]
         raise self.fail(f"not a pattern: {p!r}")

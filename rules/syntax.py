@@ -20,7 +20,9 @@ Patterns (tensor positions)
                                 ``(concat AXIS A B)``. The leaves ``input``/``weight`` and
                                 ``opaque`` cannot appear.
     ``(proj I PAT)``            output I of a multi-output operator (``split``); a split
-                                anywhere else is an error.
+                                anywhere else is an error. ``I`` is an integer or a
+                                parameter variable (``(proj ?i (split ...))``: whichever
+                                part is read, the rule stated once for every part).
 
 Parameters (parameter positions, guards)
     ``?v`` (a parameter variable), an integer, a float, a bare symbol (a string such as
@@ -349,18 +351,22 @@ class _RuleParser:
         if len(args) != 2:
             raise self.error(node, f"(proj I PATTERN) takes 2 arguments, got {len(args)}")
         idx, inner = args
-        if not (isinstance(idx, _Atom) and idx.kind == "int" and idx.value >= 0):
-            raise self.error(idx, f"proj index must be a non-negative integer, got {idx}")
+        if isinstance(idx, _Atom) and idx.kind == "var":
+            index = self._var(idx, "param")
+        elif isinstance(idx, _Atom) and idx.kind == "int" and idx.value >= 0:
+            index = idx.value
+        else:
+            raise self.error(idx, f"proj index must be a non-negative integer or a ?variable, got {idx}")
         pat = self._tensor(inner, allow_multi=True)
         if not (isinstance(pat, App) and pat.op in MULTI_OUTPUT_OPS):
             raise self.error(inner, f"proj selects an output of a multi-output operator "
                                     f"({', '.join(MULTI_OUTPUT_OPS)}), got {inner}")
         if pat.op == "split":
             sizes = pat.param_dict()["sizes"]
-            if isinstance(sizes, Lit) and idx.value >= len(sizes.value):
-                raise self.error(idx, f"proj index {idx.value} out of range: split has "
+            if isinstance(sizes, Lit) and isinstance(index, int) and index >= len(sizes.value):
+                raise self.error(idx, f"proj index {index} out of range: split has "
                                       f"{len(sizes.value)} outputs")
-        return Proj(idx.value, pat)
+        return Proj(index, pat)
 
     def _app(self, node, op: str, args) -> App:
         names = param_names(op)

@@ -155,6 +155,10 @@ def retyped(candidate: Graph, candidate_classes: Mapping, input_classes: Mapping
     for key, cls in input_classes.items():
         of_class.setdefault(cls, key)
     leaves = {n.params["name"]: n for n in sized.nodes.values() if n.op in ("input", "weight")}
+    # the input's splits (a select's: a Gather or Slice of one position) by axis length and
+    # sizes, with their sizes at the second sizes: a select the rules moved up keeps them
+    split_sizes = {(n.inputs[0].shape[n.params["axis"]], n.params["sizes"]): s.params["sizes"]
+                   for n, s in zip(inputs.nodes.values(), sized.nodes.values()) if n.op == "split"}
 
     def wanted(key):
         source = of_class.get(candidate_classes.get(key))
@@ -174,7 +178,8 @@ def retyped(candidate: Graph, candidate_classes: Mapping, input_classes: Mapping
                 outs = [g.new_weight(data.shape, data=data, name=n.params["name"])]
             else:
                 ins = [made[(t.node, t.index)] for t in n.inputs]
-                outs = g.add_node(n.op, ins, n.name, **_sized_params(n, wants, [t.shape for t in ins]))
+                outs = g.add_node(n.op, ins, n.name, **_sized_params(n, wants, [t.shape for t in ins],
+                                                                     split_sizes))
         except ShapeError as e:
             raise NotSymbolic(f"{n.label()} has no form at the second sizes ({e})") from None
         for i, (t, want) in enumerate(zip(outs, wants)):
@@ -187,10 +192,12 @@ def retyped(candidate: Graph, candidate_classes: Mapping, input_classes: Mapping
     return g
 
 
-def _sized_params(node, wants, in_shapes) -> dict:
+def _sized_params(node, wants, in_shapes, split_sizes: Mapping | None = None) -> dict:
     """``node``'s parameters with those that are sizes (a target shape, a split's
     sizes, an opaque node's output types) taken from its outputs' wanted types; a
-    reshape of a tensor no input tensor equals, by ``_reshaped``."""
+    reshape of a tensor no input tensor equals, by ``_reshaped``; a split no part of
+    which an input tensor equals, as the input's split of the same sizes along an axis
+    as long (``split_sizes``) has them, else by a guess."""
     params = dict(node.params)
     if "sizes" in params and [w is None for w in wants].count(True) == 1:
         # a split with one part no input tensor equals: that part takes what is left
@@ -199,9 +206,14 @@ def _sized_params(node, wants, in_shapes) -> dict:
         params["sizes"] = tuple(in_shapes[0][axis] - known if w is None else w.shape[axis] for w in wants)
         return params
     if "sizes" in params and all(w is None for w in wants):
-        # no part equals an input tensor: the last part takes what the axis gained (a
-        # token selected from the front); a guess, tested by the check at both sizes
-        sizes, axis = list(params["sizes"]), params["axis"]
+        axis = params["axis"]
+        same = (split_sizes or {}).get((node.inputs[0].shape[axis], params["sizes"]))
+        if same is not None and sum(same) == in_shapes[0][axis]:
+            params["sizes"] = tuple(same)  # a select moved up (the last position's: (S-1, 1))
+            return params
+        # else the last part takes what the axis gained (a token selected from the
+        # front); a guess, tested by the check at both sizes
+        sizes = list(params["sizes"])
         sizes[-1] += in_shapes[0][axis] - node.inputs[0].shape[axis]
         params["sizes"] = tuple(sizes)
         return params

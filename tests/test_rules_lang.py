@@ -304,3 +304,21 @@ def test_error_mentions_the_offending_line_inside_a_long_rule():
     msg = rule_error(text, "ex.rules")
     n = EXAMPLES.count("\n") + 5
     assert re.match(rf"ex\.rules:{n}: rule 'late': \?q in :rhs is not bound", msg), msg
+
+
+def test_a_proj_index_may_be_a_parameter_variable():
+    """``(proj ?i ...)`` states a rule for whichever output is read: ?i is a parameter
+    variable the rule binds, its example gives it a value, and it prints back."""
+    (r,) = parse_rules("""
+(rule split-gelu-any
+  :lhs (proj ?i (split ?ax ?sizes (gelu ?a ?x)))
+  :rhs (gelu ?a (proj ?i (split ?ax ?sizes ?x)))
+  :example ((?ax 1) (?x [2 5 3]) (?sizes [1 4]) (?i 1) (?a none)))""")
+    assert r.lhs[0].index == Var("i") and "i" in r.param_vars() and "i" not in r.tensor_vars()
+    (back,) = parse_rules(r.to_text())
+    assert (back.lhs, back.rhs, back.example) == (r.lhs, r.rhs, r.example)
+
+
+def test_a_proj_index_must_be_a_non_negative_integer_or_a_variable():
+    with pytest.raises(RuleError, match="proj index must be a non-negative integer or a \\?variable"):
+        parse_rules("(rule bad :lhs (proj -1 (split 0 [1 1] ?x)) :rhs ?x)")

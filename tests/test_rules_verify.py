@@ -135,6 +135,12 @@ WRONG = parse_rules("""
   :lhs (conv2d [2 2] SAME NONE ?x (enlarge ?w ?r))
   :rhs (conv2d [2 2] SAME NONE ?x ?w)
   :example ((?x [1 2 4 4]) (?w [3 2 1 1]) (?r [3 2 3 3])))
+
+(rule split-softmax-along-its-axis
+  :doc "any part (?i) of a split along the softmax's own axis is not the softmax of the part"
+  :lhs (proj ?i (split ?ax ?sizes (softmax ?ax ?x)))
+  :rhs (softmax ?ax (proj ?i (split ?ax ?sizes ?x)))
+  :example ((?ax 1) (?x [2 5]) (?sizes [2 3]) (?i 1)))
 """, "wrong.rules")
 
 

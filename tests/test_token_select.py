@@ -1,6 +1,6 @@
 """A Gather of one known index (ViT's q/k/v selection and class token) imports as a
 part of a split, and the class-token select moves up through the last layer's
-per-token operators (the split-*-0 rules), so that only token 0 of its MLP,
+per-token operators (the split-* rules, part 0 here), so that only token 0 of its MLP,
 LayerNorms, residual adds and out-projection is computed."""
 
 from __future__ import annotations

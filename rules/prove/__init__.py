@@ -7,9 +7,10 @@ says of an operator's result and asks of a left side), ``prover`` (one rule agai
 axioms, and its float check), ``driver`` (many rules, in worker processes, and a rule
 file rewritten with its proof records).
 
-Encoding. Tensors are an uninterpreted sort; every operator (per input count, and per
-output for ``split``) is an uninterpreted function of its parameters and then its
-tensor inputs. Parameters keep their kind: integers (axes) are Z3 ints, symbols
+Encoding. Tensors are an uninterpreted sort; every operator (per input count) is an
+uninterpreted function of its parameters, then (``split``) the index of the output
+read, an int (so ``(proj ?i ...)`` states a rule for every output), then its tensor
+inputs. Parameters keep their kind: integers (axes) are Z3 ints, symbols
 (``RELU``, ``SAME``, dtypes) Z3 strings, int vectors (strides, kernels, split sizes,
 perms, literal shapes) Z3 sequences of ints. A tensor's shape is two functions,
 ``rank : Tensor -> Int`` and ``dim : Tensor x Int -> Int`` (dimensions past the rank

@@ -109,6 +109,8 @@ def _var_sorts(rule: Rule) -> dict:
 
     def walk(p):
         if isinstance(p, Proj):
+            if isinstance(p.index, Var) and sorts.setdefault(p.index.name, z3.IntSort()) != z3.IntSort():
+                raise _Unsupported(f"?{p.index.name} is bound to parameters of different kinds")
             walk(p.pattern)
         elif isinstance(p, App):
             names = ("axis",) if p.op == "concat" else tuple(OPS[p.op].defaults)
@@ -137,13 +139,15 @@ class _Encoder:
     def __init__(self):
         self.funcs: dict[tuple, z3.FuncDeclRef] = {}
 
-    def func(self, op: str, n_inputs: int, output: int | None) -> z3.FuncDeclRef:
-        key = (op, n_inputs, output)
+    def func(self, op: str, n_inputs: int) -> z3.FuncDeclRef:
+        """The function of ``op`` with ``n_inputs`` tensors: its parameters, then (for a
+        multi-output operator) the output's index, then its tensor inputs."""
+        key = (op, n_inputs)
         if key not in self.funcs:
             names = ("axis",) if op == "concat" else tuple(OPS[op].defaults)
-            sorts = [_param_sort(op, n) for n in names] + [Tensor] * n_inputs
-            fname = f"{op}/{n_inputs}" + ("" if output is None else f"#{output}")
-            self.funcs[key] = z3.Function(fname, *sorts, Tensor)
+            sorts = [_param_sort(op, n) for n in names] + [z3.IntSort()] * OPS[op].multi_output \
+                + [Tensor] * n_inputs
+            self.funcs[key] = z3.Function(f"{op}/{n_inputs}", *sorts, Tensor)
         return self.funcs[key]
 
     def term(self, pat, env: dict, abstract: list | None = None):
@@ -165,17 +169,18 @@ class _Encoder:
         if app.op not in OPS:
             raise _Unsupported(f"operator {app.op!r}")
         names = ("axis",) if app.op == "concat" else tuple(OPS[app.op].defaults)
+        given = list(zip(names, app.params)) + ([("output", output)] if output is not None else [])
         params = []
-        for name, e in zip(names, app.params):
-            sort = _param_sort(app.op, name)
-            value = self.param(e, env, sort)
+        for name, e in given:
+            sort = z3.IntSort() if name == "output" else _param_sort(app.op, name)
+            value = self.param(Lit(e) if isinstance(e, int) else e, env, sort)
             if abstract is not None and not isinstance(e, Var):
                 bound = z3.FreshConst(sort, name)
                 abstract.append((bound, bound == value))
                 value = bound
             params.append(value)
         inputs = [self.term(t, env, abstract) for t in app.inputs]
-        return self.func(app.op, len(inputs), output)(*params, *inputs)
+        return self.func(app.op, len(inputs))(*params, *inputs)
 
     def param(self, e, env: dict, sort=None):
         if isinstance(e, Var):
@@ -252,7 +257,7 @@ def _bare_vars(pat) -> set[str]:
     if isinstance(pat, Var):
         return {pat.name}
     if isinstance(pat, Proj):
-        return _bare_vars(pat.pattern)
+        return _bare_vars(pat.pattern) | ({pat.index.name} if isinstance(pat.index, Var) else set())
     out = {e.name for e in pat.params if isinstance(e, Var)}
     for t in pat.inputs:
         out |= _bare_vars(t)

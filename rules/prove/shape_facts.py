@@ -11,7 +11,7 @@ import z3
 from taso_egg.errors import RuleError
 from taso_egg.ops import OPS, shapes
 
-from ..ast import App, Proj, Rule
+from ..ast import App, Lit, Proj, Rule
 from ..instantiate import builds_on
 from .encode import _CMP, _MAX_RANK, IntSeq, Tensor, _Encoder, _param_sort, _Shape
 
@@ -19,11 +19,12 @@ from .encode import _CMP, _MAX_RANK, IntSeq, Tensor, _Encoder, _param_sort, _Sha
 def _shape_axiom(key: tuple, f: z3.FuncDeclRef):
     """The quantified shape axiom of operator function ``f`` (None when typing fixes
     nothing useful about its result)."""
-    op, n, output = key
+    op, n = key
     params = [z3.FreshConst(f.domain(i), "p") for i in range(f.arity() - n)]
     ins = [z3.FreshConst(Tensor, "t") for _ in range(n)]
     result = f(*params, *ins)
-    facts = _shape_facts(op, params, [_Shape(t) for t in ins], _Shape(result), output)
+    op_params, output = (params[:-1], params[-1]) if OPS[op].multi_output else (params, None)
+    facts = _shape_facts(op, op_params, [_Shape(t) for t in ins], _Shape(result), output)
     return None if facts is None else z3.ForAll(params + ins, facts, patterns=[result])
 
 
@@ -108,7 +109,7 @@ class _ShapeEnv:
                 return _Vec(z3.Length(v), lambda i: v[i])
             return v
         if isinstance(e, shapes.OutIndex):
-            return z3.IntVal(self.output)
+            return self.output
         fn = e.fn
         if fn == "pad":  # paddings are symbols here: explicit amounts are not modelled
             return None
@@ -176,7 +177,8 @@ def _lhs_typing(enc: "_Encoder", pat, env: dict) -> list:
 
     def walk(p, output=None):
         if isinstance(p, Proj):
-            return walk(p.pattern, p.index)
+            return walk(p.pattern, enc.param(Lit(p.index) if isinstance(p.index, int) else p.index, env,
+                                             z3.IntSort()))
         if not isinstance(p, App):
             return
         names = ("axis",) if p.op == "concat" else tuple(OPS[p.op].defaults)

@@ -82,8 +82,8 @@ class Structure:
         if key[0] == "proj":
             _, index, inner = key
             below = self.classes(inner)
-            found = {cid for cid, kids in self._with_params("proj", ((0, "i64", str(index)),))
-                     if kids[0] in below}
+            checks = () if index is None else ((0, "i64", str(index)),)  # None: any output
+            found = {cid for cid, kids in self._with_params("proj", checks) if kids[0] in below}
         else:
             op, literals, inputs = key
             spec = egraph_params(op)
@@ -167,7 +167,8 @@ def _shape_key(pattern):
     found = pattern.__dict__.get("_shape_key")
     if found is None:
         if isinstance(pattern, Proj):
-            found = ("proj", int(pattern.index), _shape_key(pattern.pattern))
+            index = None if isinstance(pattern.index, Var) else int(pattern.index)
+            found = ("proj", index, _shape_key(pattern.pattern))
         else:
             found = (pattern.op, tuple(_literals(pattern)), tuple(_shape_key(p) for p in pattern.inputs))
         object.__setattr__(pattern, "_shape_key", found)  # not a field: equality ignores it

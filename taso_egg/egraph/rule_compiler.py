@@ -34,7 +34,8 @@ class _Compiler:
             self.sorts[f"t_{_ident(pat.name)}"] = "T"
             return f"t_{_ident(pat.name)}"
         if isinstance(pat, Proj):
-            return f"(Proj {self.tensor(pat.pattern)} {int(pat.index)})"
+            index = pat.index if isinstance(pat.index, int) else self.param(pat.index, "i64")
+            return f"(Proj {self.tensor(pat.pattern)} {index})"
         if isinstance(pat, App):
             spec = egraph_params(pat.op)
             if len(pat.params) > len(spec):

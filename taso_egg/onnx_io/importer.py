@@ -200,9 +200,13 @@ class _Importer:
     values: dict[str, Tensor] = field(default_factory=dict)
     types: dict[str, TensorType] = field(default_factory=dict)
     opaque_seen: set = field(default_factory=set)
+    readers_of: dict[str, list] = field(default_factory=dict)  # value name -> the nodes reading it
 
     def run(self) -> Graph:
         graph = self.proto.graph
+        for node in graph.node:
+            for name in dict.fromkeys(node.input):
+                self.readers_of.setdefault(name, []).append(node)
         self.opset = _default_opset(self.proto)
         self.domain_opsets = {o.domain: o.version for o in self.proto.opset_import}
         self.g = Graph(opset=self.opset)
@@ -606,6 +610,10 @@ class _Importer:
 
     def const(self, name: str):
         return self.consts.get(name)
+
+    def readers(self, name: str) -> list:
+        """The ONNX nodes that read value ``name``."""
+        return self.readers_of.get(name, [])
 
     def tensor(self, name: str) -> Tensor:
         """The graph tensor for an ONNX value; constants become weights on first use."""

@@ -302,38 +302,51 @@ def _import_transpose(ctx, node, attrs):
     return [ctx.g.transpose(x, tuple(int(v) for v in perm))]
 
 
-# A Gather of one index along an axis at most this long is a split into every index,
-# so that sibling Gathers of one tensor (q, k and v of a packed projection) share one
-# split; along a longer axis (a sequence) the split cuts only around the index.
+# A Gather of one index along an axis at most this long, which other Gathers of one index
+# read too (q, k and v of a packed projection), is a split into every index, so that the
+# siblings share one split; otherwise (a sequence, a lone select) the split cuts only
+# around the index.
 _SPLIT_EVERY_INDEX = 16
 
 
-def gather_one_index(g, x, axis: int, index: int):
+def gather_one_index(g, x, axis: int, index: int, siblings: bool = False):
     """``x`` at one index of ``axis``, the axis kept (length 1): a part of a split.
-    Index 0 is part 0, the form the token-select rules push up through per-token
-    operators."""
+    Index 0 is part 0 and the last index part 1 (of a split in two; another index is
+    part 1 of three), the forms the token-select rules push up through per-token
+    operators; with ``siblings`` along a short axis, part ``index`` of a split into
+    every index."""
     n = x.shape[axis]
     index %= n
     if n == 1:
         return x
-    if n <= _SPLIT_EVERY_INDEX:
+    if siblings and n <= _SPLIT_EVERY_INDEX:
         return g.split(x, axis, [1] * n)[index]
     return g.split(x, axis, [s for s in (index, 1, n - index - 1) if s])[1 if index else 0]
+
+
+def _gathered_with_siblings(ctx, node, axis: int) -> bool:
+    """Whether another Gather reads the same tensor along the same axis."""
+    def axis_of(n):
+        return next((a.i for a in n.attribute if a.name == "axis"), 0) % len(ctx.type(node.input[0]).shape)
+
+    return any(r is not node and r.op_type == "Gather" and r.domain in ("", "ai.onnx") and axis_of(r) == axis
+               for r in ctx.readers(node.input[0]))
 
 
 @onnx_importer("Gather")
 def _import_gather(ctx, node, attrs):
     """A Gather of every index along its axis, in order (exporters' way of inserting
     axes into a mask), is a reshape; a Gather of one known index (ViT's q/k/v selection
-    and class token) is a part of a split; other gathers (an embedding lookup by
-    run-time ids) stay opaque."""
+    and class token, a causal LM's last position) is a part of a split; other gathers
+    (an embedding lookup by run-time ids) stay opaque."""
     idx = ctx.const(node.input[1])
     x_t = ctx.type(node.input[0])
     if idx is None or not x_t.shape:
         return None
     axis = int(attrs.get("axis", 0)) % len(x_t.shape)
     if idx.size == 1 and -x_t.shape[axis] <= int(idx.reshape(-1)[0]) < x_t.shape[axis]:
-        y = gather_one_index(ctx.g, ctx.tensor(node.input[0]), axis, int(idx.reshape(-1)[0]))
+        y = gather_one_index(ctx.g, ctx.tensor(node.input[0]), axis, int(idx.reshape(-1)[0]),
+                             _gathered_with_siblings(ctx, node, axis))
         shape = x_t.shape[:axis] + tuple(idx.shape) + x_t.shape[axis + 1:]
         return [y if y.shape == shape else ctx.g.reshape(y, shape)]
     if not np.array_equal(idx.reshape(-1), np.arange(x_t.shape[axis])):

@@ -168,16 +168,20 @@ class RuleMatcher:
 
     def _root_tensors(self, index: GraphIndex, i: int, bound: _Binding | None) -> Iterator[Tensor]:
         pattern, app = self.rule.lhs[i], self.roots[i]
-        out = pattern.index if isinstance(pattern, Proj) else 0
+        out = pattern.index if isinstance(pattern, Proj) else 0  # a Var: every output read
         if bound is not None and self.anchor is not None:
             t = bound.tensors[self.anchor]
             ids = [u for u in index.users.get((t.node, t.index), ()) if index.graph.nodes[u].op == app.op]
             ids.sort()
         else:
             ids = index.by_op.get(app.op, ())
+        read = {(t.node, t.index) for _, t in index.graph.outputs} if isinstance(out, Var) else set()
         for nid in ids:
             node = index.graph.nodes[nid]
-            if out < len(node.outputs):
+            if isinstance(out, Var):  # the outputs something reads (rewriting another changes nothing)
+                yield from (node.out(k) for k in range(len(node.outputs))
+                            if (nid, k) in index.users or (nid, k) in read)
+            elif out < len(node.outputs):
                 yield node.out(out)
 
     # -- structure --
@@ -191,7 +195,10 @@ class RuleMatcher:
             return seen == t or b.fail(lambda: f"{pattern} is {_where(graph, seen)} already, "
                                                f"not {_where(graph, t)}")
         index = pattern.index if isinstance(pattern, Proj) else 0
-        if t.index != index:
+        if isinstance(index, Var):
+            if b.params.setdefault(index.name, t.index) != t.index:
+                return b.fail(lambda: f"{_where(graph, t)} is not output {b.params[index.name]}")
+        elif t.index != index:
             return b.fail(lambda: f"{_where(graph, t)} is not output {index}")
         app = _root_app(pattern)
         return self._app(app, graph.nodes[t.node], b, graph)
