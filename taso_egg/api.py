@@ -11,21 +11,19 @@ VerificationError. ``OptimizeStats`` records every stage.
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from . import timing
 from .cost import DEFAULT_PROFILE, MIN_GAIN, CostModel, graph_cost, load_cost_model
+from .decide import GuardReport, check_measure, decide
 from .egraph.convert import build_graph
 from .egraph.pricing import ENodeConfigs, nested_concats, node_cost
 from .egraph.saturate import Limits, Saturation, saturate
 from .errors import ExtractionError, LimitError, TasoEggError
-from .executor import random_inputs
 from .extract.ilp import DEFAULT_TIME_LIMIT as ILP_TIME_LIMIT
 from .graph import Graph
-from .onnx_io.exporter import export_for_check, export_onnx, with_weights
+from .onnx_io.exporter import export_for_check, with_weights
 from .rules.lang import load_corpus
 from .verify import (LocalCheck, check_float32_proves_nothing, check_graphs_equivalent, check_locally,
                      check_onnx_model, share_weights)
@@ -78,6 +76,9 @@ class OptimizeStats:
     kept_input: str                 # why the input is returned; "" when the result is
     # onnxruntime, median ms of each candidate timed: "original", "re-export", "result"
     measured_ms: dict[str, float] | None = None
+    # the guard's record when timed: each candidate's ratio to the original with its
+    # interval and decision, the rounds and seconds timed (``decide.GuardReport``)
+    guard: GuardReport | None = None
     # the returned graph, exported, against the input in onnxruntime (float32); None
     # when not run (the input returned, verify=False) or skipped (``check_skipped``)
     ort_check_error: float | None = None
@@ -177,11 +178,6 @@ def priced_egraph(saturation: Saturation, model: CostModel):
                       absorbers=nested_concats(node_class, children, concat_axis)), configs
 
 
-# An upper bound on ``measure``: each run times both graphs once more; past a few
-# hundred interleaved runs the median no longer moves, only the wait grows.
-MAX_MEASURE = 200
-
-
 def check_optimize_arguments(min_gain: float, measure: int, extract_time_limit: float | None) -> None:
     """What ``optimize`` refuses, checked alone (the CLI calls it before loading anything)."""
     if not 0 <= min_gain < 1:
@@ -190,13 +186,6 @@ def check_optimize_arguments(min_gain: float, measure: int, extract_time_limit: 
     if extract_time_limit is not None and not extract_time_limit > 0:
         raise LimitError(f"extract_time_limit (--extract-time-limit) must be a positive number "
                          f"of seconds, got {extract_time_limit!r}")
-
-
-def check_measure(runs) -> None:
-    """LimitError unless ``runs`` is a number of measured runs from 0 to MAX_MEASURE."""
-    if not (isinstance(runs, int) and 0 <= runs <= MAX_MEASURE):
-        raise LimitError(f"measure (--measure) must be a number of runs from 0 to {MAX_MEASURE}, "
-                         f"got {runs!r}")
 
 
 def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: str = DEFAULT_EXTRACTOR,
@@ -211,8 +200,9 @@ def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: 
     ``rules`` default to the proved corpus. Without measurement the result replaces the
     input only when its predicted cost is lower by more than ``min_gain`` (a fraction):
     smaller predicted gains are within the cost model's error and measured as often
-    slower as faster. With ``measure`` > 0 (at most MAX_MEASURE) the candidates below are
-    exported and timed in onnxruntime (``measure`` interleaved runs each) instead.
+    slower as faster. With ``measure`` > 0 the candidates below are exported and timed in
+    onnxruntime by the guard instead (``decide``: paired interleaved rounds until the
+    answer is clear, ``measure`` rounds at most, from decide.MIN_ROUNDS to MAX_MEASURE).
 
     Three candidates are weighed (``OptimizeStats.chosen``): the original model as
     given (``reference``, or ``graph`` exported when None), the re-export (``graph``
@@ -220,9 +210,9 @@ def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: 
     gone; a candidate only when ``reference`` is given) and the extracted result. The
     cost model prices the first two alike, so only measurement can tell them apart:
     with ``measure`` > 0 every candidate is timed (one that computes node for node what
-    an earlier one does is left out), and the fastest that beats the original beyond
-    noise (``timing.faster_beyond_noise``) is returned, whatever the prediction said;
-    else the original. With ``measure`` = 0 the result is returned on its predicted gain
+    an earlier one does is left out), and the fastest confirmed faster than the
+    original (its ratio's interval above 1 + decide.MARGIN; ``OptimizeStats.guard``)
+    is returned, whatever the prediction said; else the original. With ``measure`` = 0 the result is returned on its predicted gain
     and the re-export is listed in ``OptimizeStats.not_measured``.
 
     With ``verify`` (the default) what is returned, and only that, is checked once on
@@ -238,7 +228,7 @@ def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: 
     ``extract_time_limit`` bounds the extractor in seconds (the ILP's default,
     ILP_TIME_LIMIT, when None). ``progress(iteration_stats)`` is called after each
     saturation iteration, ``phase(message)`` when a later phase starts (and with notes),
-    and ``measure_progress(done, total)`` after each measured run."""
+    and ``measure_progress(done, total)`` after each measured round."""
     check_optimize_arguments(min_gain, measure, extract_time_limit)
     phase = phase or (lambda message: None)
     model = cost_model or load_cost_model(profile)
@@ -253,8 +243,8 @@ def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: 
     before, after = runtime_cost(graph, rules, model), graph_cost(ext.graph, model)
     # Decide first, check what is returned: a result that is not returned needs no
     # check (timing an unchecked candidate writes nothing).
-    decision = _decide(graph, ext.graph, before, after, min_gain, measure, phase, measure_progress,
-                       reference)
+    decision = decide(graph, ext.graph, before, after, min_gain, measure, phase, measure_progress,
+                      reference)
     # The returned graph is checked once: in onnxruntime (float32) where that proves
     # something, else in our executor (float64, tracked exponents).
     t_check = time.perf_counter()
@@ -291,6 +281,7 @@ def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: 
         input_cost=graph_cost(graph, model),
         kept_input=decision.kept_input,
         measured_ms=decision.measured_ms,
+        guard=decision.guard,
         ort_check_error=ort.error if ort is not None else None,
         cost_lookups=model.lookups() if hasattr(model, "lookups") else None,
         chosen=decision.chosen,
@@ -338,105 +329,6 @@ def tensor_classes(saturation: Saturation) -> dict:
     return dict(zip(tensor_vars, roots))
 
 
-@dataclass
-class Decision:
-    """The decide stage's outcome: the graph ``optimize`` returns, which candidate it is
-    ("original", "re-export", "result"), and why when it is not the result."""
-
-    graph: Graph
-    kept_input: str = ""                         # "" when the result is returned
-    measured_ms: dict[str, float] | None = None  # when timed in onnxruntime
-    chosen: str = "result"
-    not_measured: tuple[str, ...] = ()
-    exported: onnx.ModelProto | None = None      # the chosen candidate's ONNX, when timed
-
-
-def _decide(graph: Graph, result: Graph, before: float, after: float, min_gain: float, measure: int,
-            phase, measure_progress, reference=None) -> Decision:
-    """Without ``measure``: the result when its predicted cost falls by more than
-    ``min_gain``, else the original. With ``measure``: every candidate timed in
-    onnxruntime; the fastest that beats the original beyond noise (in more interleaved
-    runs than chance allows, so at least five) is returned, else the original;
-    measurement overrides the prediction both ways. A candidate that computes node for
-    node what an earlier one does (the result what the re-export does, say) is not
-    timed apart."""
-    if before <= 0:
-        predicted = "the input costs nothing"
-    elif after >= before * (1 - min_gain):
-        predicted = f"predicted gain {1 - after / before:+.2%} is not above min_gain {min_gain:.2%}"
-    else:
-        predicted = ""
-    if not measure:
-        unmeasured = ("re-export",) if reference is not None else ()
-        if predicted:
-            return Decision(graph, predicted, chosen="original", not_measured=unmeasured)
-        return Decision(result, not_measured=unmeasured)
-    models = {"original": reference if reference is not None else export_onnx(graph)}
-    if reference is not None:
-        models["re-export"] = export_onnx(graph)
-    models["result"] = export_onnx(result)
-    # a candidate that computes node for node what an earlier one does is not timed
-    # (the earlier one stands for it), so that noise does not choose between twins
-    seen: dict[tuple, str] = {}
-    twins: dict[str, str] = {}
-    for name in list(models):
-        twin = seen.setdefault(_computation(models[name]), name)
-        if twin != name:
-            twins[name] = twin
-            del models[name]
-    if len(models) == 1:
-        return Decision(graph, "every candidate computes node for node what the original does",
-                        chosen="original")
-    names = " and ".join(", ".join(models).rsplit(", ", 1))
-    phase(f"timing {names} in onnxruntime ({measure} interleaved runs each)")
-    runs = timing.ort_runs(models, random_inputs(graph), measure, measure_progress)
-    times = {k: statistics.median(v) for k, v in runs.items()}
-    # The fastest candidate that beat the original in more interleaved rounds than
-    # chance allows; the original otherwise (a changed file must pay for itself).
-    best = next((k for k in sorted(models, key=times.get)
-                 if k != "original" and timing.faster_beyond_noise(runs[k], runs["original"])), "original")
-    if best == "result":
-        return Decision(result, "", times, "result", exported=models["result"])
-    if "result" not in models:
-        why = f"the result computes node for node what the {twins['result']} does"
-    elif times["result"] >= times[best]:
-        why = f"the result measured slower than the {best} in onnxruntime"
-    else:
-        wins = sum(r < o for r, o in zip(runs["result"], runs["original"]))
-        why = (f"the result measured faster than the original, but in only {wins} of {measure} "
-               f"interleaved runs: not beyond noise (a one-sided sign test at 5 %)")
-    if predicted:
-        why += f" ({predicted})"
-    return Decision(graph, why, times, best, exported=models[best] if best == "re-export" else None)
-
-
-def _computation(model) -> tuple:
-    """What an ONNX graph computes, node for node, names aside: a digest of each output
-    over its operators, attributes, graph inputs and weight values (constants by value)."""
-    import hashlib
-
-    from onnx import TensorProto, helper, numpy_helper
-
-    def tensor_key(t) -> str:
-        a = numpy_helper.to_array(t)
-        return hashlib.sha1(f"{a.dtype}{a.shape}".encode() + a.tobytes()).hexdigest()
-
-    g = model.graph
-    key = {"": ""}
-    key.update({t.name: tensor_key(t) for t in g.initializer})
-    key.update({i.name: "input " + i.name for i in g.input if i.name not in key})
-    for node in g.node:
-        attrs = []
-        for a in sorted(node.attribute, key=lambda a: a.name):
-            v = helper.get_attribute_value(a)
-            attrs.append((a.name, tensor_key(v) if isinstance(v, TensorProto) else repr(v)))
-        digest = hashlib.sha1(repr((node.domain, node.op_type, attrs,
-                                    [key.get(i, "?" + i) for i in node.input])).encode()).hexdigest()
-        for j, out in enumerate(node.output):
-            key[out] = f"{digest}:{j}"
-    return tuple(key.get(o.name, "?" + o.name) for o in g.output)
-
-
 def _check_in_onnxruntime(graph: Graph, result: Graph, reference, phase, exported=None, seed: int = 0):
     """The returned graph's check (``exported``: its ONNX, when already made) against
     ``reference`` (or ``graph`` exported) in onnxruntime, float32, on random inputs:
@@ -451,24 +343,6 @@ def _check_in_onnxruntime(graph: Graph, result: Graph, reference, phase, exporte
     check = check_onnx_model((lambda: export_for_check(graph)) if reference is None else reference,
                              written, graph, seed=seed)
     return check, written
-
-
-def keep_unless_faster(graph: Graph, candidate: Graph, repeats: int,
-                       progress=None) -> tuple[Graph, dict[str, float], str]:
-    """Time ``graph`` and ``candidate`` in onnxruntime (``repeats`` interleaved runs);
-    ``(candidate, times, "")`` when the candidate beats the graph beyond noise (the
-    sign test ``optimize`` applies), else ``(graph, times, why)``. Times are median
-    milliseconds under "original" and "optimized". Every command that writes an
-    optimized graph applies this guard."""
-    runs = timing.ort_runs({"original": export_onnx(graph), "optimized": export_onnx(candidate)},
-                           random_inputs(graph), repeats, progress)
-    times = {k: statistics.median(v) for k, v in runs.items()}
-    if times["optimized"] >= times["original"]:
-        return graph, times, "the result measured slower than the input in onnxruntime"
-    if not timing.faster_beyond_noise(runs["optimized"], runs["original"]):
-        return graph, times, (f"the result measured faster, but not in more of the {repeats} interleaved "
-                              f"runs than chance allows (a sign test at 5 %)")
-    return candidate, times, ""
 
 
 def runtime_form(graph: Graph, rules, model: CostModel) -> Graph:

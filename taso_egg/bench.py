@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import resource
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -33,6 +32,7 @@ MB = 1 << 20
 def main(argv=None) -> int:
     from . import zoo
     from .cli_args import add_limit_arguments
+    from .decide import MAX_ROUNDS
 
     p = argparse.ArgumentParser(prog="python -m taso_egg.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -50,8 +50,9 @@ def main(argv=None) -> int:
                         "and that file's proved rules, in place of the shipped generated ones)")
     add_limit_arguments(p)
     p.add_argument("--profile", default="cpu-ort", help="cost profile name or path, or 'analytic'")
-    p.add_argument("--measure", type=int, default=9,
-                   help="--onnx: interleaved runs per candidate, in optimize and in the table")
+    p.add_argument("--measure", type=int, default=MAX_ROUNDS,
+                   help="--onnx: the most paired interleaved rounds of optimize's guard, and of "
+                        "the table's own timing of the written model (default %(default)s)")
     p.add_argument("--kernel-shares", action="store_true",
                    help="--onnx: also print where onnxruntime spends the original's kernel time, "
                         "by operator as it runs them after its own fusions (what any rewrite "
@@ -157,8 +158,8 @@ def _onnx_table(args) -> int:
     if not files:
         print(f"error: {args.onnx}: no *.onnx files", file=sys.stderr)
         return 2
-    print(f"{'model':<28}{'corpus':<10}{'nodes':>6}{'opaque':>8}{'optimize s':>11}{'predicted':>10}{'result':>9}"
-          f"{'1 thread':>10}{'2 threads':>10}{'max rel err':>12}{'RSS MB':>8}  written", flush=True)
+    print(f"{'model':<28}{'corpus':<10}{'nodes':>6}{'opaque':>8}{'optimize s':>11}{'predicted':>10}{'result':>21}"
+          f"{'1 thread':>21}{'2 threads':>21}{'max rel err':>12}{'RSS MB':>8}  written", flush=True)
     context = multiprocessing.get_context("spawn")
     for path, corpus in ((p, c) for p in files for c in args.corpora):
         label = _corpus_label(corpus)
@@ -170,18 +171,18 @@ def _onnx_table(args) -> int:
                 continue
         err = "-" if row["error"] is None else f"{row['error']:.1e}"
         print(f"{path.name:<28}{label:<10}{row['nodes']:>6}{row['opaque']:>8}{row['seconds']:>11.1f}"
-              f"{row['predicted']:>9.3f}x{_ratio(row['result'], 9)}{_ratio(row['speedup1'], 10, 'same')}"
-              f"{_ratio(row['speedup2'], 10, 'same')}{err:>12}{row['rss_mb']:>8.0f}  {row['chosen']}", flush=True)
+              f"{row['predicted']:>9.3f}x{_ratio(row['result'], 21)}{_ratio(row['speedup1'], 21, 'same')}"
+              f"{_ratio(row['speedup2'], 21, 'same')}{err:>12}{row['rss_mb']:>8.0f}  {row['chosen']}", flush=True)
         if row["shares"]:
             print("    kernel time of the original by operator: " + ", ".join(
                 f"{op} {100 * share:.1f} %" for op, share in row["shares"]), flush=True)
     print(f"opaque = ONNX nodes our table does not cover (carried through unchanged); predicted = the "
           f"cost model's speedup of the extracted result over the input as a runtime runs it (what "
-          f"optimize's decision weighs); result = its speedup as optimize measured it "
-          f"(onnxruntime, one thread, median of {args.measure} interleaved runs; - when it computes "
-          f"what the input does); 1/2 threads = the written model against the original file, "
-          f"onnxruntime ORT_ENABLE_ALL, median of {args.measure} interleaved runs (same: the original "
-          f"was written); written = the candidate optimize wrote (original, re-export or result); max "
+          f"optimize's decision weighs); result = its speedup as optimize's guard measured it "
+          f"(onnxruntime, one thread, CPU time, paired interleaved rounds, at most {args.measure}: "
+          f"Hodges-Lehmann ratio (95 % interval); - when it computes what the input does); 1/2 "
+          f"threads = the written model against the original file by the same guard, onnxruntime "
+          f"ORT_ENABLE_ALL (2 threads: wall time; same: the original was written); written = the candidate optimize wrote (original, re-export or result); max "
           f"rel err = the check of the written model against the original (- when it is the original)")
     return 0
 
@@ -190,6 +191,7 @@ def _onnx_row(path: str, extractor: str, corpus: str, options: dict) -> dict:
     from . import timing
     from .api import optimize
     from .cli_args import limits_from_args
+    from .decide import run_guard
     from .executor import random_inputs
     from .onnx_io.exporter import export_onnx
     from .onnx_io.importer import load_onnx, read_model, upgraded
@@ -206,13 +208,13 @@ def _onnx_row(path: str, extractor: str, corpus: str, options: dict) -> dict:
     if st.chosen != "original":  # else the file written is the original's bytes
         written = r.exported if r.exported is not None else export_onnx(r.graph)
         for threads in speedups:
-            runs = timing.ort_runs({"original": reference, "written": written}, feeds,
-                                   options["measure"], threads=threads)
-            speedups[threads] = statistics.median(runs["original"]) / statistics.median(runs["written"])
-    ms = st.measured_ms or {}
+            with timing.pinned_threads():
+                report = run_guard(timing.ort_rounds({"original": reference, "written": written}, feeds, threads),
+                                   ["original", "written"], max_rounds=options["measure"])
+            speedups[threads] = report.comparisons["written"]
     return {"nodes": len(reference.graph.node), "opaque": st.ops_before.get("opaque", 0),
             "seconds": seconds, "predicted": r.cost_before / st.extracted_cost if st.extracted_cost else 1.0,
-            "result": ms["original"] / ms["result"] if "result" in ms and "original" in ms else None,
+            "result": st.guard.comparisons.get("result") if st.guard else None,
             "speedup1": speedups[1], "speedup2": speedups[2], "error": _error(st),
             "chosen": st.chosen, "rss_mb": _peak_rss_mb(),
             "shares": _kernel_shares(reference, feeds) if options["kernel_shares"] else []}
@@ -246,8 +248,10 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
-def _ratio(value, width: int, missing: str = "-") -> str:
-    return f"{value:>{width - 1}.3f}x" if value is not None else format(missing, f">{width}")
+def _ratio(c, width: int, missing: str = "-") -> str:
+    """A guard's ``Comparison`` as ``1.031x(1.012-1.049)``."""
+    text = f"{c.ratio:.3f}x({c.low:.3f}-{c.high:.3f})" if c is not None else missing
+    return format(text, f">{width}")
 
 
 def _or_dash(value, spec: str) -> str:

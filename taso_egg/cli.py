@@ -128,18 +128,11 @@ _CANDIDATE_NAMES = {"original": "the input, unchanged",
 
 def _print_summary(result) -> None:
     st = result.stats
-    ms = st.measured_ms
     kept = st.kept_input
     before, extracted = result.cost_before, st.extracted_cost  # as a runtime runs each
     predicted = before / extracted if extracted > 0 else math.inf
-    if ms:
-        print(f"speedup: measured {ms['original'] / ms[st.chosen]:.3f}x in onnxruntime "
-              f"(the written {st.chosen} against the original; ORT_ENABLE_ALL, 1 thread, "
-              f"median CPU time); the result predicted {predicted:.3f}x ({result.cost_model})")
-        print(f"  {'candidate':<10} {'ms':>10} {'vs original':>12}")
-        for name, t in ms.items():
-            print(f"  {name:<10} {t:>10.3f} {ms['original'] / t:>11.3f}x"
-                  + ("  <- written" if name == st.chosen else ""))
+    if st.guard:
+        _print_guard(st.guard, st.chosen, predicted, result.cost_model)
     else:
         print(f"speedup: not measured; predicted {predicted:.3f}x ({result.cost_model})")
     if st.not_measured:
@@ -172,6 +165,28 @@ def _print_summary(result) -> None:
         print("check: none needed (the input is written; the extracted graph, not written, was not checked)")
     elif st.check_skipped:
         print(f"check: none: {st.check_skipped}, so the re-exported input could not be checked in float32")
+
+
+def _print_guard(guard, chosen: str, predicted: float, cost_model: str) -> None:
+    """The headline speedup with its interval, and each candidate's line."""
+    from .decide import format_ratio
+
+    how = (f"onnxruntime ORT_ENABLE_ALL, 1 thread, CPU time, {guard.rounds} paired rounds in "
+           f"{guard.seconds:.1f} s; {guard.confidence:.0%} interval")
+    if chosen == "original":
+        print(f"speedup: none confirmed; the original is written ({how}); the result predicted "
+              f"{predicted:.3f}x ({cost_model})")
+    else:
+        print(f"speedup: measured {format_ratio(guard.comparisons[chosen])} in onnxruntime (the written "
+              f"{chosen} against the original; {how}); the result predicted {predicted:.3f}x "
+              f"({cost_model})")
+    print(f"  {'candidate':<10} {'median ms':>10} {'vs original':>12} {'interval':>18}  decision")
+    for name, t in guard.medians.items():
+        c = guard.comparisons.get(name)
+        line = f"  {name:<10} {t:>10.3f}"
+        if c is not None:
+            line += f" {c.ratio:>11.3f}x {f'[{c.low:.3f}, {c.high:.3f}]':>18}  {c.decision}"
+        print(line + ("  <- written" if name == chosen else ""))
 
 
 def _stderr_line(message: str) -> None:
@@ -230,6 +245,7 @@ PLUGGED_COMMANDS = [
 
 def build_parser() -> argparse.ArgumentParser:
     from .api import DEFAULT_EXTRACTOR, ILP_TIME_LIMIT
+    from .decide import ALPHA, MARGIN, MAX_MEASURE, MAX_ROUNDS, MIN_ROUNDS, TIME_BUDGET
 
     parser = argparse.ArgumentParser(prog="taso-egg", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="show debug logging")
@@ -253,12 +269,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"stop the extractor after S seconds (default {ILP_TIME_LIMIT:g}; the ILP "
                         f"then keeps its best graph so far)")
     p.add_argument("--rules", action="append", metavar="FILE", help="extra .rules file (repeatable)")
-    p.add_argument("--measure", type=int, default=5, metavar="N",
-                   help="time the original, its re-export and the result N times each in "
-                        "onnxruntime (interleaved, at most 200) and write the fastest that beats the "
-                        "original in more runs than chance allows (a sign test: N >= 5 for any to "
-                        "replace it; default 5); 0: skip, and the result is written on its predicted "
-                        "gain, else the original")
+    p.add_argument("--measure", type=int, default=MAX_ROUNDS, metavar="N",
+                   help=f"time the original, its re-export and the result in onnxruntime in paired "
+                        f"interleaved rounds until the answer is clear, N rounds at most ({MIN_ROUNDS} "
+                        f"to {MAX_MEASURE}; default {MAX_ROUNDS}; and {TIME_BUDGET:g} s), and write "
+                        f"the fastest confirmed faster than the original (the {100 * (1 - 2 * ALPHA):.0f} %% "
+                        f"interval of its speedup above {1 + MARGIN:g}), else the original; 0: skip, "
+                        f"and the result is written on its predicted gain, else the original")
     p.add_argument("--min-gain", type=float, default=MIN_GAIN, metavar="F",
                    help=f"without --measure, keep the original unless the predicted cost drops by "
                         f"more than this fraction (default {MIN_GAIN}: the cost model's measured "

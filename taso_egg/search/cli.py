@@ -13,6 +13,8 @@ from taso_egg.cli_args import add_input_shape_argument, parse_input_shapes
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from taso_egg.decide import MAX_MEASURE, MAX_ROUNDS, MIN_ROUNDS
+
     parser.add_argument("model", help="ONNX file, or a zoo model name (taso_egg.zoo.MODELS)")
     parser.add_argument("-o", "--output", required=True, type=Path, help="optimized ONNX file")
     parser.add_argument("--budget", type=int, default=1000, metavar="N",
@@ -25,15 +27,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cost model: a shipped profile's name, a profile file, or 'analytic' "
                              "(default: the same as `taso-egg optimize`)")
     add_input_shape_argument(parser, "fix a symbolic input dimension of an ONNX file (repeatable)")
-    parser.add_argument("--measure", type=int, default=5, metavar="N",
-                        help="time input and result N times in onnxruntime (at most 200) and write "
-                             "the input if the result is slower, as `optimize` does (0: skip)")
+    parser.add_argument("--measure", type=int, default=MAX_ROUNDS, metavar="N",
+                        help=f"time input and result in onnxruntime with `optimize`'s guard (paired "
+                             f"interleaved rounds until the answer is clear, N at most: {MIN_ROUNDS} "
+                             f"to {MAX_MEASURE}; default {MAX_ROUNDS}) and write the input unless the "
+                             f"result is confirmed faster (0: skip)")
 
 
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from taso_egg.api import check_measure, keep_unless_faster
+    from taso_egg.decide import check_measure, format_ratio, keep_unless_faster
     from taso_egg.cost import DEFAULT_PROFILE
     from taso_egg.errors import ExportError
     from taso_egg.files import check_writable
@@ -57,17 +61,18 @@ def run(args: argparse.Namespace) -> int:
                                      profile=args.profile or DEFAULT_PROFILE)
     best, measured, kept = result.graph, None, ""
     if args.measure and best is not graph:
-        print(f"timing input and result in onnxruntime ({args.measure} interleaved runs each)",
-              file=sys.stderr)
+        print(f"timing input and result in onnxruntime (paired interleaved rounds, at most "
+              f"{args.measure})", file=sys.stderr)
         best, measured, kept = keep_unless_faster(graph, best, args.measure)
     model = export_onnx(best)
     print(format_table(operator_counts(export_onnx(graph)), operator_counts(model)))
     print(f"{'cost':<16}{result.cost_before * 1e3:>8.4g}{result.cost_after * 1e3:>8.4g}  ms "
           f"({result.cost_model}); predicted speedup {result.speedup:.3f}x")
     if measured:
-        print(f"measured in onnxruntime (ORT_ENABLE_ALL, 1 thread, median CPU time): input "
-              f"{measured['original']:.3f} ms, result {measured['optimized']:.3f} ms "
-              f"({measured['original'] / measured['optimized']:.3f}x)")
+        ms, c = measured.medians, measured.comparisons["optimized"]
+        print(f"measured in onnxruntime (ORT_ENABLE_ALL, 1 thread, CPU time, {measured.rounds} paired "
+              f"rounds): input {ms['original']:.3f} ms, result {ms['optimized']:.3f} ms (medians); "
+              f"result {format_ratio(c)} ({measured.confidence:.0%} interval): {c.decision}")
     rejected = ", ".join(f"{k} {v}" for k, v in result.rejected.items())
     print(f"search: {result.graphs_explored} graphs explored, {result.graphs_generated} generated, "
           f"{result.graphs_queued} queued (rejected: {rejected}); stopped: {result.stop_reason}; "
