@@ -42,12 +42,14 @@ if TYPE_CHECKING:
 # and half of them run each order.
 MIN_ROUNDS = 10
 # The most rounds by default (``measure``, ``--measure``): a true 3 % gain with 2 %
-# run-to-run noise is confirmed in about 20 rounds; 60 leave room for noisier models.
-MAX_ROUNDS = 60
+# run-to-run noise is confirmed in about 25 rounds (tests/test_decide.py); small
+# models, whose rounds take milliseconds, can afford the 200 that noisier timings
+# need, and TIME_BUDGET stops large ones first.
+MAX_ROUNDS = 200
 # The most rounds a caller may ask for: past a few hundred the interval narrows by
 # little more than the machine's drift, only the wait grows.
-MAX_MEASURE = 200
-# Timing stops after this many seconds (the rounds begun by then finish; MIN_ROUNDS
+MAX_MEASURE = 500
+# Timing stops after this many seconds (the round begun by then finishes; MIN_ROUNDS
 # always run): on a model of a second a run, 60 rounds of three candidates take three
 # minutes, more than a saturation.
 TIME_BUDGET = 60.0

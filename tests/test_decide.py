@@ -93,10 +93,10 @@ def test_looks():
 def test_a_true_3_percent_gain_is_confirmed_within_the_default_budget():
     # 2 % noise per run (each of the pair), 5 % load drift between rounds
     got = _decisions({"result": 1.03}, cv=0.02, seeds=100)["result"]
-    assert got["faster"] >= 95 and got["faster"] + got["undecided"] == 100
+    assert got["faster"] >= 98 and got["faster"] + got["undecided"] == 100
     rounds = [run_guard(_rounds(np.random.default_rng(s), {"result": 1.03}, 0.02),
                         ["original", "result"]).rounds for s in range(20)]
-    assert np.median(rounds) < MAX_ROUNDS  # decided early, not by running out
+    assert np.median(rounds) <= 36 < MAX_ROUNDS  # decided early, not by running out
 
 
 def test_a_1_percent_loss_is_refused():
@@ -130,7 +130,7 @@ def test_heavy_tailed_noise_is_not_confirmed_falsely():
     assert got["faster"] <= ALPHA * seeds and got["slower"] <= ALPHA * seeds
     # nor a 3 % gain called a loss, spikes or not
     got = _decisions({"result": 1.03}, cv=0.03, seeds=50, spikes=0.15)["result"]
-    assert got["slower"] == 0 and got["faster"] >= 10  # power drops with 15 % of runs spiked
+    assert got["slower"] == 0 and got["faster"] >= 35  # power drops with 15 % of runs spiked
 
 
 def test_several_candidates_share_the_level():
@@ -164,7 +164,7 @@ def test_progress_ends_where_timing_ends():
     assert seen[0] == (1, MAX_ROUNDS) and seen[-1] == (report.rounds, report.rounds)
 
 
-@pytest.mark.parametrize("bad", [1, 5, 9, 201, -1, 2.5])
+@pytest.mark.parametrize("bad", [1, 5, 9, 501, -1, 2.5])
 def test_measure_is_zero_or_a_round_budget_that_can_decide(bad):
     from taso_egg.errors import LimitError
 
