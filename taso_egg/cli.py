@@ -172,7 +172,7 @@ def _print_guard(guard, chosen: str, predicted: float, cost_model: str) -> None:
     from .decide import format_ratio
 
     how = (f"onnxruntime ORT_ENABLE_ALL, 1 thread, CPU time, {guard.rounds} paired rounds in "
-           f"{guard.seconds:.1f} s; {guard.confidence:.0%} interval")
+           f"{guard.seconds:.1f} s; {100 * guard.confidence:.0f} % interval")
     if chosen == "original":
         print(f"speedup: none confirmed; the original is written ({how}); the result predicted "
               f"{predicted:.3f}x ({cost_model})")

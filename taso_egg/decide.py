@@ -93,7 +93,7 @@ class GuardReport:
     rounds: int
     seconds: float
     stopped: str
-    confidence: float = 1 - 2 * ALPHA
+    confidence: float
 
 
 def check_measure(runs) -> None:

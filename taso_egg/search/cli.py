@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         ms, c = measured.medians, measured.comparisons["optimized"]
         print(f"measured in onnxruntime (ORT_ENABLE_ALL, 1 thread, CPU time, {measured.rounds} paired "
               f"rounds): input {ms['original']:.3f} ms, result {ms['optimized']:.3f} ms (medians); "
-              f"result {format_ratio(c)} ({measured.confidence:.0%} interval): {c.decision}")
+              f"result {format_ratio(c)} ({100 * measured.confidence:.0f} % interval): {c.decision}")
     rejected = ", ".join(f"{k} {v}" for k, v in result.rejected.items())
     print(f"search: {result.graphs_explored} graphs explored, {result.graphs_generated} generated, "
           f"{result.graphs_queued} queued (rejected: {rejected}); stopped: {result.stop_reason}; "
