@@ -38,8 +38,9 @@ if TYPE_CHECKING:
 
 # --- the guard's knobs ----------------------------------------------------------------
 # The fewest rounds before the first look: with ten, the exact signed-rank interval
-# can exclude no difference at the per-look level below (its smallest p is 2^-10),
-# and half of them run each order.
+# can exclude no difference at each look's share of ALPHA (its smallest one-sided p,
+# 2^-10, is below 0.025 / 18: nine looks, two candidates), and half of them run each
+# order.
 MIN_ROUNDS = 10
 # The most rounds by default (``measure``, ``--measure``): a true 3 % gain with 2 %
 # run-to-run noise is confirmed in about 25 rounds (tests/test_decide.py); small

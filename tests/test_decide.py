@@ -172,3 +172,11 @@ def test_measure_is_zero_or_a_round_budget_that_can_decide(bad):
         decide.check_measure(bad)
     for good in (0, decide.MIN_ROUNDS, decide.MAX_MEASURE):
         decide.check_measure(good)
+
+
+def test_a_clear_gain_is_confirmed_at_the_first_look_among_two_candidates():
+    # MIN_ROUNDS is enough for the exact interval at each look's share of ALPHA
+    report = run_guard(_rounds(np.random.default_rng(0), {"re-export": 1.5, "result": 1.5}, cv=0.02),
+                       ["original", "re-export", "result"])
+    assert report.rounds == decide.MIN_ROUNDS and report.stopped == "decided"
+    assert {c.decision for c in report.comparisons.values()} == {"faster"}
