@@ -66,12 +66,13 @@ import hashlib
 import os
 import re
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Union
 
 from taso_egg import cache
-from taso_egg.errors import RuleError
+from taso_egg.errors import RuleError, VerificationError
 from taso_egg.ops import FLOAT_DTYPES, OPS
 from taso_egg.ops.base import PARAM_KINDS
 from taso_egg.ops.elementwise import ACTIVATIONS
@@ -878,6 +879,34 @@ def load_rule_file(path) -> list[Rule]:
     return parse_rules(_read_text(path), str(path))
 
 
+def load_user_rules(paths, allow_unproved: bool = False) -> list[Rule]:
+    """The rules of the files a user adds to the corpus (``--rules``). A rule
+    without a ``proved`` record (``taso-egg rules verify FILE`` writes them) is
+    refused, by name, unless ``allow_unproved``: an unsound rule would fail the run's
+    check at best, and is not applied unasked."""
+    rules = [rule for path in paths for rule in load_rule_file(path)]
+    unproved = [rule for rule in rules if not rule.proved]
+    if unproved and not allow_unproved:
+        names = "; ".join(r.where for r in unproved[:3])
+        more = f" and {len(unproved) - 3} more" if len(unproved) > 3 else ""
+        raise RuleError(f"{len(unproved)} rule(s) of --rules are not proved: {names}{more}; prove them "
+                        f"with `taso-egg rules verify FILE`, or pass --allow-unproved to apply them anyway")
+    return rules
+
+
+@contextmanager
+def blame_user_rules(rules, applied):
+    """Around a run that applies the user's ``rules``: a VerificationError names those
+    of them in ``applied`` (the names of the rules that matched, filled as it runs)."""
+    try:
+        yield
+    except VerificationError as e:
+        names = sorted(r.name for r in rules if r.name in applied)
+        if not names:
+            raise
+        raise VerificationError(f"{e} (rules of --rules applied: {', '.join(names)})") from None
+
+
 def _read_text(path, data: bytes | None = None) -> str:
     try:
         data = Path(path).read_bytes() if data is None else data
@@ -1197,7 +1226,7 @@ __all__ = [
     "Var", "Lit", "App", "Proj", "ParamOp", "Guard", "Rule", "Proof", "PROOF_STATUSES",
     "Pattern", "ParamExpr",
     "PARAM_FNS", "COMPARISONS", "GUARD_KINDS", "MULTI_OUTPUT_OPS", "OPTIONAL_PARAMS",
-    "parse_rules", "load_rule_file", "with_proof_records", "load_corpus", "corpus_files", "walk_vars", "guard_vars",
+    "parse_rules", "load_rule_file", "load_user_rules", "blame_user_rules", "with_proof_records", "load_corpus", "corpus_files", "walk_vars", "guard_vars",
     "AXIOM_FILES", "STUDY_FILES", "GENERATED_CONSTANTS", "uses_generated_constant",
     "param_names", "pattern_ops", "signature", "ORIENTATIONS", "reverse", "with_orientations",
 ]

@@ -28,28 +28,15 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from . import timing
-from .errors import LimitError
 from .executor import random_inputs
 from .graph import Graph
 from .onnx_io.exporter import export_onnx
+from .options import MAX_ROUNDS, MIN_ROUNDS
 
 if TYPE_CHECKING:
     import onnx
 
-# --- the guard's knobs ----------------------------------------------------------------
-# The fewest rounds before the first look: with ten, the exact signed-rank interval
-# can exclude no difference at each look's share of ALPHA (its smallest one-sided p,
-# 2^-10, is below 0.025 / 18: nine looks, two candidates), and half of them run each
-# order.
-MIN_ROUNDS = 10
-# The most rounds by default (``measure``, ``--measure``): a true 3 % gain with 2 %
-# run-to-run noise is confirmed in about 25 rounds (tests/test_decide.py); small
-# models, whose rounds take milliseconds, can afford the 200 that noisier timings
-# need, and TIME_BUDGET stops large ones first.
-MAX_ROUNDS = 200
-# The most rounds a caller may ask for: past a few hundred the interval narrows by
-# little more than the machine's drift, only the wait grows.
-MAX_MEASURE = 500
+# --- the guard's knobs (its round counts are ``measure``'s bounds, in ``options``) ------
 # Timing stops after this many seconds (the round begun by then finishes; MIN_ROUNDS
 # always run): on a model of a second a run, 60 rounds of three candidates take three
 # minutes, more than a saturation.
@@ -95,15 +82,6 @@ class GuardReport:
     seconds: float
     stopped: str
     confidence: float
-
-
-def check_measure(runs) -> None:
-    """LimitError unless ``runs`` is 0 (no timing) or a most-rounds count the guard can
-    decide with: from MIN_ROUNDS to MAX_MEASURE."""
-    if not (isinstance(runs, int) and (runs == 0 or MIN_ROUNDS <= runs <= MAX_MEASURE)):
-        raise LimitError(f"measure (--measure) is the most interleaved rounds the guard may time: "
-                         f"0 (no timing) or from {MIN_ROUNDS} to {MAX_MEASURE}, got {runs!r} "
-                         f"(fewer than {MIN_ROUNDS} rounds cannot confirm a gain)")
 
 
 # --- the statistics -------------------------------------------------------------------

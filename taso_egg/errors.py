@@ -21,6 +21,11 @@ class OnnxImportError(TasoEggError):
     """An ONNX model cannot be read or mapped (truncated file, dynamic shape, ...)."""
 
 
+class NotModelled(OnnxImportError):
+    """A valid ONNX model holds what the operator table cannot model (a sequence, a
+    map, an optional): ``optimize`` writes such a model unchanged."""
+
+
 class ExportError(TasoEggError):
     """A graph cannot be written as ONNX."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Mapping
 
 import numpy as np
@@ -11,12 +12,33 @@ from .graph import Graph, Node
 from .ops import OPS
 
 
+# Random feeds may take at most this share of the machine's memory: the model's own
+# tensors and two runtimes' copies need the rest.
+FEED_MEMORY_SHARE = 0.5
+
+
+def check_feed_fits(name: str, shape, dtype) -> None:
+    """ExecutionError when the random feed of input ``name`` cannot be made: as
+    ``random_inputs`` makes it (float64 first, then cast), it needs more than
+    FEED_MEMORY_SHARE of this machine's memory."""
+    elements = 1
+    for d in shape:
+        elements *= int(d)
+    need = elements * (8 + np.dtype(dtype).itemsize)
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > FEED_MEMORY_SHARE * memory:
+        raise ExecutionError(f"input {name!r} {list(shape)} {np.dtype(dtype)}: its random values, which "
+                             f"check and time the model, need {need / 2 ** 30:.1f} GiB, more than "
+                             f"{FEED_MEMORY_SHARE:.0%} of this machine's {memory / 2 ** 30:.1f} GiB")
+
+
 def random_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
     """Random feeds for every graph input (floats ~N(0,1); integers small, >= 0)."""
     rng = np.random.default_rng(seed)
     feeds = {}
     for n in graph.inputs():
         shape, dtype = n.params["shape"], np.dtype(n.params["dtype"])
+        check_feed_fits(n.params["name"], shape, dtype)
         if dtype.kind == "f":
             feeds[n.params["name"]] = rng.standard_normal(shape).astype(dtype)
         elif dtype.kind == "b":

@@ -1030,15 +1030,27 @@ def check_onnx_model(reference, model, graph, seed: int = 0, rtol: float = RTOL,
             return OnnxCheck(None, f"onnxruntime cannot run the input model ({first_line(e_ref)})")
         raise VerificationError(f"{what}: the model does not run: {first_line(e)}") from None
     why = _proves_nothing(actual)
-    if why:
+    if why and not _overflows(actual):
         return OnnxCheck(None, "the written model's " + why, reference_run=False)
     try:
         expected = onnx_outputs(ref(), feeds)
     except Exception as e:
         return OnnxCheck(None, f"onnxruntime cannot run the input model ({first_line(e)})")
-    why = _proves_nothing(expected)
-    if why:
-        return OnnxCheck(None, "the input's " + why)
+    overflow = _overflows(actual) or _overflows(expected)
+    if overflow:
+        # What is deployed runs in float32: the written model must overflow where the
+        # input does, and only there (float64 would call both finite and equal), and
+        # agree with it where both are finite; the float64 check then runs too.
+        differs = _non_finite_difference(expected, actual)
+        if differs:
+            raise VerificationError(f"{what}: {differs}: the written model overflows where the input "
+                                    f"does not, or the other way round")
+        why = "the written model's " + why if why else "the input's " + _proves_nothing(expected)
+        expected, actual = _finite_part(expected), _finite_part(actual)
+    else:
+        why = _proves_nothing(expected)
+        if why:
+            return OnnxCheck(None, "the input's " + why)
     errors = relative_errors(expected, actual, what)
     worst = max(errors.values(), default=0.0)
     if worst > rtol:
@@ -1053,6 +1065,9 @@ def check_onnx_model(reference, model, graph, seed: int = 0, rtol: float = RTOL,
                        what, f"output {name!r}")
         except _Inconclusive as e:  # float32 cannot tell; float64 may
             return OnnxCheck(None, "in float32 " + e.reason)
+    if overflow:
+        return OnnxCheck(None, f"{why} (where the input's is, and equal to it within {worst:.2g} "
+                               f"relative where finite)")
     return OnnxCheck(worst)
 
 
@@ -1071,6 +1086,33 @@ def check_float32_proves_nothing(reference, graph, skipped: str, seed: int = 0,
     if not _proves_nothing(expected):
         raise VerificationError(f"{what}: {skipped}, but the input's are finite and not all zero: "
                                 f"the written model overflows or vanishes where the input does not")
+
+
+def _overflows(outputs) -> bool:
+    """Whether a float output holds an Inf or a NaN."""
+    return any(v.dtype.kind == "f" and v.size and not np.all(np.isfinite(v)) for v in outputs.values())
+
+
+def _non_finite_difference(expected, actual) -> str:
+    """"" when every output holds its NaNs, +Infs and -Infs in the same places in
+    ``expected`` and ``actual``; else which output differs, and how much."""
+    for name, ref in expected.items():
+        got = actual.get(name)
+        if ref.dtype.kind != "f" or got is None or got.shape != ref.shape:
+            continue
+        differ = (np.isnan(ref) != np.isnan(got)) | (np.isposinf(ref) != np.isposinf(got)) | \
+            (np.isneginf(ref) != np.isneginf(got))
+        if differ.any():
+            return (f"float32 output {name!r} is not finite in {int((~np.isfinite(got)).sum())} of its "
+                    f"{got.size} values, the input's in {int((~np.isfinite(ref)).sum())} ({int(differ.sum())} "
+                    f"places differ, random inputs)")
+    return ""
+
+
+def _finite_part(outputs):
+    """Each float output with its non-finite values set to 0 (compared apart)."""
+    return {k: np.where(np.isfinite(v), v, 0).astype(v.dtype) if v.dtype.kind == "f" else v
+            for k, v in outputs.items()}
 
 
 def _proves_nothing(outputs) -> str:

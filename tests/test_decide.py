@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from taso_egg import decide
-from taso_egg.decide import ALPHA, MAX_ROUNDS, compare, looks, run_guard, signed_rank_interval
+from taso_egg.decide import ALPHA, compare, looks, run_guard, signed_rank_interval
+from taso_egg.options import MAX_MEASURE, MAX_ROUNDS, MIN_ROUNDS, check_measure
 
 
 def _rounds(rng, ratios: dict[str, float], cv: float, spikes: float = 0.0, drift: float = 0.05):
@@ -151,7 +152,7 @@ def test_the_time_budget_stops_timing_after_the_minimum():
         return rounds()
 
     report = run_guard(one_second_a_round, ["original", "result"], seconds=5, clock=lambda: sum(timed))
-    assert report.stopped == "time" and report.rounds == decide.MIN_ROUNDS and report.seconds == 10
+    assert report.stopped == "time" and report.rounds == MIN_ROUNDS and report.seconds == 10
     report = run_guard(one_second_a_round, ["original", "result"], seconds=15, clock=lambda: sum(timed))
     assert report.stopped == "time" and report.rounds == 15
 
@@ -160,7 +161,7 @@ def test_progress_ends_where_timing_ends():
     seen = []
     report = run_guard(_rounds(np.random.default_rng(0), {"result": 1.5}, cv=0.02), ["original", "result"],
                        progress=lambda done, total: seen.append((done, total)))
-    assert report.stopped == "decided" and report.rounds == decide.MIN_ROUNDS
+    assert report.stopped == "decided" and report.rounds == MIN_ROUNDS
     assert seen[0] == (1, MAX_ROUNDS) and seen[-1] == (report.rounds, report.rounds)
 
 
@@ -169,14 +170,14 @@ def test_measure_is_zero_or_a_round_budget_that_can_decide(bad):
     from taso_egg.errors import LimitError
 
     with pytest.raises(LimitError, match="cannot confirm a gain"):
-        decide.check_measure(bad)
-    for good in (0, decide.MIN_ROUNDS, decide.MAX_MEASURE):
-        decide.check_measure(good)
+        check_measure(bad)
+    for good in (0, MIN_ROUNDS, MAX_MEASURE):
+        check_measure(good)
 
 
 def test_a_clear_gain_is_confirmed_at_the_first_look_among_two_candidates():
     # MIN_ROUNDS is enough for the exact interval at each look's share of ALPHA
     report = run_guard(_rounds(np.random.default_rng(0), {"re-export": 1.5, "result": 1.5}, cv=0.02),
                        ["original", "re-export", "result"])
-    assert report.rounds == decide.MIN_ROUNDS and report.stopped == "decided"
+    assert report.rounds == MIN_ROUNDS and report.stopped == "decided"
     assert {c.decision for c in report.comparisons.values()} == {"faster"}

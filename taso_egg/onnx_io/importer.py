@@ -17,10 +17,12 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..errors import GraphError, OnnxImportError, ShapeError, TasoEggError, first_line
+from ..executor import check_feed_fits
 from ..graph import Graph, Tensor
 from ..ops import ONNX_IMPORTERS, TensorType
 from ..ops.opaque import run_node
 from ..versions import MIN_OPSET
+from .validate import validate_model
 
 log = logging.getLogger("taso_egg.onnx")
 
@@ -53,9 +55,10 @@ def read_model(model):
     return read_model_file(model)[0]
 
 
-def read_model_file(model):
+def read_model_file(model, validate: bool = True):
     """``(proto, external)``: as ``read_model``, and whether the file kept its weights
-    in external data (so that what is written back can keep them apart too)."""
+    in external data (so that what is written back can keep them apart too). With
+    ``validate``, a model read from a file or bytes passes ``validate.validate_model``."""
     import onnx
     from google.protobuf.message import DecodeError
 
@@ -67,6 +70,8 @@ def read_model_file(model):
             proto = onnx.load_from_string(bytes(model))
         else:
             where = os.fspath(model)
+            if os.path.isdir(where):
+                raise OnnxImportError(f"{where}: is a folder, not an ONNX file")
             if not os.path.isfile(where):
                 raise OnnxImportError(f"{where}: no such file")
             proto = onnx.load(where, load_external_data=False)
@@ -80,6 +85,8 @@ def read_model_file(model):
     if not proto.graph.node and not proto.graph.output:
         raise OnnxImportError(f"{where}: not an ONNX model (no graph)")
     _check_opset(proto, where)
+    if validate:
+        validate_model(proto, where)
     return proto, external
 
 
@@ -212,13 +219,17 @@ class _Importer:
             for axis, d in enumerate(tt.shape.dim):
                 if d.HasField("dim_value") and d.dim_value > 0:
                     shape.append(d.dim_value)
+                elif d.HasField("dim_value"):
+                    raise OnnxImportError(f"input {vi.name!r} has size {d.dim_value} at axis {axis}: "
+                                          f"an empty tensor, which the operator table does not model")
                 else:
-                    sym = d.dim_param or "?"
+                    what = f"a symbolic dimension {d.dim_param!r}" if d.dim_param else \
+                        "an unnamed symbolic dimension"
                     raise OnnxImportError(
-                        f"input {vi.name!r} has a symbolic dimension {sym!r} at axis {axis}; "
-                        f"pass input_shapes={{'{vi.name}': (...)}} (CLI: --input-shape "
-                        f"{vi.name}=...) to fix it")
+                        f"input {vi.name!r} has {what} at axis {axis}; pass --input-shape "
+                        f"{vi.name}=... to fix it (Python: input_shapes={{'{vi.name}': (...)}})")
             shape = tuple(shape)
+        check_feed_fits(vi.name, shape, dtype)
         t = self.g.new_input(shape, name=vi.name, dtype=dtype)
         self.values[vi.name] = t
         self.types[vi.name] = t.type

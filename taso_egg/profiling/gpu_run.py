@@ -35,6 +35,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..cli_args import CommandParser
 from ..cost import ProfiledCost
 from ..cost.store import now
 from ..errors import ProfileError, TasoEggError
@@ -139,7 +140,7 @@ def table(rows: dict, meta: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m taso_egg.profiling.gpu_run", description=__doc__,
+    p = CommandParser(prog="python -m taso_egg.profiling.gpu_run", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bundle", default="build/gpu-bundle")
     p.add_argument("--out", required=True, help="folder for the profile, the comparison and its table")
