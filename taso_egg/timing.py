@@ -88,26 +88,30 @@ class Rounds:
     """Callables timed round by round, interleaved: each round times every callable
     once, in alternating order (forward, then backward), so that load drifts hit all
     alike and no callable always follows the same one (the one before warms or
-    pollutes the caches). Built with a warm-up call each. A sample of a callable
-    faster than ``MIN_SAMPLE_SECONDS`` times that many seconds' worth of calls and
-    divides, so that a model of a few microseconds is not measured at the clock's
-    resolution and scheduler noise."""
+    pollutes the caches). Built with a warm-up call each. Where the fastest callable
+    takes less than ``MIN_SAMPLE_SECONDS``, a sample times that many seconds' worth of
+    its calls and divides, so that a model of a few microseconds is not measured at the
+    clock's resolution and scheduler noise; every callable is called as many times per
+    sample (``calls``), so that samples compare like with like: with counts of their
+    own, two byte-identical models measured 1-3 % apart, the one with fewer calls per
+    sample (a colder first call) slower."""
 
     def __init__(self, runs: dict):
-        self.runs, self.calls, self.done = runs, {}, 0
-        for name, fn in runs.items():  # warm-up, and how many calls make one sample
+        self.runs, self.done = runs, 0
+        fastest = math.inf
+        for fn in runs.values():  # warm-up, and the fastest call
             fn()
             w0 = time.perf_counter()
             fn()
-            self.calls[name] = max(1, min(10_000, math.ceil(MIN_SAMPLE_SECONDS
-                                                            / max(time.perf_counter() - w0, 1e-7))))
+            fastest = min(fastest, time.perf_counter() - w0)
+        self.calls = max(1, min(10_000, math.ceil(MIN_SAMPLE_SECONDS / max(fastest, 1e-7))))
 
     def next(self) -> tuple[dict[str, float], dict[str, float]]:
         """One more round: CPU and wall seconds per call of each callable."""
         names = list(self.runs) if self.done % 2 == 0 else list(reversed(self.runs))
         cpu, wall = {}, {}
         for name in names:
-            fn, n = self.runs[name], self.calls[name]
+            fn, n = self.runs[name], self.calls
             c0, w0 = time.process_time(), time.perf_counter()
             for _ in range(n):
                 fn()
@@ -170,8 +174,12 @@ def ort_rounds(models: dict, feeds, threads: int = 1):
     """A callable that times one more interleaved round (``Rounds``) of the ONNX
     models in onnxruntime (ORT_ENABLE_ALL) and returns each one's milliseconds: CPU
     time on one thread (other processes' load does not count), wall time with more
-    (CPU time would add the threads up). The sessions are built once, here."""
-    sessions = {k: make_session(m, threads=threads) for k, m in models.items()}
+    (CPU time would add the threads up). The sessions are built once, here, the first
+    model's (the baseline's) last: of two sessions of one small model the one built
+    first measured up to a few percent slower, so whatever is left of that counts
+    against the candidates, never for them."""
+    built = {k: make_session(models[k], threads=threads) for k in reversed(models)}
+    sessions = {k: built[k] for k in models}
     rounds = Rounds({k: (lambda s=s: s.run(None, feeds)) for k, s in sessions.items()})
 
     def next_round() -> dict[str, float]:

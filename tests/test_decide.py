@@ -181,3 +181,40 @@ def test_a_clear_gain_is_confirmed_at_the_first_look_among_two_candidates():
                        ["original", "re-export", "result"])
     assert report.rounds == MIN_ROUNDS and report.stopped == "decided"
     assert {c.decision for c in report.comparisons.values()} == {"faster"}
+
+
+# --- how rounds are timed ------------------------------------------------------------------
+
+
+def test_rounds_alternate_and_call_each_alike():
+    from taso_egg.timing import Rounds
+
+    calls, order = Counter(), []
+
+    def fn(name):
+        def call():
+            calls[name] += 1
+            order.append(name)
+        return call
+
+    rounds = Rounds({"original": fn("original"), "copy": fn("copy")})
+    calls.clear()
+    order.clear()
+    rounds.next()
+    first = list(dict.fromkeys(order))
+    order.clear()
+    rounds.next()
+    assert first == ["original", "copy"] and list(dict.fromkeys(order)) == ["copy", "original"]
+    # as many calls per sample for each: byte-identical models with counts of their own
+    # measured apart
+    assert calls["original"] == calls["copy"] == 2 * rounds.calls
+
+
+def test_the_baseline_session_is_built_last(monkeypatch):
+    from taso_egg import timing
+
+    built = []
+    monkeypatch.setattr(timing, "make_session", lambda model, threads=1: built.append(model) or model)
+    monkeypatch.setattr(timing, "Rounds", lambda runs: None)
+    timing.ort_rounds({"original": "o", "re-export": "e", "result": "r"}, {})
+    assert built == ["r", "e", "o"]
