@@ -16,17 +16,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .cost import CostModel, graph_cost, load_cost_model
-from .decide import GuardReport, decide
+from .decide import Decision, GuardReport, decide
 from .egraph.convert import build_graph
 from .egraph.pricing import priced_egraph
 from .egraph.saturate import Saturation, saturate, tensor_classes
-from .errors import ExtractionError
+from .errors import CannotRun, ExtractionError
 from .graph import Graph
 from .options import ExtractionOptions, Hooks, Limits, OptimizeOptions
 from .onnx_io.exporter import export_for_check, with_weights
-from .rules.lang import load_corpus
+from .rules.corpus import load_corpus
 from .verify import (LocalCheck, check_float32_proves_nothing, check_graphs_equivalent, check_locally,
-                     check_onnx_model, share_weights)
+                     check_onnx_model, check_precision_kept, share_weights)
 
 if TYPE_CHECKING:
     import onnx
@@ -84,7 +84,7 @@ class OptimizeStats:
     # the check that ran on the returned graph: "onnxruntime" (float32, the written
     # model), "regions" (our executor, float64: the changed regions, ``local_check``),
     # "whole" (our executor on both whole graphs), "" (none: the input returned, or
-    # verify=False, or a re-export that float32 cannot check)
+    # verify=False)
     check: str = ""
     check_skipped: str = ""          # why onnxruntime's comparison would prove nothing
     local_check: LocalCheck | None = None
@@ -182,7 +182,14 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
     or all zero, round-off past ``verify.MAX_RTOL``, or onnxruntime cannot run the
     input: ``check_skipped``) a returned result is checked in our executor instead
     (float64, tracked exponents), only its changed regions, each on the input's own
-    tensors at its boundary (``verify.check_locally``).
+    tensors at its boundary (``verify.check_locally``). The check's tolerance follows
+    each output's dtype and the quantization on its path (``verify.rounding_steps``),
+    and what is written may not change the model's precision
+    (``verify.check_precision_kept``). A candidate no check can run on (a re-export
+    onnxruntime's comparison proves nothing for; a result whose input neither
+    onnxruntime nor our executor can run, ``errors.CannotRun``) gives way to the
+    original, and ``kept_input`` says why; where onnxruntime cannot run the input,
+    nothing is timed.
 
     ``hooks`` (``taso_egg.options.Hooks``) report progress: ``progress(iteration_stats)``
     after each saturation iteration, ``phase(message)`` when a later phase starts (and
@@ -215,17 +222,25 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
     checked, ort, check, check_error, local = None, None, "", None, None
     if options.check.verify and decision.chosen != "original":
         ort, written = _check_in_onnxruntime(graph, decision.graph, reference, phase, decision.exported, seed)
+        unchecked = ""  # why no check can run on the candidate: then the input is returned
         if ort.error is not None:
             check = "onnxruntime"
         elif decision.chosen == "result":
-            check, check_error, local = _check_numerically(graph, sat, ext, seed, phase, ort.skipped)
+            try:
+                check, check_error, local = _check_numerically(graph, sat, ext, seed, phase, ort.skipped)
+            except CannotRun as e:  # an operator neither onnxruntime nor the table runs
+                unchecked = f"{ort.skipped}, and our executor cannot run the input either ({e})"
         else:  # the input exported: our executor would compare the graph with itself
-            phase(f"note: {ort.skipped}, so the re-exported input is not checked in onnxruntime")
-        if not ort.reference_run and not (local is not None and local.outputs_beyond_float32):
+            unchecked = f"{ort.skipped}, and the re-export can be checked nowhere else"
+        if unchecked:
+            phase(f"note: no check can run on the {decision.chosen}: {unchecked}; the input is returned")
+            decision = Decision(graph, f"no check can run on the {decision.chosen}: {unchecked}",
+                                decision.measured_ms, "original")
+        elif not ort.reference_run and not (local is not None and local.outputs_beyond_float32):
             # the written model's float32 outputs proved nothing: neither may the input's
             check_float32_proves_nothing(export_for_check(graph) if reference is None else reference, graph,
                                          ort.skipped, seed)
-        checked = written
+        checked = written if not unchecked else None
     stats = OptimizeStats(
         saturation_seconds=sat.seconds,
         extraction_seconds=ext.seconds,
@@ -286,6 +301,8 @@ def _check_in_onnxruntime(graph: Graph, result: Graph, reference, phase, exporte
     # rather than copied into protobuf and then into onnxruntime; the model to write is
     # exported by the same exporter, weights as initializers, once the check is done.
     written = export_for_check(result) if exported is None else exported
+    if reference is not None:  # the precision is the user's, whatever the numbers say
+        check_precision_kept(reference, written)
     check = check_onnx_model((lambda: export_for_check(graph)) if reference is None else reference,
                              written, graph, seed=seed)
     return check, written

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from . import timing
+from .errors import ProfileError
 from .executor import random_inputs
 from .graph import Graph
 from .onnx_io.exporter import export_onnx
@@ -260,7 +261,14 @@ def decide(graph: Graph, result: Graph, before: float, after: float, min_gain: f
     names = " and ".join(", ".join(models).rsplit(", ", 1))
     phase(f"timing {names} in onnxruntime (paired interleaved rounds, {MIN_ROUNDS} to {measure}, "
           f"at most {TIME_BUDGET:g} s)")
-    report = time_in_onnxruntime(models, random_inputs(graph), measure, measure_progress)
+    try:
+        report = time_in_onnxruntime(models, random_inputs(graph), measure, measure_progress)
+    except ProfileError:
+        why = timing.cannot_build(models["original"])
+        if not why:  # the original runs: a candidate does not, which is a fault of ours
+            raise
+        return Decision(graph, f"onnxruntime cannot run the input ({why}), so no candidate can be timed",
+                        chosen="original")
     faster = {k: c for k, c in report.comparisons.items() if c.decision == "faster"}
     best = max(faster, key=lambda k: faster[k].ratio, default="original")
     if best == "result":

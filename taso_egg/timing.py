@@ -11,7 +11,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from .errors import ProfileError
+from .errors import ProfileError, first_line
 from .executor import random_inputs, run
 from .graph import Graph
 from .onnx_io.exporter import export_onnx
@@ -53,6 +53,15 @@ def make_session(model, disabled_optimizers=(), profile_prefix: str | None = Non
                                     disabled_optimizers=list(disabled_optimizers))
     except Exception as e:  # onnxruntime raises its own exception types
         raise ProfileError(f"onnxruntime cannot build the model: {e}") from None
+
+
+def cannot_build(model) -> str:
+    """Why onnxruntime cannot build ``model`` (its first line); "" when it can."""
+    try:
+        make_session(model)
+    except ProfileError as e:
+        return first_line(e)
+    return ""
 
 
 def kernel_times(model, feeds, runs: int, disabled_optimizers=(), threads: int = 1) -> list[dict]:
