@@ -11,20 +11,16 @@ VerificationError. ``OptimizeStats`` records every stage.
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import numpy as np
-
-from . import timing
 from .cost import CostModel, graph_cost, load_cost_model
+from .decide import Decision, GuardReport, decide
 from .egraph.convert import build_graph
 from .egraph.pricing import priced_egraph
 from .egraph.saturate import Saturation, saturate, tensor_classes
-from .errors import CannotRun, ExtractionError, ProfileError
-from .executor import random_inputs
+from .errors import CannotRun, ExtractionError
 from .graph import Graph
 from .options import ExtractionOptions, Hooks, Limits, OptimizeOptions
 from .onnx_io.exporter import export_fed, export_for_check, fed_from_check
@@ -73,6 +69,9 @@ class OptimizeStats:
     kept_input: str                 # why the input is returned; "" when the result is
     # onnxruntime, median ms of each candidate timed: "original", "re-export", "result"
     measured_ms: dict[str, float] | None = None
+    # the guard's record when timed: each candidate's ratio to the original with its
+    # interval and decision, the rounds and seconds timed (``decide.GuardReport``)
+    guard: GuardReport | None = None
     # the returned graph, exported, against the input in onnxruntime (float32); None
     # when not run (the input returned, verify=False) or skipped (``check_skipped``)
     ort_check_error: float | None = None
@@ -168,7 +167,8 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
     input only when its predicted cost is lower by more than ``min_gain`` (a fraction):
     smaller predicted gains are within the cost model's error and measured as often
     slower as faster. With ``measure`` > 0 (the default) the candidates below are
-    exported and timed in onnxruntime (``measure`` interleaved runs each) instead.
+    exported and timed in onnxruntime by the guard instead (``decide``: paired
+    interleaved rounds until the answer is clear, ``measure`` rounds at most).
 
     Three candidates are weighed (``OptimizeStats.chosen``): the original model as
     given (``reference``, or ``graph`` exported when None), the re-export (``graph``
@@ -176,9 +176,9 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
     gone; a candidate only when ``reference`` is given) and the extracted result. The
     cost model prices the first two alike, so only measurement can tell them apart:
     with ``measure`` > 0 every candidate is timed (one that computes node for node what
-    an earlier one does is left out), and the fastest that beats the original beyond
-    noise (``timing.faster_beyond_noise``) is returned, whatever the prediction said;
-    else the original. With ``measure`` = 0 the result is returned on its predicted gain
+    an earlier one does is left out), and the fastest confirmed faster than the
+    original (its ratio's interval above 1 + decide.MARGIN; ``OptimizeStats.guard``)
+    is returned, whatever the prediction said; else the original. With ``measure`` = 0 the result is returned on its predicted gain
     and the re-export is listed in ``OptimizeStats.not_measured``.
 
     With ``verify`` (the default) what is returned, and only that, is checked once on
@@ -200,12 +200,12 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
 
     ``hooks`` (``taso_egg.options.Hooks``) report progress: ``progress(iteration_stats)``
     after each saturation iteration, ``phase(message)`` when a later phase starts (and
-    with notes), and ``measure_progress(done, total)`` after each measured run."""
+    with notes), and ``measure_progress(done, total)`` after each measured round."""
     options = options or OptimizeOptions()
     hooks = hooks or Hooks()
     progress, measure_progress = hooks.progress, hooks.measure_progress
     phase = hooks.phase or (lambda message: None)
-    extraction, decide, seed = options.extraction, options.decision, options.check.seed
+    extraction, decision_options, seed = options.extraction, options.decision, options.check.seed
     model = options.costs.model or load_cost_model(options.costs.profile)
     graph.validate()
     t0 = time.perf_counter()
@@ -221,8 +221,8 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
     before, after = runtime_cost(graph, rules, model), graph_cost(ext.graph, model)
     # Decide first, check what is returned: a result that is not returned needs no
     # check (timing an unchecked candidate writes nothing).
-    decision = _decide(graph, ext.graph, before, after, decide.min_gain, decide.measure, phase,
-                       measure_progress, reference)
+    decision = decide(graph, ext.graph, before, after, decision_options.min_gain, decision_options.measure,
+                      phase, measure_progress, reference)
     # The returned graph is checked once: in onnxruntime (float32) where that proves
     # something, else in our executor (float64, tracked exponents).
     t_check = time.perf_counter()
@@ -267,6 +267,7 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
         input_cost=graph_cost(graph, model),
         kept_input=decision.kept_input,
         measured_ms=decision.measured_ms,
+        guard=decision.guard,
         ort_check_error=ort.error if ort is not None else None,
         cost_lookups=model.lookups() if hasattr(model, "lookups") else None,
         chosen=decision.chosen,
@@ -296,116 +297,6 @@ def _check_numerically(graph: Graph, sat: Saturation, ext: Extraction, seed: int
     return "regions", local.error, local
 
 
-@dataclass
-class Decision:
-    """The decide stage's outcome: the graph ``optimize`` returns, which candidate it is
-    ("original", "re-export", "result"), and why when it is not the result."""
-
-    graph: Graph
-    kept_input: str = ""                         # "" when the result is returned
-    measured_ms: dict[str, float] | None = None  # when timed in onnxruntime
-    chosen: str = "result"
-    not_measured: tuple[str, ...] = ()
-    exported: onnx.ModelProto | None = None      # the chosen candidate's ONNX, when timed
-
-
-def _decide(graph: Graph, result: Graph, before: float, after: float, min_gain: float, measure: int,
-            phase, measure_progress, reference=None) -> Decision:
-    """Without ``measure``: the result when its predicted cost falls by more than
-    ``min_gain``, else the original. With ``measure``: every candidate timed in
-    onnxruntime; the fastest that beats the original beyond noise (in more interleaved
-    runs than chance allows, so at least five) is returned, else the original;
-    measurement overrides the prediction both ways. A candidate that computes node for
-    node what an earlier one does (the result what the re-export does, say) is not
-    timed apart."""
-    if before <= 0:
-        predicted = "the input costs nothing"
-    elif after >= before * (1 - min_gain):
-        predicted = f"predicted gain {1 - after / before:+.2%} is not above min_gain {min_gain:.2%}"
-    else:
-        predicted = ""
-    if not measure:
-        unmeasured = ("re-export",) if reference is not None else ()
-        if predicted:
-            return Decision(graph, predicted, chosen="original", not_measured=unmeasured)
-        return Decision(result, not_measured=unmeasured)
-    # candidates as FedModels: the re-export's weights are the graph's arrays, the
-    # result's too where it keeps them, so onnxruntime gets no copy of them to time
-    models = {"original": reference if reference is not None else export_fed(graph)}
-    if reference is not None:
-        models["re-export"] = export_fed(graph)
-    models["result"] = export_fed(result)
-    # a candidate that computes node for node what an earlier one does is not timed
-    # (the earlier one stands for it), so that noise does not choose between twins
-    seen: dict[tuple, str] = {}
-    twins: dict[str, str] = {}
-    for name in list(models):
-        twin = seen.setdefault(_computation(models[name]), name)
-        if twin != name:
-            twins[name] = twin
-            del models[name]
-    if len(models) == 1:
-        return Decision(graph, "every candidate computes node for node what the original does",
-                        chosen="original")
-    names = " and ".join(", ".join(models).rsplit(", ", 1))
-    phase(f"timing {names} in onnxruntime ({measure} interleaved runs each)")
-    try:
-        runs = timing.ort_runs(models, random_inputs(graph), measure, measure_progress)
-    except ProfileError:
-        why = timing.cannot_build(models["original"])
-        if not why:  # the original runs: a candidate does not, which is a fault of ours
-            raise
-        return Decision(graph, f"onnxruntime cannot run the input ({why}), so no candidate can be timed",
-                        chosen="original")
-    times = {k: statistics.median(v) for k, v in runs.items()}
-    # The fastest candidate that beat the original in more interleaved rounds than
-    # chance allows; the original otherwise (a changed file must pay for itself).
-    best = next((k for k in sorted(models, key=times.get)
-                 if k != "original" and timing.faster_beyond_noise(runs[k], runs["original"])), "original")
-    if best == "result":
-        return Decision(result, "", times, "result", exported=models["result"])
-    if "result" not in models:
-        why = f"the result computes node for node what the {twins['result']} does"
-    elif times["result"] >= times[best]:
-        why = f"the result measured slower than the {best} in onnxruntime"
-    else:
-        wins = sum(r < o for r, o in zip(runs["result"], runs["original"]))
-        why = (f"the result measured faster than the original, but in only {wins} of {measure} "
-               f"interleaved runs: not beyond noise (a one-sided sign test at 5 %)")
-    if predicted:
-        why += f" ({predicted})"
-    return Decision(graph, why, times, best, exported=models[best] if best == "re-export" else None)
-
-
-def _computation(model) -> tuple:
-    """What an ONNX graph computes, node for node, names aside: a digest of each output
-    over its operators, attributes, graph inputs and weight values (constants by value)."""
-    import hashlib
-
-    from onnx import TensorProto, helper, numpy_helper
-
-    def tensor_key(t, model) -> str:
-        a = np.ascontiguousarray(array_of(model, t) if model is not None else numpy_helper.to_array(t))
-        digest = hashlib.sha1(f"{a.dtype}{a.shape}".encode())
-        digest.update(a.reshape(-1).view(np.uint8) if a.dtype != object else a.tobytes())  # no copy
-        return digest.hexdigest()
-
-    g = model.graph
-    key = {"": ""}
-    key.update({t.name: tensor_key(t, model) for t in g.initializer})
-    key.update({i.name: "input " + i.name for i in g.input if i.name not in key})
-    for node in g.node:
-        attrs = []
-        for a in sorted(node.attribute, key=lambda a: a.name):
-            v = helper.get_attribute_value(a)
-            attrs.append((a.name, tensor_key(v, None) if isinstance(v, TensorProto) else repr(v)))
-        digest = hashlib.sha1(repr((node.domain, node.op_type, attrs,
-                                    [key.get(i, "?" + i) for i in node.input])).encode()).hexdigest()
-        for j, out in enumerate(node.output):
-            key[out] = f"{digest}:{j}"
-    return tuple(key.get(o.name, "?" + o.name) for o in g.output)
-
-
 def _check_in_onnxruntime(graph: Graph, result: Graph, reference, phase, exported=None, seed: int = 0):
     """The returned graph's check (``exported``: its ONNX, when already made) against
     ``reference`` (or ``graph`` exported) in onnxruntime, float32, on random inputs:
@@ -422,24 +313,6 @@ def _check_in_onnxruntime(graph: Graph, result: Graph, reference, phase, exporte
     check = check_onnx_model((lambda: export_for_check(graph)) if reference is None else reference,
                              written, graph, seed=seed)
     return check, written
-
-
-def keep_unless_faster(graph: Graph, candidate: Graph, repeats: int,
-                       progress=None) -> tuple[Graph, dict[str, float], str]:
-    """Time ``graph`` and ``candidate`` in onnxruntime (``repeats`` interleaved runs);
-    ``(candidate, times, "")`` when the candidate beats the graph beyond noise (the
-    sign test ``optimize`` applies), else ``(graph, times, why)``. Times are median
-    milliseconds under "original" and "optimized". Every command that writes an
-    optimized graph applies this guard."""
-    runs = timing.ort_runs({"original": export_fed(graph), "optimized": export_fed(candidate)},
-                           random_inputs(graph), repeats, progress)
-    times = {k: statistics.median(v) for k, v in runs.items()}
-    if times["optimized"] >= times["original"]:
-        return graph, times, "the result measured slower than the input in onnxruntime"
-    if not timing.faster_beyond_noise(runs["optimized"], runs["original"]):
-        return graph, times, (f"the result measured faster, but not in more of the {repeats} interleaved "
-                              f"runs than chance allows (a sign test at 5 %)")
-    return candidate, times, ""
 
 
 def runtime_form(graph: Graph, rules, model: CostModel) -> Graph:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import resource
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -169,8 +168,8 @@ def _onnx_table(args) -> int:
     if not files:
         print(f"error: {args.onnx}: no *.onnx files", file=sys.stderr)
         return 2
-    print(f"{'model':<28}{'corpus':<10}{'nodes':>6}{'opaque':>8}{'optimize s':>11}{'predicted':>10}{'result':>9}"
-          f"{'1 thread':>10}{'2 threads':>10}{'max rel err':>12}{'RSS MB':>8}  written", flush=True)
+    print(f"{'model':<28}{'corpus':<10}{'nodes':>6}{'opaque':>8}{'optimize s':>11}{'predicted':>10}{'result':>21}"
+          f"{'1 thread':>21}{'2 threads':>21}{'max rel err':>12}{'RSS MB':>8}  written", flush=True)
     context = multiprocessing.get_context("spawn")
     for path, corpus in ((p, c) for p in files for c in args.corpora):
         label = _corpus_label(corpus)
@@ -182,24 +181,26 @@ def _onnx_table(args) -> int:
                 continue
         err = "-" if row["error"] is None else f"{row['error']:.1e}"
         print(f"{path.name:<28}{label:<10}{row['nodes']:>6}{row['opaque']:>8}{row['seconds']:>11.1f}"
-              f"{row['predicted']:>9.3f}x{_ratio(row['result'], 9)}{_ratio(row['speedup1'], 10, 'same')}"
-              f"{_ratio(row['speedup2'], 10, 'same')}{err:>12}{row['rss_mb']:>8.0f}  {row['chosen']}", flush=True)
+              f"{row['predicted']:>9.3f}x{_ratio(row['result'], 21)}{_ratio(row['speedup1'], 21, 'same')}"
+              f"{_ratio(row['speedup2'], 21, 'same')}{err:>12}{row['rss_mb']:>8.0f}  {row['chosen']}", flush=True)
         if row["shares"]:
             print("    kernel time of the original by operator: " + ", ".join(
                 f"{op} {100 * share:.1f} %" for op, share in row["shares"]), flush=True)
     print(f"opaque = ONNX nodes our table does not cover (carried through unchanged); predicted = the "
           f"cost model's speedup of the extracted result over the input as a runtime runs it (what "
-          f"optimize's decision weighs); result = its speedup as optimize measured it "
-          f"(onnxruntime, one thread, median of {measure} interleaved runs; - when it computes "
-          f"what the input does); 1/2 threads = the written model against the original file, "
-          f"onnxruntime ORT_ENABLE_ALL, median of {measure} interleaved runs (same: the original "
-          f"was written); written = the candidate optimize wrote (original, re-export or result); max "
+          f"optimize's decision weighs); result = its speedup as optimize's guard measured it "
+          f"(onnxruntime, one thread, CPU time, paired interleaved rounds, at most {measure}: "
+          f"Hodges-Lehmann ratio (95 % interval); - when it computes what the input does); 1/2 "
+          f"threads = the written model against the original file by the same guard, onnxruntime "
+          f"ORT_ENABLE_ALL (2 threads: wall time; same: the original was written); written = the "
+          f"candidate optimize wrote (original, re-export or result); max "
           f"rel err = the check of the written model against the original (- when it is the original)")
     return 0
 
 
 def _onnx_row(path: str, corpus: str, options: dict) -> dict:
     from . import timing
+    from .decide import run_guard
     from .executor import random_inputs
     from .onnx_optimize import OnnxInput, optimize_onnx
 
@@ -217,13 +218,13 @@ def _onnx_row(path: str, corpus: str, options: dict) -> dict:
     if out.chosen != "original":  # else the file written is the original's bytes
         written = out.model
         for threads in speedups:
-            runs = timing.ort_runs({"original": reference, "written": written}, feeds, measure,
-                                   threads=threads)
-            speedups[threads] = statistics.median(runs["original"]) / statistics.median(runs["written"])
-    ms = st.measured_ms or {}
+            with timing.pinned_threads():
+                report = run_guard(timing.ort_rounds({"original": reference, "written": written}, feeds, threads),
+                                   ["original", "written"], max_rounds=measure)
+            speedups[threads] = report.comparisons["written"]
     return {"nodes": len(reference.graph.node), "opaque": st.ops_before.get("opaque", 0),
             "seconds": seconds, "predicted": r.cost_before / st.extracted_cost if st.extracted_cost else 1.0,
-            "result": ms["original"] / ms["result"] if "result" in ms and "original" in ms else None,
+            "result": st.guard.comparisons.get("result") if st.guard else None,
             "speedup1": speedups[1], "speedup2": speedups[2], "error": _error(st),
             "chosen": out.chosen, "rss_mb": _peak_rss_mb(),
             "shares": _kernel_shares(reference, feeds) if options["kernel_shares"] else []}
@@ -272,8 +273,10 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
-def _ratio(value, width: int, missing: str = "-") -> str:
-    return f"{value:>{width - 1}.3f}x" if value is not None else format(missing, f">{width}")
+def _ratio(c, width: int, missing: str = "-") -> str:
+    """A guard's ``Comparison`` as ``1.031x(1.012-1.049)``."""
+    text = f"{c.ratio:.3f}x({c.low:.3f}-{c.high:.3f})" if c is not None else missing
+    return format(text, f">{width}")
 
 
 def _or_dash(value, spec: str) -> str:

@@ -164,18 +164,11 @@ _CANDIDATE_NAMES = {"original": "the input, unchanged",
 
 def _print_summary(result) -> None:
     st = result.stats
-    ms = st.measured_ms
     kept = st.kept_input
     before, extracted = result.cost_before, st.extracted_cost  # as a runtime runs each
     predicted = before / extracted if extracted > 0 else math.inf
-    if ms:
-        print(f"speedup: measured {ms['original'] / ms[st.chosen]:.3f}x in onnxruntime "
-              f"(the written {st.chosen} against the original; ORT_ENABLE_ALL, 1 thread, "
-              f"median CPU time); the result predicted {predicted:.3f}x ({result.cost_model})")
-        print(f"  {'candidate':<10} {'ms':>10} {'vs original':>12}")
-        for name, t in ms.items():
-            print(f"  {name:<10} {t:>10.3f} {ms['original'] / t:>11.3f}x"
-                  + ("  <- written" if name == st.chosen else ""))
+    if st.guard:
+        _print_guard(st.guard, st.chosen, predicted, result.cost_model)
     else:
         print(f"speedup: not measured; predicted {predicted:.3f}x ({result.cost_model})")
     if st.not_measured:
@@ -206,6 +199,28 @@ def _print_summary(result) -> None:
               f"tracked exponents): its outputs equal the input's within {st.check_error:.2g} relative")
     elif st.chosen == "original":
         print("check: none needed (the input is written; the extracted graph, not written, was not checked)")
+
+
+def _print_guard(guard, chosen: str, predicted: float, cost_model: str) -> None:
+    """The headline speedup with its interval, and each candidate's line."""
+    from .decide import format_ratio
+
+    how = (f"onnxruntime ORT_ENABLE_ALL, 1 thread, CPU time, {guard.rounds} paired rounds in "
+           f"{guard.seconds:.1f} s; {100 * guard.confidence:.0f} % interval")
+    if chosen == "original":
+        print(f"speedup: none confirmed; the original is written ({how}); the result predicted "
+              f"{predicted:.3f}x ({cost_model})")
+    else:
+        print(f"speedup: measured {format_ratio(guard.comparisons[chosen])} in onnxruntime (the written "
+              f"{chosen} against the original; {how}); the result predicted {predicted:.3f}x "
+              f"({cost_model})")
+    print(f"  {'candidate':<10} {'median ms':>10} {'vs original':>12} {'interval':>18}  decision")
+    for name, t in guard.medians.items():
+        c = guard.comparisons.get(name)
+        line = f"  {name:<10} {t:>10.3f}"
+        if c is not None:
+            line += f" {c.ratio:>11.3f}x {f'[{c.low:.3f}, {c.high:.3f}]':>18}  {c.decision}"
+        print(line + ("  <- written" if name == chosen else ""))
 
 
 def _stderr_line(message: str) -> None:

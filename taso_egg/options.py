@@ -150,9 +150,19 @@ class SearchOptions:
 # the zoo the cpu-ort profile's predicted speedups missed the measured ones by up to
 # 5.5 % (python -m taso_egg.profiling.bench), and gains of 0-1.4 % measured 2-4.5 % slower.
 MIN_GAIN = 0.05
-# An upper bound on ``measure``: past a few hundred interleaved runs the estimate no
-# longer moves, only the wait grows.
-MAX_MEASURE = 200
+# ``measure`` is the most paired rounds the guard (``decide``) may time. The fewest
+# rounds before its first look: with ten, the exact signed-rank interval can exclude no
+# difference at each look's share of decide.ALPHA (its smallest one-sided p, 2^-10, is
+# below 0.025 / 18: nine looks, two candidates), and half of them run each order.
+MIN_ROUNDS = 10
+# The most rounds by default: a true 3 % gain with 2 % run-to-run noise is confirmed in
+# about 25 rounds (tests/test_decide.py); small models, whose rounds take milliseconds,
+# can afford the 200 that noisier timings need, and decide.TIME_BUDGET stops large
+# ones first.
+MAX_ROUNDS = 200
+# The most rounds a caller may ask for: past a few hundred the interval narrows by
+# little more than the machine's drift, only the wait grows.
+MAX_MEASURE = 500
 
 
 @dataclass(frozen=True)
@@ -162,11 +172,14 @@ class DecisionOptions:
     # the cost model's prediction missed measurement by up to 14 % (a ConvNeXt predicted
     # 1.143x measured 1.001x). Studies of the search itself set measure=0 (or call
     # saturate and extract_graph, which never time anything).
-    measure: int = option(5, "--measure",
-                          "time the original, its re-export and the result in onnxruntime, N "
-                          "interleaved runs each (at most 200), and write the fastest that beats "
-                          "the original beyond noise (default {default}); 0: skip, and the result is "
-                          "written on its predicted gain, else the original", metavar="N")
+    measure: int = option(MAX_ROUNDS, "--measure",
+                          f"time the original, its re-export and the result in onnxruntime in paired "
+                          f"interleaved rounds until the answer is clear, N rounds at most "
+                          f"({MIN_ROUNDS} to {MAX_MEASURE}; default {{default}}; and a time budget), "
+                          f"and write the fastest confirmed faster than the original (its speedup's "
+                          f"confidence interval above the guard's margin), else the original; 0: "
+                          f"skip, and the result is written on its predicted gain, else the original",
+                          metavar="N")
     min_gain: float = option(MIN_GAIN, "--min-gain",
                              "with --measure 0, keep the original unless the predicted cost drops by "
                              "more than this fraction (default {default}: the cost model's measured "
@@ -179,10 +192,13 @@ class DecisionOptions:
 
 
 def check_measure(runs) -> None:
-    """LimitError unless ``runs`` is a number of measured runs from 0 to MAX_MEASURE."""
-    if not (isinstance(runs, int) and not isinstance(runs, bool) and 0 <= runs <= MAX_MEASURE):
-        raise LimitError(f"measure (--measure) must be a number of runs from 0 to {MAX_MEASURE}, "
-                         f"got {runs!r}")
+    """LimitError unless ``runs`` is 0 (no timing) or a most-rounds count the guard can
+    decide with: from MIN_ROUNDS to MAX_MEASURE."""
+    if not (isinstance(runs, int) and not isinstance(runs, bool)
+            and (runs == 0 or MIN_ROUNDS <= runs <= MAX_MEASURE)):
+        raise LimitError(f"measure (--measure) is the most interleaved rounds the guard may time: "
+                         f"0 (no timing) or from {MIN_ROUNDS} to {MAX_MEASURE}, got {runs!r} "
+                         f"(fewer than {MIN_ROUNDS} rounds cannot confirm a gain)")
 
 
 # --- the check -----------------------------------------------------------------------------

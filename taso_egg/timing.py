@@ -1,7 +1,7 @@
 """Timing whole graphs end to end, as they are deployed: exported to ONNX and run in
 onnxruntime, or read back and run in our executor; one thread, interleaved samples,
-medians. ``api.keep_unless_faster``, ``compare`` and the profiler's benchmark time
-graphs with these; the profiling back ends build their sessions with ``make_session``."""
+medians. The guard (``decide``), ``compare`` and the benchmarks time graphs with
+these; the profiling back ends build their sessions with ``make_session``."""
 
 from __future__ import annotations
 
@@ -104,42 +104,57 @@ def median_times(runs: dict, repeats: int, progress=None) -> dict[str, tuple[flo
     return {k: (float(np.median(cpu[k])), float(np.median(wall[k]))) for k in runs}
 
 
-def interleaved_runs(runs: dict, repeats: int, progress=None) -> tuple[dict, dict]:
-    """CPU and wall seconds per call of each callable, round by round: warm-up calls
-    first, then ``repeats`` rounds timing each in turn. A sample of a callable faster
-    than ``MIN_SAMPLE_SECONDS`` times that many seconds' worth of calls and divides,
-    so that a model of a few microseconds is not measured at the clock's resolution
-    and scheduler noise. ``progress(done, repeats)`` follows each round."""
-    cpu = {k: [] for k in runs}
-    wall = {k: [] for k in runs}
-    calls = {}
-    for name, fn in runs.items():  # warm-up, and how many calls make one sample
-        fn()
-        w0 = time.perf_counter()
-        fn()
-        calls[name] = max(1, min(10_000, math.ceil(MIN_SAMPLE_SECONDS / max(time.perf_counter() - w0, 1e-7))))
-    for done in range(1, repeats + 1):
-        for name, fn in runs.items():
-            n = calls[name]
+class Rounds:
+    """Callables timed round by round, interleaved: each round times every callable
+    once, in alternating order (forward, then backward), so that load drifts hit all
+    alike and no callable always follows the same one (the one before warms or
+    pollutes the caches). Built with a warm-up call each. Where the fastest callable
+    takes less than ``MIN_SAMPLE_SECONDS``, a sample times that many seconds' worth of
+    its calls and divides, so that a model of a few microseconds is not measured at the
+    clock's resolution and scheduler noise; every callable is called as many times per
+    sample (``calls``), so that samples compare like with like: with counts of their
+    own, two byte-identical models measured 1-3 % apart, the one with fewer calls per
+    sample (a colder first call) slower."""
+
+    def __init__(self, runs: dict):
+        self.runs, self.done = runs, 0
+        fastest = math.inf
+        for fn in runs.values():  # warm-up, and the fastest call
+            fn()
+            w0 = time.perf_counter()
+            fn()
+            fastest = min(fastest, time.perf_counter() - w0)
+        self.calls = max(1, min(10_000, math.ceil(MIN_SAMPLE_SECONDS / max(fastest, 1e-7))))
+
+    def next(self) -> tuple[dict[str, float], dict[str, float]]:
+        """One more round: CPU and wall seconds per call of each callable."""
+        names = list(self.runs) if self.done % 2 == 0 else list(reversed(self.runs))
+        cpu, wall = {}, {}
+        for name in names:
+            fn, n = self.runs[name], self.calls
             c0, w0 = time.process_time(), time.perf_counter()
             for _ in range(n):
                 fn()
-            cpu[name].append((time.process_time() - c0) / n)
-            wall[name].append((time.perf_counter() - w0) / n)
+            cpu[name] = (time.process_time() - c0) / n
+            wall[name] = (time.perf_counter() - w0) / n
+        self.done += 1
+        return cpu, wall
+
+
+def interleaved_runs(runs: dict, repeats: int, progress=None) -> tuple[dict, dict]:
+    """CPU and wall seconds per call of each callable, ``repeats`` ``Rounds``, round by
+    round. ``progress(done, repeats)`` follows each round."""
+    rounds = Rounds(runs)
+    cpu = {k: [] for k in runs}
+    wall = {k: [] for k in runs}
+    for done in range(1, repeats + 1):
+        round_cpu, round_wall = rounds.next()
+        for name in runs:
+            cpu[name].append(round_cpu[name])
+            wall[name].append(round_wall[name])
         if progress is not None:
             progress(done, repeats)
     return cpu, wall
-
-
-def faster_beyond_noise(candidate: list[float], baseline: list[float], alpha: float = 0.05) -> bool:
-    """Whether ``candidate`` ran faster than ``baseline``: a lower median, and faster in
-    more interleaved rounds than chance allows (a one-sided sign test on the paired
-    rounds, ties left out, at level ``alpha``). Five rounds are the fewest that can
-    pass (five wins of five)."""
-    wins = sum(c < b for c, b in zip(candidate, baseline))
-    n = sum(c != b for c, b in zip(candidate, baseline))
-    p = sum(math.comb(n, k) for k in range(wins, n + 1)) / 2 ** n if n else 1.0
-    return p < alpha and float(np.median(candidate)) < float(np.median(baseline))
 
 
 def exported_graph(graph: Graph) -> Graph:
@@ -175,36 +190,60 @@ def ort_ms(models: dict, feeds, repeats: int, progress=None) -> dict[str, float]
     return {k: float(np.median(v)) for k, v in ort_runs(models, feeds, repeats, progress).items()}
 
 
-def ort_runs(models: dict, feeds, repeats: int, progress=None, threads: int = 1) -> dict[str, list[float]]:
-    """Milliseconds of each ONNX model in onnxruntime (ORT_ENABLE_ALL), round by round,
-    the models interleaved: CPU time on one thread (other processes' load does not
-    count), wall time with more (CPU time would add the threads up)."""
-    with pinned_threads(), np.errstate(all="ignore"):
-        if sum(weight_bytes(m) for m in models.values()) <= COEXIST_BYTES:
-            sessions = {k: make_session(m, threads=threads) for k, m in models.items()}
-            cpu, wall = interleaved_runs({k: (lambda s=s: s.run(None, feeds)) for k, s in sessions.items()},
-                                         repeats, progress)
-        else:
-            cpu, wall = _runs_one_session_at_a_time(models, feeds, repeats, progress, threads)
-    return {k: [c * 1e3 for c in v] for k, v in (cpu if threads == 1 else wall).items()}
+def ort_rounds(models: dict, feeds, threads: int = 1):
+    """A callable that times one more interleaved round (``Rounds``) of the ONNX
+    models in onnxruntime (ORT_ENABLE_ALL) and returns each one's milliseconds: CPU
+    time on one thread (other processes' load does not count), wall time with more
+    (CPU time would add the threads up). The sessions are built once, here, the first
+    model's (the baseline's) last: of two sessions of one small model the one built
+    first measured up to a few percent slower, so whatever is left of that counts
+    against the candidates, never for them."""
+    if sum(weight_bytes(m) for m in models.values()) > COEXIST_BYTES:
+        return _rounds_one_session_at_a_time(models, feeds, threads)
+    built = {k: make_session(models[k], threads=threads) for k in reversed(models)}
+    sessions = {k: built[k] for k in models}
+    rounds = Rounds({k: (lambda s=s: s.run(None, feeds)) for k, s in sessions.items()})
+
+    def next_round() -> dict[str, float]:
+        cpu, wall = rounds.next()
+        return {k: v * 1e3 for k, v in (cpu if threads == 1 else wall).items()}
+
+    return next_round
 
 
-def _runs_one_session_at_a_time(models: dict, feeds, repeats: int, progress, threads: int) -> tuple[dict, dict]:
-    """``interleaved_runs`` for models too large to hold a session of each at once: in
-    each round every model's session is built, warmed up, sampled once and freed, so
-    one session (its prepacked copy of the weights) is alive at a time. The rounds
-    still pair the models for the sign test; what is lost is the warm session: every
-    sample follows two warm-up runs of a fresh one, for every model alike, and a round
-    takes a session build per model."""
-    cpu: dict = {k: [] for k in models}
-    wall: dict = {k: [] for k in models}
-    for done in range(1, repeats + 1):
-        for name, model in models.items():
-            session = make_session(model, threads=threads)
-            c, w = interleaved_runs({name: lambda: session.run(None, feeds)}, 1)
+def _rounds_one_session_at_a_time(models: dict, feeds, threads: int):
+    """``ort_rounds`` for models too large to hold a session of each at once: in each
+    round (alternating order) every model's session is built, warmed up, sampled once
+    and freed, so one session (its prepacked copy of the weights) is alive at a time.
+    The rounds still pair the models; what is lost is the warm session: every sample
+    follows two warm-up runs of a fresh one, for every model alike, and a round takes
+    a session build per model."""
+    done = 0
+
+    def next_round() -> dict[str, float]:
+        nonlocal done
+        names = list(models) if done % 2 == 0 else list(reversed(models))
+        out = {}
+        for name in names:
+            session = make_session(models[name], threads=threads)
+            cpu, wall = Rounds({name: lambda: session.run(None, feeds)}).next()
             del session
-            cpu[name] += c[name]
-            wall[name] += w[name]
-        if progress is not None:
-            progress(done, repeats)
-    return cpu, wall
+            out[name] = (cpu if threads == 1 else wall)[name] * 1e3
+        done += 1
+        return out
+
+    return next_round
+
+
+def ort_runs(models: dict, feeds, repeats: int, progress=None, threads: int = 1) -> dict[str, list[float]]:
+    """Milliseconds of each ONNX model in onnxruntime, ``repeats`` rounds of
+    ``ort_rounds``, round by round."""
+    with pinned_threads():
+        next_round = ort_rounds(models, feeds, threads)
+        runs = {k: [] for k in models}
+        for done in range(1, repeats + 1):
+            for k, ms in next_round().items():
+                runs[k].append(ms)
+            if progress is not None:
+                progress(done, repeats)
+    return runs

@@ -97,20 +97,30 @@ def cluttered_conv_model():
 
 @pytest.fixture
 def fake_timer(monkeypatch):
-    """Replace onnxruntime timing with fixed milliseconds per candidate name: set
-    ``fake_timer.ms`` to a dict (every round the same), or ``fake_timer.runs`` to lists
-    (round by round); ``fake_timer.timed`` lists the names timed per call."""
+    """Replace onnxruntime timing (``timing.ort_rounds``) with fixed milliseconds per
+    candidate name: set ``fake_timer.ms`` to a dict (every round the same), or
+    ``fake_timer.runs`` to lists (round by round, repeated from the start when the
+    guard asks for more); ``fake_timer.timed`` lists the names timed per session and
+    ``fake_timer.rounds`` how many rounds were asked for in all."""
     from types import SimpleNamespace
 
     from taso_egg import timing
 
-    state = SimpleNamespace(ms={}, timed=[], runs=None)
+    state = SimpleNamespace(ms={}, timed=[], runs=None, rounds=0)
 
-    def ort_runs(models, feeds, repeats, progress=None):
+    def ort_rounds(models, feeds, threads=1):
         state.timed.append(list(models))
-        if state.runs is not None:  # round by round, as given
-            return {name: state.runs[name][:repeats] for name in models}
-        return {name: [state.ms[name]] * repeats for name in models}
+        done = 0
 
-    monkeypatch.setattr(timing, "ort_runs", ort_runs)
+        def next_round():
+            nonlocal done
+            done += 1
+            state.rounds += 1
+            if state.runs is not None:  # round by round, as given
+                return {name: state.runs[name][(done - 1) % len(state.runs[name])] for name in models}
+            return {name: state.ms[name] for name in models}
+
+        return next_round
+
+    monkeypatch.setattr(timing, "ort_rounds", ort_rounds)
     return state

@@ -50,7 +50,8 @@ FAULTS = [
     ("--input-shape names no input", ["{d}/model.onnx", "--input-shape", "z=1,64"],
      "'z', which is not an input"),
     ("binary --rules file", ["{d}/model.onnx", "--rules", "{d}/binary.rules"], "not UTF-8 text"),
-    ("--measure too large", ["{d}/model.onnx", "--measure", "100000"], "from 0 to 200"),
+    ("--measure too large", ["{d}/model.onnx", "--measure", "100000"], "or from 10 to 500"),
+    ("--measure too few to decide", ["{d}/model.onnx", "--measure", "5"], "cannot confirm a gain"),
     ("--extract-time-limit 0", ["{d}/model.onnx", "--extract-time-limit", "0"], "positive number"),
     ("--node-limit 0", ["{d}/model.onnx", "--node-limit", "0"], "nodes=0"),
 ]
@@ -222,4 +223,4 @@ def test_help_states_the_node_ceiling_and_the_bounds(capsys):
 
     text = " ".join(build_parser()._subparsers._group_actions[0].choices["optimize"].format_help().split())
     assert "never holds more than twice the limit" in text
-    assert "--extract-time-limit" in text and "at most 200" in text
+    assert "--extract-time-limit" in text and "N rounds at most (10 to 500" in text

@@ -108,7 +108,7 @@ def test_the_extractor_names_are_the_registrys():
 
 
 @pytest.mark.parametrize("bad,match", [
-    ({"min_gain": 1.0}, "min_gain"), ({"measure": -1}, "measure"), ({"measure": 201}, "measure"),
+    ({"min_gain": 1.0}, "min_gain"), ({"measure": -1}, "measure"), ({"measure": 501}, "measure"), ({"measure": 5}, "cannot confirm a gain"),
     ({"extractor": "foo"}, "unknown extractor"), ({"time_limit": 0}, "time limit"),
     ({"nodes": 0}, "nodes"), ({"budget": 0}, None), ({"nope": 1}, "no option"),
 ])
@@ -126,7 +126,7 @@ def test_the_command_refuses_an_impossible_option_in_one_line(tmp_path, capsys):
     from taso_egg.cli import main
 
     assert main(["optimize", str(tmp_path / "missing.onnx"), "-o", str(tmp_path / "o.onnx"),
-                 "--measure", "500"]) == 1
+                 "--measure", "501"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--measure" in err[0]
     assert not (tmp_path / "o.onnx").exists()

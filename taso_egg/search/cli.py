@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from taso_egg.api import keep_unless_faster
+    from taso_egg.decide import format_ratio, keep_unless_faster
     from taso_egg.errors import ExportError
     from taso_egg.files import check_writable
     from taso_egg.onnx_io.counts import describe, format_table, operator_counts
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
                                      progress=progress, profile=profile)
     best, measured, kept = result.graph, None, ""
     if measure and best is not graph:
-        print(f"timing input and result in onnxruntime ({measure} interleaved runs each)",
+        print(f"timing input and result in onnxruntime (paired interleaved rounds, at most {measure})",
               file=sys.stderr)
         best, measured, kept = keep_unless_faster(graph, best, measure)
     model = export_onnx(best)
@@ -60,9 +60,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'cost':<16}{result.cost_before * 1e3:>8.4g}{result.cost_after * 1e3:>8.4g}  ms "
           f"({result.cost_model}); predicted speedup {result.speedup:.3f}x")
     if measured:
-        print(f"measured in onnxruntime (ORT_ENABLE_ALL, 1 thread, median CPU time): input "
-              f"{measured['original']:.3f} ms, result {measured['optimized']:.3f} ms "
-              f"({measured['original'] / measured['optimized']:.3f}x)")
+        ms, c = measured.medians, measured.comparisons["optimized"]
+        print(f"measured in onnxruntime (ORT_ENABLE_ALL, 1 thread, CPU time, {measured.rounds} paired "
+              f"rounds): input {ms['original']:.3f} ms, result {ms['optimized']:.3f} ms (medians); "
+              f"result {format_ratio(c)} ({100 * measured.confidence:.0f} % interval): {c.decision}")
     rejected = ", ".join(f"{k} {v}" for k, v in result.rejected.items())
     print(f"search: {result.graphs_explored} graphs explored, {result.graphs_generated} generated, "
           f"{result.graphs_queued} queued (rejected: {rejected}); stopped: {result.stop_reason}; "

@@ -1,0 +1,102 @@
+"""A/A test of optimize's guard (``taso_egg.decide``): each model timed against a
+byte-identical copy of itself, in onnxruntime as ``optimize`` times its candidates
+(two sessions, paired interleaved rounds, one thread, CPU time). Neither copy can be
+faster, so every row must end "same" or "undecided"; a "faster" or "slower" row is a
+false decision (the exit code counts them). Models: zoo names (``bert-small``,
+``resnet50``, ...) and ONNX files or folders of them, fed random inputs as optimize
+feeds them (floats N(0, 1), integers 0 or 1), symbolic dimensions set by ``--dim``:
+
+    .venv/bin/python scripts/aa_guard.py bert-small squeezenet nasrnn /work/exports/models \
+        --dim batch=1 --dim sequence=64 --total-seconds 900
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from taso_egg import decide, timing, zoo
+from taso_egg.onnx_io.exporter import export_onnx
+
+DIMS = {"batch": 1, "sequence": 64, "samples": 16000}
+
+
+def models(names: list[str]):
+    """(label, ONNX model, what onnxruntime loads: the serialized model, or the file's
+    path, whose weights may lie in external data past protobuf's 2 GB) for each zoo
+    name, file, or file in a folder."""
+    for name in names:
+        path = Path(name)
+        if name in zoo.MODELS:
+            model = export_onnx(zoo.MODELS[name]())
+            yield name, model, model.SerializeToString()
+        elif path.is_dir():
+            yield from models([str(p) for p in sorted(path.glob("*.onnx"))])
+        else:
+            yield path.name, onnx.load(name, load_external_data=False), name
+
+
+def feeds(model, dims: dict[str, int]) -> dict[str, np.ndarray]:
+    """Random inputs as ``executor.random_inputs`` makes them, symbolic dims from ``dims``."""
+    rng = np.random.default_rng(0)
+    initializers = {t.name for t in model.graph.initializer}
+    out = {}
+    for vi in model.graph.input:
+        if vi.name in initializers:
+            continue
+        t = vi.type.tensor_type
+        shape = [d.dim_value if d.HasField("dim_value") else dims[d.dim_param] for d in t.shape.dim]
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type)
+        if dtype.kind == "f":
+            out[vi.name] = rng.standard_normal(shape).astype(dtype)
+        elif dtype.kind == "b":
+            out[vi.name] = rng.random(shape) < 0.5
+        else:
+            out[vi.name] = rng.integers(0, 2, size=shape).astype(dtype)
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("models", nargs="+", help="zoo model names, ONNX files, folders of them")
+    p.add_argument("--max-rounds", type=int, default=decide.MAX_ROUNDS)
+    p.add_argument("--seconds", type=float, default=decide.TIME_BUDGET, help="time budget per model")
+    p.add_argument("--total-seconds", type=float, default=None, help="skip the models left after this")
+    p.add_argument("--dim", action="append", default=[], metavar="NAME=N",
+                   help=f"a symbolic dimension's size (defaults: {DIMS})")
+    args = p.parse_args(argv)
+    dims = {**DIMS, **{k: int(v) for k, v in (d.split("=") for d in args.dim)}}
+    print(f"{'model':<34}{'ratio':>8}{'interval':>20}  {'decision':<10}{'rounds':>7}{'seconds':>9}"
+          f"{'median ms':>11}  stopped", flush=True)
+    start, false = time.monotonic(), 0
+    for label, model, source in models(args.models):
+        if args.total_seconds is not None and time.monotonic() - start > args.total_seconds:
+            print(f"{label:<34}  skipped: --total-seconds spent", flush=True)
+            continue
+        try:
+            with timing.pinned_threads():
+                # two sessions of the same bytes: the copy is the candidate
+                next_round = timing.ort_rounds({"original": source, "copy": source}, feeds(model, dims))
+                report = decide.run_guard(next_round, ["original", "copy"], max_rounds=args.max_rounds,
+                                          seconds=args.seconds)
+        except Exception as e:  # one model onnxruntime cannot run is a row, not the end
+            print(f"{label:<34}  failed: {type(e).__name__}: {e}", flush=True)
+            continue
+        c = report.comparisons["copy"]
+        false += c.decision in ("faster", "slower")
+        print(f"{label:<34}{c.ratio:>7.3f}x{f'[{c.low:.3f}, {c.high:.3f}]':>20}  {c.decision:<10}{c.rounds:>7}"
+              f"{report.seconds:>9.1f}{report.medians['original']:>11.3f}  {report.stopped}", flush=True)
+    print(f"ratio = the original's time over the copy's (Hodges-Lehmann over paired rounds), "
+          f"{100 * (1 - 2 * decide.ALPHA):.0f} % interval (split over the guard's looks); faster/slower "
+          f"need the interval beyond {1 + decide.MARGIN:g} / {1 / (1 + decide.MARGIN):.3f}; "
+          f"false decisions: {false}")
+    return min(false, 1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

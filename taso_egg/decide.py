@@ -1,0 +1,335 @@
+"""The decide stage of ``optimize``: which candidate graph is returned, on its
+predicted cost or, when measured, by the guard.
+
+The guard times the original and its candidates in onnxruntime in paired,
+interleaved rounds (``timing.Rounds``: each round runs each once, the order
+alternating) and keeps timing until the answer is clear or its budget (rounds,
+seconds) runs out. Per candidate it takes the log of the original's time over the
+candidate's in each round, and at each look of a fixed schedule puts a confidence
+interval on their centre: the Hodges-Lehmann estimate with the Wilcoxon signed-rank
+interval (exact, distribution-free, robust: a load spike moves one rank, not the
+estimate). Under no difference the paired log-ratio of two exchangeable runs is
+symmetric about 0, which is all the interval assumes. Its level is split
+(Bonferroni) over every look and every candidate, so that stopping as soon as the
+answer looks clear, and choosing among several candidates, keeps a false "faster"
+at ALPHA at most. A candidate is "faster" when its whole interval lies above
+1 + MARGIN; the best of those is returned, else the original.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+
+from . import timing
+from .errors import ProfileError
+from .executor import random_inputs
+from .graph import Graph
+from .onnx_io.exporter import export_fed
+from .onnx_io.fed import array_of
+from .options import MAX_ROUNDS, MIN_ROUNDS
+
+if TYPE_CHECKING:
+    import onnx
+
+# --- the guard's knobs (its round counts are ``measure``'s bounds, in ``options``) ------
+# Timing stops after this many seconds (the round begun by then finishes; MIN_ROUNDS
+# always run): on a model of a second a run, 60 rounds of three candidates take three
+# minutes, more than a saturation.
+TIME_BUDGET = 60.0
+# A false "faster" (or "slower") has at most this probability over the whole session:
+# every look and every candidate together (the intervals are two-sided at 1 - 2 ALPHA,
+# 95 %).
+ALPHA = 0.025
+# What counts as faster: the whole interval above 1 + MARGIN. Two sessions of
+# byte-identical models can differ by a fraction of a percent for the whole session
+# (where their buffers fall), which no number of rounds averages out; a 1 % gain is
+# also below what a user would rewrite a model for.
+MARGIN = 0.01
+# Looks at MIN_ROUNDS, then each about GROWTH times the last (even: both orders alike),
+# and at the most: few looks keep each one's share of ALPHA large.
+GROWTH = 1.5
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One candidate against the original: the ratio of the original's time over the
+    candidate's (above 1: faster) with its interval, and what the guard concluded:
+    "faster" (the interval above 1 + margin), "slower" (below 1 / (1 + margin)), "same"
+    (within the margin both ways) or "undecided"."""
+
+    ratio: float
+    low: float
+    high: float
+    decision: str
+    rounds: int
+
+
+@dataclass
+class GuardReport:
+    """What the guard measured: per candidate its ``Comparison`` (the original has
+    none), each one's median milliseconds, the rounds timed, the seconds they took,
+    why timing stopped ("decided", "rounds": the most allowed, "time": the budget)
+    and the intervals' confidence."""
+
+    comparisons: dict[str, Comparison]
+    medians: dict[str, float]
+    rounds: int
+    seconds: float
+    stopped: str
+    confidence: float
+
+
+# --- the statistics -------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def _signed_rank_cdf(n: int) -> np.ndarray:
+    """P(T <= t) for t = 0 .. n(n+1)/2, T the Wilcoxon signed-rank statistic of n
+    untied differences symmetric about 0 (the sum of a random subset of 1..n)."""
+    p = np.zeros(n * (n + 1) // 2 + 1)
+    p[0] = 1.0
+    for i in range(1, n + 1):
+        shifted = np.zeros_like(p)
+        shifted[i:] = p[:-i]
+        p = (p + shifted) / 2
+    return np.cumsum(p)
+
+
+def signed_rank_interval(d, alpha: float) -> tuple[float, float, float]:
+    """The Hodges-Lehmann estimate of the centre of ``d`` (the median of its Walsh
+    averages, (d_i + d_j) / 2 for i <= j) and its exact interval from the Wilcoxon
+    signed-rank test, each side missing with probability ``alpha`` at most; an end
+    is infinite where ``d`` is too short to bound it at that level."""
+    d = np.asarray(d, dtype=float)
+    i, j = np.triu_indices(len(d))
+    walsh = np.sort((d[i] + d[j]) / 2)
+    # the k-th smallest Walsh average is below the centre unless T <= k - 1
+    k = int(np.searchsorted(_signed_rank_cdf(len(d)), alpha, side="right"))
+    low = walsh[k - 1] if k else -math.inf
+    high = walsh[-k] if k else math.inf
+    return float(np.median(walsh)), float(low), float(high)
+
+
+def compare(original, candidate, alpha: float = ALPHA, margin: float = MARGIN) -> Comparison:
+    """``candidate`` against ``original``, their times paired round by round: the
+    ratio original / candidate from the signed-rank interval of the per-round log
+    ratios (each end missing with probability ``alpha`` at most), and the decision
+    it supports with ``margin``."""
+    d = np.log(np.asarray(original, dtype=float)) - np.log(np.asarray(candidate, dtype=float))
+    centre, low, high = (math.exp(x) for x in signed_rank_interval(d, alpha))
+    if low >= 1 + margin:
+        decision = "faster"
+    elif high <= 1 / (1 + margin):
+        decision = "slower"
+    elif low > 1 / (1 + margin) and high < 1 + margin:
+        decision = "same"
+    else:
+        decision = "undecided"
+    return Comparison(centre, low, high, decision, len(d))
+
+
+def looks(min_rounds: int, max_rounds: int, growth: float = GROWTH) -> list[int]:
+    """The rounds after which the guard looks: ``min_rounds``, then each about
+    ``growth`` times the last (rounded up to even), and ``max_rounds``."""
+    out = [min(min_rounds, max_rounds)]
+    while out[-1] < max_rounds:
+        nxt = math.ceil(out[-1] * growth)
+        out.append(min(max_rounds, nxt + nxt % 2))
+    return out
+
+
+def run_guard(next_round: Callable[[], dict[str, float]], names, min_rounds: int = MIN_ROUNDS,
+              max_rounds: int = MAX_ROUNDS, seconds: float = TIME_BUDGET, alpha: float = ALPHA,
+              margin: float = MARGIN, progress=None, clock=time.monotonic) -> GuardReport:
+    """Time ``names`` (the original first, then the candidates) with ``next_round``
+    (each call times one more round and returns every name's time) until each
+    candidate is settled, confirmed faster or shown not to be (its interval below
+    1 + ``margin``), or ``max_rounds`` are timed, or ``seconds`` have passed (after
+    ``min_rounds`` at least; the look then is one of the schedule's, brought
+    forward). Each look at each candidate gets an equal share of ``alpha``.
+    ``progress(done, max_rounds)`` follows each round (and ``(done, done)`` at the
+    end)."""
+    original, *candidates = names
+    schedule = looks(min_rounds, max_rounds)
+    share = alpha / (len(schedule) * len(candidates))
+    times = {name: [] for name in names}
+    start = clock()
+    while True:
+        for name, t in next_round().items():
+            times[name].append(t)
+        done = len(times[original])
+        if progress is not None:
+            progress(done, max_rounds)
+        out_of_time = done >= min_rounds and clock() - start >= seconds
+        if done not in schedule and not out_of_time:
+            continue
+        comparisons = {c: compare(times[original], times[c], share, margin) for c in candidates}
+        settled = all(c.decision == "faster" or c.high < 1 + margin for c in comparisons.values())
+        if settled or out_of_time or done >= max_rounds:
+            break
+    if progress is not None:
+        progress(done, done)
+    stopped = "decided" if settled else "rounds" if done >= max_rounds else "time"
+    return GuardReport(comparisons, {k: statistics.median(v) for k, v in times.items()}, done,
+                       clock() - start, stopped, 1 - 2 * alpha)
+
+
+def time_in_onnxruntime(models: dict, feeds, max_rounds: int = MAX_ROUNDS, progress=None) -> GuardReport:
+    """The guard on ONNX models in onnxruntime (``timing.ort_rounds``: one thread, CPU
+    time), the first of ``models`` the original."""
+    with timing.pinned_threads():
+        return run_guard(timing.ort_rounds(models, feeds), list(models), max_rounds=max_rounds,
+                         progress=progress)
+
+
+def format_ratio(c: Comparison) -> str:
+    """``1.031x [1.012, 1.049]``."""
+    return f"{c.ratio:.3f}x [{c.low:.3f}, {c.high:.3f}]"
+
+
+def not_faster_why(report: GuardReport, name: str, against: str) -> str:
+    """Why candidate ``name`` was not confirmed faster than ``against`` (the original)."""
+    c = report.comparisons[name]
+    if c.decision == "slower":
+        return f"the result measured slower than {against}: {format_ratio(c)}"
+    if c.high < 1 + MARGIN:
+        return f"the result measured no faster than {against} beyond {MARGIN:.0%}: {format_ratio(c)}"
+    budget = (f"the time budget ({TIME_BUDGET:g} s) ran out after {report.rounds} rounds"
+              if report.stopped == "time" else f"{report.rounds} rounds, the most allowed (--measure)")
+    return (f"could not decide whether the result is faster than {against}: {format_ratio(c)} after "
+            f"{budget} (the machine too noisy, or the gain too small, to confirm)")
+
+
+# --- the decision ---------------------------------------------------------------------
+
+
+@dataclass
+class Decision:
+    """The decide stage's outcome: the graph ``optimize`` returns, which candidate it is
+    ("original", "re-export", "result"), and why when it is not the result."""
+
+    graph: Graph
+    kept_input: str = ""                         # "" when the result is returned
+    measured_ms: dict[str, float] | None = None  # when timed in onnxruntime
+    chosen: str = "result"
+    not_measured: tuple[str, ...] = ()
+    exported: onnx.ModelProto | None = None      # the chosen candidate's ONNX, when timed
+    guard: GuardReport | None = None             # when timed
+
+
+def decide(graph: Graph, result: Graph, before: float, after: float, min_gain: float, measure: int,
+           phase, measure_progress, reference=None) -> Decision:
+    """Without ``measure``: the result when its predicted cost falls by more than
+    ``min_gain``, else the original. With ``measure`` (the most rounds): every
+    candidate timed by the guard in onnxruntime; the fastest confirmed faster than the
+    original is returned, else the original; measurement overrides the prediction
+    both ways. A candidate that computes node for node what an earlier one does (the
+    result what the re-export does, say) is not timed apart."""
+    if before <= 0:
+        predicted = "the input costs nothing"
+    elif after >= before * (1 - min_gain):
+        predicted = f"predicted gain {1 - after / before:+.2%} is not above min_gain {min_gain:.2%}"
+    else:
+        predicted = ""
+    if not measure:
+        unmeasured = ("re-export",) if reference is not None else ()
+        if predicted:
+            return Decision(graph, predicted, chosen="original", not_measured=unmeasured)
+        return Decision(result, not_measured=unmeasured)
+    # candidates as FedModels: the re-export's weights are the graph's arrays, the
+    # result's too where it keeps them, so onnxruntime gets no copy of them to time
+    models = {"original": reference if reference is not None else export_fed(graph)}
+    if reference is not None:
+        models["re-export"] = export_fed(graph)
+    models["result"] = export_fed(result)
+    # a candidate that computes node for node what an earlier one does is not timed
+    # (the earlier one stands for it), so that noise does not choose between twins
+    seen: dict[tuple, str] = {}
+    twins: dict[str, str] = {}
+    for name in list(models):
+        twin = seen.setdefault(computation(models[name]), name)
+        if twin != name:
+            twins[name] = twin
+            del models[name]
+    if len(models) == 1:
+        return Decision(graph, "every candidate computes node for node what the original does",
+                        chosen="original")
+    names = " and ".join(", ".join(models).rsplit(", ", 1))
+    phase(f"timing {names} in onnxruntime (paired interleaved rounds, {MIN_ROUNDS} to {measure}, "
+          f"at most {TIME_BUDGET:g} s)")
+    try:
+        report = time_in_onnxruntime(models, random_inputs(graph), measure, measure_progress)
+    except ProfileError:
+        why = timing.cannot_build(models["original"])
+        if not why:  # the original runs: a candidate does not, which is a fault of ours
+            raise
+        return Decision(graph, f"onnxruntime cannot run the input ({why}), so no candidate can be timed",
+                        chosen="original")
+    faster = {k: c for k, c in report.comparisons.items() if c.decision == "faster"}
+    best = max(faster, key=lambda k: faster[k].ratio, default="original")
+    if best == "result":
+        return Decision(result, "", report.medians, "result", exported=models["result"], guard=report)
+    why = _why_not_the_result(report, twins, best)
+    if predicted:
+        why += f" ({predicted})"
+    return Decision(graph, why, report.medians, best, exported=models[best] if best == "re-export" else None,
+                    guard=report)
+
+
+def _why_not_the_result(report: GuardReport, twins: dict[str, str], best: str) -> str:
+    if "result" in twins:
+        return f"the result computes node for node what the {twins['result']} does"
+    c = report.comparisons["result"]
+    if c.decision == "faster":  # and the re-export more so
+        return (f"the {best} measured faster than the result ({format_ratio(report.comparisons[best])} "
+                f"against {format_ratio(c)})")
+    return not_faster_why(report, "result", "the original")
+
+
+def computation(model) -> tuple:
+    """What an ONNX graph computes, node for node, names aside: a digest of each output
+    over its operators, attributes, graph inputs and weight values (constants by value)."""
+    import hashlib
+
+    from onnx import TensorProto, helper, numpy_helper
+
+    def tensor_key(t, model) -> str:
+        a = np.ascontiguousarray(array_of(model, t) if model is not None else numpy_helper.to_array(t))
+        digest = hashlib.sha1(f"{a.dtype}{a.shape}".encode())
+        digest.update(a.reshape(-1).view(np.uint8) if a.dtype != object else a.tobytes())  # no copy
+        return digest.hexdigest()
+
+    g = model.graph
+    key = {"": ""}
+    key.update({t.name: tensor_key(t, model) for t in g.initializer})
+    key.update({i.name: "input " + i.name for i in g.input if i.name not in key})
+    for node in g.node:
+        attrs = []
+        for a in sorted(node.attribute, key=lambda a: a.name):
+            v = helper.get_attribute_value(a)
+            attrs.append((a.name, tensor_key(v, None) if isinstance(v, TensorProto) else repr(v)))
+        digest = hashlib.sha1(repr((node.domain, node.op_type, attrs,
+                                    [key.get(i, "?" + i) for i in node.input])).encode()).hexdigest()
+        for j, out in enumerate(node.output):
+            key[out] = f"{digest}:{j}"
+    return tuple(key.get(o.name, "?" + o.name) for o in g.output)
+
+
+def keep_unless_faster(graph: Graph, candidate: Graph, max_rounds: int = MAX_ROUNDS,
+                       progress=None) -> tuple[Graph, GuardReport, str]:
+    """The guard on ``graph`` ("original") and ``candidate`` ("optimized") in
+    onnxruntime: ``(candidate, report, "")`` when the candidate is confirmed faster,
+    else ``(graph, report, why)``. Every command that writes an optimized graph
+    applies this guard."""
+    report = time_in_onnxruntime({"original": export_fed(graph), "optimized": export_fed(candidate)},
+                                 random_inputs(graph), max_rounds, progress)
+    if report.comparisons["optimized"].decision == "faster":
+        return candidate, report, ""
+    return graph, report, not_faster_why(report, "optimized", "the input")

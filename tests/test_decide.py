@@ -1,0 +1,221 @@
+"""The guard's statistics and decisions on synthetic timing samples (no real timing):
+rounds drawn from a model of a machine, a load common to each round, per-run noise,
+and load spikes."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from taso_egg import decide
+from taso_egg.decide import ALPHA, compare, looks, run_guard, signed_rank_interval
+from taso_egg.options import MAX_MEASURE, MAX_ROUNDS, MIN_ROUNDS, check_measure
+
+
+def _rounds(rng, ratios: dict[str, float], cv: float, spikes: float = 0.0, drift: float = 0.05):
+    """A ``next_round`` of a synthetic machine: the original takes 10 ms, each candidate
+    10 ms / its ratio; a load common to the round (log-normal, ``drift``), per-run
+    log-normal noise (``cv``), and with probability ``spikes`` a run hit by a load
+    spike that slows it by an exponential factor (mean 2x): heavy tails."""
+
+    def one(ms, load):
+        t = ms * load * math.exp(rng.normal(0, cv))
+        return t * (1 + rng.exponential(1.0)) if spikes and rng.random() < spikes else t
+
+    def next_round():
+        load = math.exp(rng.normal(0, drift))
+        return {"original": one(10.0, load), **{k: one(10.0 / r, load) for k, r in ratios.items()}}
+
+    return next_round
+
+
+def _decisions(ratios: dict[str, float], cv: float, seeds: int, spikes: float = 0.0,
+               **guard) -> dict[str, Counter]:
+    """Each candidate's decisions over ``seeds`` guarded sessions."""
+    out = {k: Counter() for k in ratios}
+    for seed in range(seeds):
+        rng = np.random.default_rng(seed)
+        report = run_guard(_rounds(rng, ratios, cv, spikes), ["original", *ratios], **guard)
+        for k, c in report.comparisons.items():
+            out[k][c.decision] += 1
+    return out
+
+
+# --- the statistics ---------------------------------------------------------------------
+
+
+def test_the_signed_rank_distribution_is_exact():
+    n = 8
+    sums = Counter(sum(s) for r in range(n + 1) for s in itertools.combinations(range(1, n + 1), r))
+    cdf = np.cumsum([sums[t] / 2 ** n for t in range(n * (n + 1) // 2 + 1)])
+    assert np.allclose(decide._signed_rank_cdf(n), cdf)
+
+
+def test_the_interval_has_its_exact_level():
+    d = np.random.default_rng(0).normal(size=10)
+    # with ten differences the narrowest one-sided miss is 2^-10: all ten on one side
+    centre, low, high = signed_rank_interval(d, 1 / 1024)
+    assert (low, high) == (d.min(), d.max()) and low < centre < high
+    assert signed_rank_interval(d, 0.9 / 1024)[1:] == (-math.inf, math.inf)
+    # and it narrows as the level loosens, around the Hodges-Lehmann estimate
+    _, low5, high5 = signed_rank_interval(d, 0.05)
+    assert low < low5 < centre < high5 < high
+
+
+def test_a_load_spike_moves_the_estimate_little():
+    d = list(np.random.default_rng(1).normal(0.03, 0.02, size=20))
+    spiked = d[:-1] + [5.0]  # one round where the original was hit by a 150x spike
+    assert abs(signed_rank_interval(spiked, 0.01)[0] - signed_rank_interval(d, 0.01)[0]) < 0.01
+    assert abs(np.mean(spiked) - np.mean(d)) > 0.2  # where a mean (a t-interval) moves
+
+
+def test_decisions_follow_the_interval_and_margin():
+    original = [10.0] * 12
+    assert compare(original, [9.0] * 12).decision == "faster"     # 1.111x
+    assert compare(original, [9.95] * 12).decision == "same"      # 1.005x: within 1 %
+    assert compare(original, [11.0] * 12).decision == "slower"
+    noisy = [10.0 * (1.2 if i % 2 else 0.85) for i in range(12)]
+    c = compare(original, noisy)
+    assert c.decision == "undecided" and c.low < 1 < c.high and c.rounds == 12
+
+
+def test_looks():
+    assert looks(10, 60) == [10, 16, 24, 36, 54, 60]
+    assert looks(10, 10) == [10] and looks(10, 12) == [10, 12]
+
+
+# --- the guard on synthetic machines -----------------------------------------------------
+
+
+def test_a_true_3_percent_gain_is_confirmed_within_the_default_budget():
+    # 2 % noise per run (each of the pair), 5 % load drift between rounds
+    got = _decisions({"result": 1.03}, cv=0.02, seeds=100)["result"]
+    assert got["faster"] >= 98 and got["faster"] + got["undecided"] == 100
+    rounds = [run_guard(_rounds(np.random.default_rng(s), {"result": 1.03}, 0.02),
+                        ["original", "result"]).rounds for s in range(20)]
+    assert np.median(rounds) <= 36 < MAX_ROUNDS  # decided early, not by running out
+
+
+def test_a_1_percent_loss_is_refused():
+    got = _decisions({"result": 0.99}, cv=0.02, seeds=100)["result"]
+    assert got["faster"] == 0
+
+
+def test_a_clear_loss_is_called_slower():
+    got = _decisions({"result": 0.9}, cv=0.02, seeds=20)["result"]
+    assert got == Counter(slower=20)
+
+
+def test_pure_noise_on_a_loaded_machine_is_undecided():
+    rng = np.random.default_rng(7)
+    report = run_guard(_rounds(rng, {"result": 1.0}, cv=0.10, spikes=0.2), ["original", "result"])
+    assert report.comparisons["result"].decision == "undecided"
+    assert report.stopped == "rounds" and report.rounds == MAX_ROUNDS
+
+
+@pytest.mark.parametrize("margin", [0.0, decide.MARGIN])
+def test_pure_noise_confirms_falsely_at_most_at_the_nominal_level(margin):
+    # margin 0: the bare sequential test, looking six times and stopping early
+    seeds = 400
+    got = _decisions({"result": 1.0}, cv=0.02, seeds=seeds, margin=margin)["result"]
+    assert got["faster"] <= ALPHA * seeds and got["slower"] <= ALPHA * seeds
+
+
+def test_heavy_tailed_noise_is_not_confirmed_falsely():
+    seeds = 200
+    got = _decisions({"result": 1.0}, cv=0.03, seeds=seeds, spikes=0.15)["result"]
+    assert got["faster"] <= ALPHA * seeds and got["slower"] <= ALPHA * seeds
+    # nor a 3 % gain called a loss, spikes or not
+    got = _decisions({"result": 1.03}, cv=0.03, seeds=50, spikes=0.15)["result"]
+    assert got["slower"] == 0 and got["faster"] >= 35  # power drops with 15 % of runs spiked
+
+
+def test_several_candidates_share_the_level():
+    # a re-export that is the original in disguise and a result 5 % faster
+    got = _decisions({"re-export": 1.0, "result": 1.05}, cv=0.02, seeds=50)
+    assert got["result"]["faster"] >= 48 and got["re-export"]["faster"] == 0
+    # neither faster: a false "faster" of either stays at the level in all
+    seeds = 400
+    got = _decisions({"re-export": 1.0, "result": 1.0}, cv=0.02, seeds=seeds, margin=0.0)
+    assert got["re-export"]["faster"] + got["result"]["faster"] <= ALPHA * seeds
+
+
+def test_the_time_budget_stops_timing_after_the_minimum():
+    rounds, timed = _rounds(np.random.default_rng(0), {"result": 1.0}, cv=0.10), []
+
+    def one_second_a_round():
+        timed.append(1.0)
+        return rounds()
+
+    report = run_guard(one_second_a_round, ["original", "result"], seconds=5, clock=lambda: sum(timed))
+    assert report.stopped == "time" and report.rounds == MIN_ROUNDS and report.seconds == 10
+    report = run_guard(one_second_a_round, ["original", "result"], seconds=15, clock=lambda: sum(timed))
+    assert report.stopped == "time" and report.rounds == 15
+
+
+def test_progress_ends_where_timing_ends():
+    seen = []
+    report = run_guard(_rounds(np.random.default_rng(0), {"result": 1.5}, cv=0.02), ["original", "result"],
+                       progress=lambda done, total: seen.append((done, total)))
+    assert report.stopped == "decided" and report.rounds == MIN_ROUNDS
+    assert seen[0] == (1, MAX_ROUNDS) and seen[-1] == (report.rounds, report.rounds)
+
+
+@pytest.mark.parametrize("bad", [1, 5, 9, 501, -1, 2.5])
+def test_measure_is_zero_or_a_round_budget_that_can_decide(bad):
+    from taso_egg.errors import LimitError
+
+    with pytest.raises(LimitError, match="cannot confirm a gain"):
+        check_measure(bad)
+    for good in (0, MIN_ROUNDS, MAX_MEASURE):
+        check_measure(good)
+
+
+def test_a_clear_gain_is_confirmed_at_the_first_look_among_two_candidates():
+    # MIN_ROUNDS is enough for the exact interval at each look's share of ALPHA
+    report = run_guard(_rounds(np.random.default_rng(0), {"re-export": 1.5, "result": 1.5}, cv=0.02),
+                       ["original", "re-export", "result"])
+    assert report.rounds == MIN_ROUNDS and report.stopped == "decided"
+    assert {c.decision for c in report.comparisons.values()} == {"faster"}
+
+
+# --- how rounds are timed ------------------------------------------------------------------
+
+
+def test_rounds_alternate_and_call_each_alike():
+    from taso_egg.timing import Rounds
+
+    calls, order = Counter(), []
+
+    def fn(name):
+        def call():
+            calls[name] += 1
+            order.append(name)
+        return call
+
+    rounds = Rounds({"original": fn("original"), "copy": fn("copy")})
+    calls.clear()
+    order.clear()
+    rounds.next()
+    first = list(dict.fromkeys(order))
+    order.clear()
+    rounds.next()
+    assert first == ["original", "copy"] and list(dict.fromkeys(order)) == ["copy", "original"]
+    # as many calls per sample for each: byte-identical models with counts of their own
+    # measured apart
+    assert calls["original"] == calls["copy"] == 2 * rounds.calls
+
+
+def test_the_baseline_session_is_built_last(monkeypatch):
+    from taso_egg import timing
+
+    built = []
+    monkeypatch.setattr(timing, "make_session", lambda model, threads=1: built.append(model) or model)
+    monkeypatch.setattr(timing, "Rounds", lambda runs: None)
+    monkeypatch.setattr(timing, "weight_bytes", lambda model: 0)  # small: every session alive at once
+    timing.ort_rounds({"original": "o", "re-export": "e", "result": "r"}, {})
+    assert built == ["r", "e", "o"]
