@@ -1,0 +1,114 @@
+"""Other tools' optimizations of an ONNX model, made as a user would make them, for the
+benchmark (``python -m taso_egg.bench --onnx DIR --peers``) to time beside taso-egg's:
+
+- onnxsim: ``onnxsim.simplify`` (constant folding, shape inference, dead code);
+- onnxslim: ``onnxslim.slim`` (the same, plus pattern fusions);
+- ort-transformers: onnxruntime's transformers optimizer (``optimize_model``: attention,
+  LayerNorm and GELU fusions into onnxruntime's contrib operators), for transformers
+  only, its model type guessed (``transformer_kind``).
+
+onnxsim and onnxslim are an optional extra (``pip install 'taso-egg[peers]'``); the
+transformers optimizer ships inside onnxruntime. A tool that is not installed, does
+not apply or fails gives a ``PeerOutput`` saying why instead of a model: nothing here
+raises for a peer's sake."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+INSTALL_HINT = "pip install 'taso-egg[peers]'"
+# onnxruntime's graph optimizations before its transformers optimizer's Python fusions:
+# extended (2) fuses for the CPU it then runs on; all (99) would also fix layouts.
+ORT_OPT_LEVEL = 2
+
+
+@dataclass(frozen=True)
+class PeerOutput:
+    """A peer's model, or ``None`` with ``why`` (not installed, does not apply,
+    failed); ``how`` says how it was run when that was guessed (a model type)."""
+
+    model: object | None
+    why: str = ""
+    how: str = ""
+
+
+def transformer_kind(model) -> str | None:
+    """``"gpt2"`` for a causal transformer (a triangular mask: a Trilu node, or a
+    boolean or integer square constant that is lower triangular), ``"bert"`` for
+    another transformer (MatMul with Softmax, or LayerNormalization), else None."""
+    ops = {n.op_type for n in model.graph.node}
+    if not ("LayerNormalization" in ops or {"MatMul", "Softmax"} <= ops):
+        return None
+    return "gpt2" if "Trilu" in ops or _has_causal_mask(model) else "bert"
+
+
+_MASK_TYPES = (9, 2, 6, 7)  # TensorProto BOOL, UINT8, INT32, INT64
+
+
+def _has_causal_mask(model) -> bool:
+    import numpy as np
+    from onnx import numpy_helper
+
+    tensors = list(model.graph.initializer) + [a.t for n in model.graph.node if n.op_type == "Constant"
+                                               for a in n.attribute if a.name == "value"]
+    for t in tensors:
+        dims = list(t.dims)
+        if len(dims) >= 2 and dims[-1] == dims[-2] > 1 and t.data_type in _MASK_TYPES:
+            a = numpy_helper.to_array(t).reshape(-1, dims[-2], dims[-1])[0] != 0
+            if a.any() and np.array_equal(a, np.tril(np.ones_like(a))):
+                return True
+    return False
+
+
+def onnxsim(model) -> PeerOutput:
+    try:
+        from onnxsim import simplify
+    except ImportError:
+        return PeerOutput(None, f"not installed ({INSTALL_HINT})")
+    simplified, _ = simplify(model)  # its own check's verdict: the benchmark checks every candidate
+    return PeerOutput(simplified)
+
+
+def onnxslim(model) -> PeerOutput:
+    try:
+        from onnxslim import slim
+    except ImportError:
+        return PeerOutput(None, f"not installed ({INSTALL_HINT})")
+    return PeerOutput(slim(model))
+
+
+def ort_transformers(model) -> PeerOutput:
+    kind = transformer_kind(model)
+    if kind is None:
+        return PeerOutput(None, "not a transformer")
+    try:
+        from onnxruntime.transformers.optimizer import optimize_model
+    except ImportError as e:
+        return PeerOutput(None, f"not installed (onnxruntime.transformers: {e})")
+    optimized = optimize_model(model, model_type=kind, opt_level=ORT_OPT_LEVEL, use_gpu=False)
+    return PeerOutput(optimized.model, how=f"{kind}, opt_level {ORT_OPT_LEVEL}")
+
+
+PEERS: dict[str, Callable] = {"onnxsim": onnxsim, "onnxslim": onnxslim, "ort-transformers": ort_transformers}
+
+
+def run_peers(model, peers: dict[str, Callable] | None = None) -> dict[str, PeerOutput]:
+    """Each peer's output for ``model`` (a ModelProto, left as it is); a peer that
+    raises gives its exception, in one line, as the reason."""
+    out = {}
+    for name, peer in (PEERS if peers is None else peers).items():
+        try:
+            out[name] = peer(_copy(model))
+        except Exception as e:  # a third-party tool's failure is a cell, not the end of the table
+            message = str(e).strip().splitlines()
+            out[name] = PeerOutput(None, f"failed: {type(e).__name__}" + (f": {message[0][:200]}" if message else ""))
+    return out
+
+
+def _copy(model):
+    import onnx
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)  # some peers edit the model they are given
+    return copy

@@ -1,0 +1,123 @@
+"""Peers side by side (python -m taso_egg.bench --onnx DIR --peers): other tools'
+models timed in taso-egg's interleaved sessions and checked against the original.
+A peer that is missing, does not apply, fails or computes something else is a cell
+saying so; the figures are this run's, so only their form is checked."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from taso_egg import bench, peers
+from taso_egg.peers import PeerOutput
+from taso_egg.verify import RTOL
+
+from conftest import cluttered_conv_model, init, make_model, vi
+
+
+def _encoder_layer(causal: bool = False):
+    """softmax(x Wq (x Wk)^T + mask) x after a LayerNorm: enough of a transformer to
+    be told apart, with a lower-triangular boolean mask when ``causal``."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("LayerNormalization", ["x", "g", "b"], ["h"], axis=-1),
+             helper.make_node("MatMul", ["h", "wq"], ["q"]),
+             helper.make_node("MatMul", ["h", "wk"], ["k"]),
+             helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["q", "kt"], ["s"])]
+    inits = [init("g", np.ones(8, np.float32)), init("b", np.zeros(8, np.float32)),
+             init("wq", rng.standard_normal((8, 8)).astype(np.float32)),
+             init("wk", rng.standard_normal((8, 8)).astype(np.float32))]
+    if causal:
+        nodes += [helper.make_node("Where", ["mask", "s", "neg"], ["sm"])]
+        inits += [init("mask", np.tril(np.ones((1, 4, 4), bool))), init("neg", np.float32(-1e4))]
+    nodes += [helper.make_node("Softmax", ["sm" if causal else "s"], ["p"], axis=-1),
+              helper.make_node("MatMul", ["p", "x"], ["y"])]
+    return make_model(nodes, [vi("x", [1, 4, 8])], [vi("y", [1, 4, 8])], inits)
+
+
+def test_transformer_kind():
+    assert peers.transformer_kind(cluttered_conv_model()) is None
+    assert peers.transformer_kind(_encoder_layer()) == "bert"
+    assert peers.transformer_kind(_encoder_layer(causal=True)) == "gpt2"
+
+
+def test_ort_transformers_leaves_other_models_alone():
+    out = peers.ort_transformers(cluttered_conv_model())
+    assert out.model is None and out.why == "not a transformer"
+
+
+def test_a_failing_peer_is_a_reason_not_a_crash():
+    def broken(model):
+        raise RuntimeError("cannot fold\nsecond line")
+
+    model = cluttered_conv_model()
+    out = peers.run_peers(model, {"broken": broken, "same": PeerOutput})
+    assert out["broken"] == PeerOutput(None, "failed: RuntimeError: cannot fold")
+    assert out["same"].model == model and out["same"].model is not model  # each peer gets a copy
+
+
+def _wrong(model):
+    """A peer whose model computes something else: the Conv's weights negated."""
+    w = next(t for t in model.graph.initializer if t.name == "w")
+    w.CopyFrom(onnx.numpy_helper.from_array(-onnx.numpy_helper.to_array(w), "w"))
+    return PeerOutput(model)
+
+
+def test_peers_cells_faked_and_missing(tmp_path, monkeypatch, capsys):
+    """The row's peers in one session: a missing peer, a failing one, one that computes
+    something else (an error, no timing) and one that returns the model unchanged
+    (timed, no error, and taso-egg applied after it)."""
+    def missing(model):
+        return PeerOutput(None, f"not installed ({peers.INSTALL_HINT})")
+
+    def failing(model):
+        raise ValueError("unsupported opset")
+
+    monkeypatch.setattr(peers, "PEERS", {"onnxsim": missing, "onnxslim": PeerOutput,
+                                         "ort-transformers": failing, "wrong": _wrong})
+    path = tmp_path / "conv.onnx"
+    onnx.save(cluttered_conv_model(), path)
+    args = bench.build_parser().parse_args(["--onnx", str(tmp_path), "--measure", "5", "--extractors",
+                                            "greedy-dag", "--peers"])
+    row = bench._onnx_row(str(path), "default", vars(args))  # in this process: the fakes hold
+    cells = row["peers"]
+    assert cells["onnxsim"]["why"] == "not installed (pip install 'taso-egg[peers]')"
+    assert cells["onnxsim"]["speedup1"] is None
+    assert cells["ort-transformers"]["why"] == "failed: ValueError: unsupported opset"
+    assert cells["wrong"]["error"] > RTOL and cells["wrong"]["speedup1"] > 0  # timed, its error shown
+    slim = cells["onnxslim"]
+    assert slim["why"] == "" and slim["error"] == 0.0 and slim["speedup1"] > 0 and slim["speedup2"] > 0
+    after = cells[bench.AFTER_SLIM]  # taso-egg on the unchanged model: as on the original
+    if row["chosen"] == "original":
+        assert cells[bench.TASO_EGG]["why"] == "original written" and after["why"].startswith("= onnxslim")
+    else:
+        assert cells[bench.TASO_EGG]["error"] <= RTOL and after["error"] <= RTOL
+        assert row["speedup1"] == cells[bench.TASO_EGG]["speedup1"]  # the same session's figure
+
+    bench._peers_table([("conv.onnx", "default", cells)], 5)
+    out = capsys.readouterr().out.splitlines()
+    header = next(line for line in out if line.startswith("model"))
+    assert header.split()[2:] == [bench.TASO_EGG, "onnxsim", "onnxslim", "ort-transformers", bench.AFTER_SLIM]
+    (line,) = [line for line in out if line.startswith("conv.onnx")]
+    at = {name: header.index(name) for name in header.split()[2:]}
+    assert line[at["onnxsim"]:at["onnxslim"]].startswith("not installed (below)")
+    s1, s2, err = line[at["onnxslim"]:at["ort-transformers"]].split()
+    assert s1.endswith("x") and s2.endswith("x") and float(err) == 0.0
+    assert line[at["ort-transformers"]:at[bench.AFTER_SLIM]].startswith("failed (below)")
+    assert "    onnxsim: not installed (pip install 'taso-egg[peers]')" in out  # the whole reason
+    assert "    ort-transformers: failed: ValueError: unsupported opset" in out
+
+
+def test_real_onnxslim_in_the_table(tmp_path, capsys):
+    pytest.importorskip("onnxslim", reason="onnxslim not installed (pip install 'taso-egg[peers]')")
+    onnx.save(cluttered_conv_model(), tmp_path / "conv.onnx")
+    assert bench.main(["--onnx", str(tmp_path), "--measure", "5", "--extractors", "greedy-dag", "--peers"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    header = next(line for line in out if line.startswith("model") and "onnxslim" in line)
+    at = header.index("onnxslim"), header.index("ort-transformers")
+    (row,) = [line for line in out[out.index(header):] if line.startswith("conv.onnx")]
+    s1, s2, err = row[at[0]:at[1]].split()
+    assert float(s1.rstrip("x")) > 0 and float(s2.rstrip("x")) > 0 and float(err) <= RTOL
+    assert row[at[1]:].startswith("not a transformer")
