@@ -48,6 +48,18 @@ def test_ort_transformers_leaves_other_models_alone():
     assert out.model is None and out.why == "not a transformer"
 
 
+def test_ort_transformers_runs_on_a_transformer():
+    """onnxruntime's transformers optimizer ships inside onnxruntime: no skip. Its model
+    computes what the input does (it finds no BERT attention to fuse in this one)."""
+    from taso_egg.verify import compare_outputs, onnx_outputs
+
+    model = _encoder_layer()
+    out = peers.ort_transformers(model)
+    assert out.why == "" and out.how == f"bert, opt_level {peers.ORT_OPT_LEVEL}"
+    feeds = {"x": np.random.default_rng(1).standard_normal((1, 4, 8)).astype(np.float32)}
+    compare_outputs(onnx_outputs(model, feeds), onnx_outputs(out.model, feeds))
+
+
 def test_a_failing_peer_is_a_reason_not_a_crash():
     def broken(model):
         raise RuntimeError("cannot fold\nsecond line")
