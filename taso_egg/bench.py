@@ -278,7 +278,8 @@ class _PeerCell:
 
     def shown(self) -> dict:
         """What the table prints (the model stays in the worker)."""
-        return {"why": self.why, "how": self.how, "error": self.error, "speedup1": self.speedup1, "speedup2": self.speedup2}
+        return {"why": self.why, "how": self.how, "error": self.error, "speedup1": self.speedup1,
+                "speedup2": self.speedup2}
 
 
 def _peer_candidates(source, out, corpus: str, options, feeds) -> dict[str, _PeerCell]:
@@ -313,19 +314,21 @@ def _peer_candidates(source, out, corpus: str, options, feeds) -> dict[str, _Pee
     expected = onnx_outputs(source.dynamic.reference, feeds)
     for cell in cells.values():
         if cell.timed:
-            _check_peer(cell, expected, feeds, onnx_outputs)
+            _check_peer(cell, expected, feeds)
     return cells
 
 
-def _check_peer(cell: _PeerCell, expected, feeds, run) -> None:
+def _check_peer(cell: _PeerCell, expected, feeds) -> None:
     """The cell's max relative error against the original's outputs; a model that does
     not run, or computes other outputs, is not timed (the reason in ``why``)."""
-    from .verify import relative_errors
+    from .verify import onnx_outputs, relative_errors
 
     try:
-        cell.error = max(relative_errors(expected, run(cell.model, feeds), "its model").values(), default=0.0)
+        cell.error = max(relative_errors(expected, onnx_outputs(cell.model, feeds), "its model").values(),
+                         default=0.0)
     except Exception as e:  # onnxruntime's own errors, or VerificationError for other outputs
-        cell.why = f"does not run as the original: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        cell.why = f"does not run as the original: {type(e).__name__}: {first}"
 
 
 def _peers_table(rows, measure: int) -> None:
