@@ -337,9 +337,10 @@ def _peers_table(rows, measure: int) -> None:
     names = [TASO_EGG, "onnxsim", "onnxslim", "ort-transformers", AFTER_SLIM]
     print(f"\npeers: speedup over the original at 1 / 2 threads (median of {measure} interleaved runs, "
           f"one session per thread count with every candidate), max rel err on the same random inputs", flush=True)
-    print(f"{'model':<28}{'corpus':<10}" + "".join(f"{name:<{PEER_CELL}}" for name in names), flush=True)
+    width = max([28] + [len(model) + 2 for model, _, _ in rows])  # a file name never runs into the next column
+    print(f"{'model':<{width}}{'corpus':<10}" + "".join(f"{name:<{PEER_CELL}}" for name in names), flush=True)
     for model, label, cells in rows:
-        print(f"{model:<28}{label:<10}" + "".join(_peer_cell(cells.get(name)) for name in names), flush=True)
+        print(f"{model:<{width}}{label:<10}" + "".join(_peer_cell(cells.get(name)) for name in names), flush=True)
         for name, cell in cells.items():  # what does not fit in a cell
             notes = [cell["how"]] + ([cell["why"]] if len(cell["why"]) > PEER_CELL - 2 else [])
             if any(notes):
