@@ -101,12 +101,13 @@ def test_peers_cells_faked_and_missing(tmp_path, monkeypatch, capsys):
     assert cells["wrong"]["error"] > RTOL and cells["wrong"]["speedup1"] > 0  # timed, its error shown
     slim = cells["onnxslim"]
     assert slim["why"] == "" and slim["error"] == 0.0 and slim["speedup1"] > 0 and slim["speedup2"] > 0
-    after = cells[bench.AFTER_SLIM]  # taso-egg on the unchanged model: as on the original
-    if row["chosen"] == "original":
-        assert cells[bench.TASO_EGG]["why"] == "original written" and after["why"].startswith("= onnxslim")
+    if row["chosen"] == "original":  # optimize decides by timing: either may come out
+        assert cells[bench.TASO_EGG]["why"] == "original written"
     else:
-        assert cells[bench.TASO_EGG]["error"] <= RTOL and after["error"] <= RTOL
+        assert cells[bench.TASO_EGG]["error"] <= RTOL
         assert row["speedup1"] == cells[bench.TASO_EGG]["speedup1"]  # the same session's figure
+    after = cells[bench.AFTER_SLIM]  # taso-egg on onnxslim's (unchanged) model, decided anew
+    assert after["why"].startswith("= onnxslim") or after["error"] <= RTOL
 
     bench._peers_table([("conv.onnx", "default", cells)], 5)
     out = capsys.readouterr().out.splitlines()
