@@ -14,6 +14,8 @@ raises for a peer's sake."""
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -36,13 +38,32 @@ class PeerOutput:
 
 
 def transformer_kind(model) -> str | None:
-    """``"gpt2"`` for a causal transformer (a triangular mask: a Trilu node, or a
-    boolean or integer square constant that is lower triangular), ``"bert"`` for
-    another transformer (MatMul with Softmax, or LayerNormalization), else None."""
+    """``"gpt2"`` for a causal transformer (a triangular mask: a Trilu node, a boolean
+    or integer square constant that is lower triangular, or positions compared with
+    positions, as exporters build ``k <= q`` from two Ranges), ``"bert"`` for another
+    transformer (MatMul with Softmax, or LayerNormalization), else None."""
     ops = {n.op_type for n in model.graph.node}
     if not ("LayerNormalization" in ops or {"MatMul", "Softmax"} <= ops):
         return None
-    return "gpt2" if "Trilu" in ops or _has_causal_mask(model) else "bert"
+    causal = "Trilu" in ops or _compares_positions(model) or _has_causal_mask(model)
+    return "gpt2" if causal else "bert"
+
+
+_COMPARISONS = ("Less", "LessOrEqual", "Greater", "GreaterOrEqual")
+
+
+def _compares_positions(model, depth: int = 8) -> bool:
+    """Whether a comparison's two inputs both come from a Range (within ``depth`` nodes)."""
+    producer = {out: n for n in model.graph.node for out in n.output}
+
+    def from_range(name: str, depth: int) -> bool:
+        node = producer.get(name)
+        if node is None or depth == 0:
+            return False
+        return node.op_type == "Range" or any(from_range(i, depth - 1) for i in node.input)
+
+    return any(n.op_type in _COMPARISONS and len(n.input) == 2 and all(from_range(i, depth) for i in n.input)
+               for n in model.graph.node)
 
 
 _MASK_TYPES = (9, 2, 6, 7)  # TensorProto BOOL, UINT8, INT32, INT64
@@ -101,7 +122,8 @@ def run_peers(model, peers: dict[str, Callable] | None = None) -> dict[str, Peer
     out = {}
     for name, peer in (PEERS if peers is None else peers).items():
         try:
-            out[name] = peer(_copy(model))
+            with contextlib.redirect_stdout(sys.stderr):  # their chatter stays out of the table
+                out[name] = peer(_copy(model))
         except Exception as e:  # a third-party tool's failure is a cell, not the end of the table
             message = str(e).strip().splitlines()
             out[name] = PeerOutput(None, f"failed: {type(e).__name__}" + (f": {message[0][:200]}" if message else ""))

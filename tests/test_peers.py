@@ -17,9 +17,10 @@ from taso_egg.verify import RTOL
 from conftest import cluttered_conv_model, init, make_model, vi
 
 
-def _encoder_layer(causal: bool = False):
+def _encoder_layer(causal: str = ""):
     """softmax(x Wq (x Wk)^T + mask) x after a LayerNorm: enough of a transformer to
-    be told apart, with a lower-triangular boolean mask when ``causal``."""
+    be told apart, with a causal mask when ``causal`` is "constant" (a lower-triangular
+    boolean initializer) or "range" (key positions <= query positions, from a Range)."""
     rng = np.random.default_rng(0)
     nodes = [helper.make_node("LayerNormalization", ["x", "g", "b"], ["h"], axis=-1),
              helper.make_node("MatMul", ["h", "wq"], ["q"]),
@@ -29,9 +30,18 @@ def _encoder_layer(causal: bool = False):
     inits = [init("g", np.ones(8, np.float32)), init("b", np.zeros(8, np.float32)),
              init("wq", rng.standard_normal((8, 8)).astype(np.float32)),
              init("wk", rng.standard_normal((8, 8)).astype(np.float32))]
+    if causal == "constant":
+        inits += [init("mask", np.tril(np.ones((1, 4, 4), bool)))]
+    elif causal == "range":
+        nodes += [helper.make_node("Range", ["zero", "four", "one"], ["pos"]),
+                  helper.make_node("Unsqueeze", ["pos", "axis0"], ["key"]),
+                  helper.make_node("Unsqueeze", ["pos", "axis1"], ["query"]),
+                  helper.make_node("LessOrEqual", ["key", "query"], ["mask"])]
+        inits += [init(name, np.int64(v)) for name, v in (("zero", 0), ("four", 4), ("one", 1))]
+        inits += [init("axis0", np.array([0], np.int64)), init("axis1", np.array([1], np.int64))]
     if causal:
         nodes += [helper.make_node("Where", ["mask", "s", "neg"], ["sm"])]
-        inits += [init("mask", np.tril(np.ones((1, 4, 4), bool))), init("neg", np.float32(-1e4))]
+        inits += [init("neg", np.float32(-1e4))]
     nodes += [helper.make_node("Softmax", ["sm" if causal else "s"], ["p"], axis=-1),
               helper.make_node("MatMul", ["p", "x"], ["y"])]
     return make_model(nodes, [vi("x", [1, 4, 8])], [vi("y", [1, 4, 8])], inits)
@@ -40,7 +50,8 @@ def _encoder_layer(causal: bool = False):
 def test_transformer_kind():
     assert peers.transformer_kind(cluttered_conv_model()) is None
     assert peers.transformer_kind(_encoder_layer()) == "bert"
-    assert peers.transformer_kind(_encoder_layer(causal=True)) == "gpt2"
+    assert peers.transformer_kind(_encoder_layer(causal="constant")) == "gpt2"
+    assert peers.transformer_kind(_encoder_layer(causal="range")) == "gpt2"  # as GPT-2's export builds it
 
 
 def test_ort_transformers_leaves_other_models_alone():
