@@ -8,9 +8,9 @@ benchmark (``python -m taso_egg.bench --onnx DIR --peers``) to time beside taso-
   only, its model type guessed (``transformer_kind``).
 
 onnxsim and onnxslim are an optional extra (``pip install 'taso-egg[peers]'``); the
-transformers optimizer ships inside onnxruntime. A tool that is not installed, does
-not apply or fails gives a ``PeerOutput`` saying why instead of a model: nothing here
-raises for a peer's sake."""
+transformers optimizer ships inside onnxruntime. A tool that is not installed or
+does not apply gives a ``PeerOutput`` saying why instead of a model; ``run_peers``
+makes one of a tool's failure too, so that a peer never ends the benchmark."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from typing import Callable
 
 INSTALL_HINT = "pip install 'taso-egg[peers]'"
 # The transformers optimizer's Python fusions alone (opt_level 0): levels 1 and up first
-# run onnxruntime's own graph optimizations, which imports torch (onnxruntime 1.2x) and
+# run onnxruntime's own graph optimizations, which imports torch (onnxruntime 1.32) and
 # writes optimized_model_o*_cpu.onnx into the working folder; the sessions that time the
 # result apply onnxruntime's optimizations (ORT_ENABLE_ALL) anyway.
 ORT_OPT_LEVEL = 0
