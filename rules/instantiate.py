@@ -17,7 +17,7 @@ from taso_egg.graph import Graph, Tensor
 from taso_egg.ops import OPS
 
 from . import semantics
-from .lang import App, Guard, Lit, ParamOp, Proj, Rule, Var, walk_vars
+from .ast import App, Guard, Lit, ParamOp, Proj, Rule, Var, walk_vars
 
 # The numeric checker's reading of the guards: comparisons as rules/semantics.py states
 # them; `weight` holds by construction (every (weight ?v) variable is built as a weight

@@ -3,7 +3,7 @@
 Every parameter function (``(dim T I)``, ``(vec A ...)``, ...) and every guard kind
 (``(= A B)``, ``(weight T)``, ...) is one entry here: its arity, the kinds of its
 arguments, its meaning in words, and a plain-Python evaluator that is the reference
-meaning. ``rules/lang.py`` reads its vocabulary (names, arities, which arguments are
+meaning. ``rules/vocabulary.py`` reads its vocabulary (names, arities, which arguments are
 tensor variables, which literals are allowed) from these tables, and each back end
 declares its own translation of every entry through :func:`backend`, which raises
 RuleError at import time when a back end lacks an entry or names one the language does
@@ -21,7 +21,8 @@ numeric checker           the evaluators; ``weight`` and ``before`` hold: it bui
                           ``(weight ?v)`` variable as a weight leaf (``rules/instantiate.py``)
 egglog compiler           query facts over the ``shape``, ``wlo`` and ``whi`` analyses
                           (``egraph/rule_compiler.py``)
-Z3 verifier               Z3 terms; ``weight``/``before`` ignored (``rules/verify.py``)
+Z3 verifier               Z3 terms; ``weight``/``before`` ignored
+                          (``rules/prove/encode.py``)
 ========================  =============================================================
 
 Definedness. A function is undefined on some arguments (an axis out of range, a

@@ -45,8 +45,8 @@ def main(argv=None) -> int:
     from taso_egg.egraph.language import declarations
     from taso_egg.egraph.saturate import saturate
     from taso_egg.egraph.rule_compiler import compile_rules
-    from taso_egg.rules.lang import corpus_files, load_corpus
-    from taso_egg.rules.verify import AXIOM_FILE
+    from taso_egg.rules.corpus import load_corpus
+    from taso_egg.rules.prove.prover import AXIOM_FILE
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=sorted(n for n in zoo.MODELS if not n.endswith("-small")))
@@ -75,7 +75,7 @@ def main(argv=None) -> int:
         print(line, flush=True)
         print(f"  {name}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     if args.proofs:
-        from taso_egg.rules.verify import verify_rules
+        from taso_egg.rules.prove.driver import verify_rules
         hand = [r for r in rules if "hand" in r.where]
         step = max(1, len(rules) // args.proofs)
         sample = list(dict.fromkeys(hand + list(rules[::step])))

@@ -25,7 +25,7 @@ VENV_BIN = Path(sys.executable).parent
 
 
 # The bare load, printing its own seconds inside the process (import and exit apart).
-_LOAD = ("import time; from taso_egg.rules.lang import load_corpus; t = time.perf_counter(); "
+_LOAD = ("import time; from taso_egg.rules.corpus import load_corpus; t = time.perf_counter(); "
          "load_corpus(); print(time.perf_counter() - t)")
 INSIDE = "  of which load_corpus() in the process"
 

@@ -16,19 +16,22 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from . import timing
 from .cost import CostModel, graph_cost, load_cost_model
 from .egraph.convert import build_graph
 from .egraph.pricing import priced_egraph
 from .egraph.saturate import Saturation, saturate, tensor_classes
-from .errors import ExtractionError
+from .errors import CannotRun, ExtractionError, ProfileError
 from .executor import random_inputs
 from .graph import Graph
 from .options import ExtractionOptions, Hooks, Limits, OptimizeOptions
-from .onnx_io.exporter import export_for_check, export_onnx, with_weights
-from .rules.lang import load_corpus
+from .onnx_io.exporter import export_fed, export_for_check, fed_from_check
+from .onnx_io.fed import FedModel, array_of, feed, inline
+from .rules.corpus import load_corpus
 from .verify import (LocalCheck, check_float32_proves_nothing, check_graphs_equivalent, check_locally,
-                     check_onnx_model, share_weights)
+                     check_onnx_model, check_precision_kept, share_weights)
 
 if TYPE_CHECKING:
     import onnx
@@ -83,7 +86,7 @@ class OptimizeStats:
     # the check that ran on the returned graph: "onnxruntime" (float32, the written
     # model), "regions" (our executor, float64: the changed regions, ``local_check``),
     # "whole" (our executor on both whole graphs), "" (none: the input returned, or
-    # verify=False, or a re-export that float32 cannot check)
+    # verify=False)
     check: str = ""
     check_skipped: str = ""          # why onnxruntime's comparison would prove nothing
     local_check: LocalCheck | None = None
@@ -112,11 +115,17 @@ class OptimizeResult:
     def exported(self) -> onnx.ModelProto | None:
         """``graph`` exported to ONNX, as checked in onnxruntime (the input graph's
         export when the re-export is chosen); None when the original is returned or
-        verify is off. Made when first read (copying the weights into protobuf is
-        writing's cost, not the search's: VGG-19's is 0.5 GB)."""
+        verify is off. Made when read (copying the weights into protobuf is writing's
+        cost, not the search's: VGG-19's is 0.5 GB); ``exported_fed`` copies none."""
+        return inline(self.exported_fed)
+
+    @property
+    def exported_fed(self) -> FedModel | None:
+        """``exported`` as an ``onnx_io.fed.FedModel``: its large weights the graph's
+        arrays, not copied into protobuf (what a model past 2 GB is written from)."""
         if isinstance(self.checked, tuple):
-            self.checked = with_weights(*self.checked)
-        return self.checked
+            self.checked = fed_from_check(*self.checked)
+        return None if self.checked is None else feed(self.checked)
 
     @property
     def speedup(self) -> float:
@@ -180,7 +189,14 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
     or all zero, round-off past ``verify.MAX_RTOL``, or onnxruntime cannot run the
     input: ``check_skipped``) a returned result is checked in our executor instead
     (float64, tracked exponents), only its changed regions, each on the input's own
-    tensors at its boundary (``verify.check_locally``).
+    tensors at its boundary (``verify.check_locally``). The check's tolerance follows
+    each output's dtype and the quantization on its path (``verify.rounding_steps``),
+    and what is written may not change the model's precision
+    (``verify.check_precision_kept``). A candidate no check can run on (a re-export
+    onnxruntime's comparison proves nothing for; a result whose input neither
+    onnxruntime nor our executor can run, ``errors.CannotRun``) gives way to the
+    original, and ``kept_input`` says why; where onnxruntime cannot run the input,
+    nothing is timed.
 
     ``hooks`` (``taso_egg.options.Hooks``) report progress: ``progress(iteration_stats)``
     after each saturation iteration, ``phase(message)`` when a later phase starts (and
@@ -213,17 +229,25 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
     checked, ort, check, check_error, local = None, None, "", None, None
     if options.check.verify and decision.chosen != "original":
         ort, written = _check_in_onnxruntime(graph, decision.graph, reference, phase, decision.exported, seed)
+        unchecked = ""  # why no check can run on the candidate: then the input is returned
         if ort.error is not None:
             check = "onnxruntime"
         elif decision.chosen == "result":
-            check, check_error, local = _check_numerically(graph, sat, ext, seed, phase, ort.skipped)
+            try:
+                check, check_error, local = _check_numerically(graph, sat, ext, seed, phase, ort.skipped)
+            except CannotRun as e:  # an operator neither onnxruntime nor the table runs
+                unchecked = f"{ort.skipped}, and our executor cannot run the input either ({e})"
         else:  # the input exported: our executor would compare the graph with itself
-            phase(f"note: {ort.skipped}, so the re-exported input is not checked in onnxruntime")
-        if not ort.reference_run and not (local is not None and local.outputs_beyond_float32):
+            unchecked = f"{ort.skipped}, and the re-export can be checked nowhere else"
+        if unchecked:
+            phase(f"note: no check can run on the {decision.chosen}: {unchecked}; the input is returned")
+            decision = Decision(graph, f"no check can run on the {decision.chosen}: {unchecked}",
+                                decision.measured_ms, "original")
+        elif not ort.reference_run and not (local is not None and local.outputs_beyond_float32):
             # the written model's float32 outputs proved nothing: neither may the input's
             check_float32_proves_nothing(export_for_check(graph) if reference is None else reference, graph,
                                          ort.skipped, seed)
-        checked = written
+        checked = written if not unchecked else None
     stats = OptimizeStats(
         saturation_seconds=sat.seconds,
         extraction_seconds=ext.seconds,
@@ -305,10 +329,12 @@ def _decide(graph: Graph, result: Graph, before: float, after: float, min_gain: 
         if predicted:
             return Decision(graph, predicted, chosen="original", not_measured=unmeasured)
         return Decision(result, not_measured=unmeasured)
-    models = {"original": reference if reference is not None else export_onnx(graph)}
+    # candidates as FedModels: the re-export's weights are the graph's arrays, the
+    # result's too where it keeps them, so onnxruntime gets no copy of them to time
+    models = {"original": reference if reference is not None else export_fed(graph)}
     if reference is not None:
-        models["re-export"] = export_onnx(graph)
-    models["result"] = export_onnx(result)
+        models["re-export"] = export_fed(graph)
+    models["result"] = export_fed(result)
     # a candidate that computes node for node what an earlier one does is not timed
     # (the earlier one stands for it), so that noise does not choose between twins
     seen: dict[tuple, str] = {}
@@ -323,7 +349,14 @@ def _decide(graph: Graph, result: Graph, before: float, after: float, min_gain: 
                         chosen="original")
     names = " and ".join(", ".join(models).rsplit(", ", 1))
     phase(f"timing {names} in onnxruntime ({measure} interleaved runs each)")
-    runs = timing.ort_runs(models, random_inputs(graph), measure, measure_progress)
+    try:
+        runs = timing.ort_runs(models, random_inputs(graph), measure, measure_progress)
+    except ProfileError:
+        why = timing.cannot_build(models["original"])
+        if not why:  # the original runs: a candidate does not, which is a fault of ours
+            raise
+        return Decision(graph, f"onnxruntime cannot run the input ({why}), so no candidate can be timed",
+                        chosen="original")
     times = {k: statistics.median(v) for k, v in runs.items()}
     # The fastest candidate that beat the original in more interleaved rounds than
     # chance allows; the original otherwise (a changed file must pay for itself).
@@ -351,19 +384,21 @@ def _computation(model) -> tuple:
 
     from onnx import TensorProto, helper, numpy_helper
 
-    def tensor_key(t) -> str:
-        a = numpy_helper.to_array(t)
-        return hashlib.sha1(f"{a.dtype}{a.shape}".encode() + a.tobytes()).hexdigest()
+    def tensor_key(t, model) -> str:
+        a = np.ascontiguousarray(array_of(model, t) if model is not None else numpy_helper.to_array(t))
+        digest = hashlib.sha1(f"{a.dtype}{a.shape}".encode())
+        digest.update(a.reshape(-1).view(np.uint8) if a.dtype != object else a.tobytes())  # no copy
+        return digest.hexdigest()
 
     g = model.graph
     key = {"": ""}
-    key.update({t.name: tensor_key(t) for t in g.initializer})
+    key.update({t.name: tensor_key(t, model) for t in g.initializer})
     key.update({i.name: "input " + i.name for i in g.input if i.name not in key})
     for node in g.node:
         attrs = []
         for a in sorted(node.attribute, key=lambda a: a.name):
             v = helper.get_attribute_value(a)
-            attrs.append((a.name, tensor_key(v) if isinstance(v, TensorProto) else repr(v)))
+            attrs.append((a.name, tensor_key(v, None) if isinstance(v, TensorProto) else repr(v)))
         digest = hashlib.sha1(repr((node.domain, node.op_type, attrs,
                                     [key.get(i, "?" + i) for i in node.input])).encode()).hexdigest()
         for j, out in enumerate(node.output):
@@ -382,6 +417,8 @@ def _check_in_onnxruntime(graph: Graph, result: Graph, reference, phase, exporte
     # rather than copied into protobuf and then into onnxruntime; the model to write is
     # exported by the same exporter, weights as initializers, once the check is done.
     written = export_for_check(result) if exported is None else exported
+    if reference is not None:  # the precision is the user's, whatever the numbers say
+        check_precision_kept(reference, written)
     check = check_onnx_model((lambda: export_for_check(graph)) if reference is None else reference,
                              written, graph, seed=seed)
     return check, written
@@ -394,7 +431,7 @@ def keep_unless_faster(graph: Graph, candidate: Graph, repeats: int,
     sign test ``optimize`` applies), else ``(graph, times, why)``. Times are median
     milliseconds under "original" and "optimized". Every command that writes an
     optimized graph applies this guard."""
-    runs = timing.ort_runs({"original": export_onnx(graph), "optimized": export_onnx(candidate)},
+    runs = timing.ort_runs({"original": export_fed(graph), "optimized": export_fed(candidate)},
                            random_inputs(graph), repeats, progress)
     times = {k: statistics.median(v) for k, v in runs.items()}
     if times["optimized"] >= times["original"]:

@@ -81,7 +81,7 @@ def compare_model(name: str, graph: Graph, cost_model: CostModel, rules=None,
     """Run both methods on ``graph`` and measure their results (``measure_repeats`` = 0
     skips the measurements)."""
     from .api import extract_graph, runtime_cost
-    from .rules.lang import load_corpus
+    from .rules.corpus import load_corpus
     from .search import backtracking_search
     from .verify import check_graphs_equivalent
 

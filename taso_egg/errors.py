@@ -34,6 +34,12 @@ class ExecutionError(TasoEggError):
     """A graph could not be run (missing input, kernel failure)."""
 
 
+class CannotRun(ExecutionError):
+    """onnxruntime cannot build an operator the table does not model (a custom
+    domain's, one it has no kernel for): what needs its values cannot be computed
+    here, so a candidate that only such a run could check gives way to the input."""
+
+
 class VerificationError(TasoEggError):
     """An optimized graph disagrees numerically with the original."""
 

@@ -10,6 +10,7 @@ import numpy as np
 from .errors import ExecutionError, TasoEggError
 from .graph import Graph, Node
 from .ops import OPS
+from .ops.precision import is_float
 
 
 # Random feeds may take at most this share of the machine's memory: the model's own
@@ -39,7 +40,7 @@ def random_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
     for n in graph.inputs():
         shape, dtype = n.params["shape"], np.dtype(n.params["dtype"])
         check_feed_fits(n.params["name"], shape, dtype)
-        if dtype.kind == "f":
+        if is_float(dtype):
             feeds[n.params["name"]] = rng.standard_normal(shape).astype(dtype)
         elif dtype.kind == "b":
             feeds[n.params["name"]] = rng.random(shape) < 0.5

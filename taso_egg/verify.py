@@ -34,6 +34,7 @@ import numpy as np
 
 from .errors import VerificationError, first_line
 from .ops import OPS
+from .ops.precision import NARROW_DTYPES, ROUNDING_STEP, is_float, is_quantizing
 
 log = logging.getLogger("taso_egg.verify")
 
@@ -48,19 +49,25 @@ LOCAL_RTOL = 1e-9
 SAFETY = 16.0
 # Beyond this relative noise a comparison cannot tell a wrong graph from round-off.
 MAX_RTOL = 0.25
+# An output's floor is at least this many rounding steps of the coarsest precision on
+# its path (``rounding_steps``): float16's round-off alone is ten times RTOL, and a
+# quantized path moves by whole steps where round-off flips a rounding.
+FLOOR_STEPS = 4
 
-_EPS = {"float32": 2.0 ** -23, "float64": 2.0 ** -52}
+_EPS = ROUNDING_STEP
 
 
 def compare_outputs(expected: Mapping[str, np.ndarray], actual: Mapping[str, np.ndarray],
                     rtol: float = RTOL, what: str = "optimized graph") -> float:
-    """Raise VerificationError naming the first disagreeing output; return the worst
-    relative error seen."""
+    """Raise VerificationError naming the first output that differs by more than
+    ``rtol`` (or its dtype's floor, ``output_floor``: float16's round-off is coarser);
+    return the worst relative error seen."""
     errors = relative_errors(expected, actual, what)
     for name, rel in errors.items():
-        if not rel <= rtol:
+        floor = output_floor(_EPS.get(np.asarray(expected[name]).dtype.name, 0.0), rtol)
+        if not rel <= floor:
             raise VerificationError(f"{what}: output {name!r} differs from the original by "
-                                    f"{rel:.3g} relative (> {rtol:g})")
+                                    f"{rel:.3g} relative (> {floor:g})")
     return max(errors.values(), default=0.0)
 
 
@@ -78,9 +85,10 @@ def relative_errors(expected: Mapping[str, np.ndarray], actual: Mapping[str, np.
         if got.shape != ref.shape:
             raise VerificationError(f"{what}: output {name!r} has shape {list(got.shape)}, "
                                     f"expected {list(ref.shape)}")
-        if ref.dtype.kind not in "fc":
+        if ref.dtype.kind != "c" and not is_float(ref.dtype):
             errors[name] = 0.0 if np.array_equal(ref, got) else math.inf
             continue
+        ref = ref.astype(np.float64, copy=False) if ref.dtype.kind == "V" else ref
         if ref.size and not np.all(np.isfinite(ref)):
             raise VerificationError(f"{what}: output {name!r} of the original is not finite; "
                                     f"comparing it would prove nothing")
@@ -971,10 +979,13 @@ def _freeze(v):
 
 def onnx_outputs(model, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Run an ONNX model in onnxruntime (all graph optimizations off: we want the
-    model's own arithmetic). ``model`` is a path, bytes, a ModelProto, or a
+    model's own arithmetic). ``model`` is a path, bytes, a ModelProto, a
+    ``onnx_io.fed.FedModel`` (its arrays given to onnxruntime, not serialized), or a
     ``(ModelProto, weights)`` pair from ``onnx_io.exporter.export_for_check``, whose
     weights are fed with the inputs (onnxruntime reads NumPy feeds in place)."""
     import onnxruntime as ort
+
+    from .onnx_io.fed import session_parts
 
     if isinstance(model, tuple):
         model, weights = model
@@ -982,9 +993,11 @@ def onnx_outputs(model, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3
-    data = model if isinstance(model, (bytes, str)) else model.SerializeToString()
+    data, names, values = (model, [], []) if isinstance(model, (bytes, str)) else session_parts(model)
+    if names:
+        options.add_external_initializers(names, values)
     session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
-    del data  # onnxruntime holds what it needs
+    del data  # onnxruntime holds what it needs (the arrays of ``values`` it reads in place)
     names = [o.name for o in session.get_outputs()]
     return dict(zip(names, session.run(None, dict(feeds))))
 
@@ -1052,23 +1065,125 @@ def check_onnx_model(reference, model, graph, seed: int = 0, rtol: float = RTOL,
         if why:
             return OnnxCheck(None, "the input's " + why)
     errors = relative_errors(expected, actual, what)
-    worst = max(errors.values(), default=0.0)
-    if worst > rtol:
-        name = max(errors, key=errors.get)
+    steps = rounding_steps(ref())
+    floors = {name: output_floor(steps.get(name, _EPS["float32"]), rtol) for name in errors}
+    name = max(errors, key=lambda n: errors[n] / floors[n], default=None)
+    if name is not None and errors[name] > floors[name]:
+        # the inputs only (the weights are inside the model), each moved by one
+        # rounding step of the coarsest precision on the output's path
         rng = np.random.default_rng(seed + 2)
-        # the inputs only: the weights are inside the model
-        noisy = {k: (v * (1 + _EPS["float32"] * rng.standard_normal(v.shape))).astype(v.dtype)
-                 if v.dtype.kind == "f" else v for k, v in feeds.items()}
+        step = steps.get(name, _EPS["float32"])
+        noisy = {k: (v * (1 + step * rng.standard_normal(v.shape))).astype(v.dtype)
+                 if is_float(v.dtype) else v for k, v in feeds.items()}
         try:
-            _tolerance(worst, rtol, lambda: _relative(expected[name].astype(np.float64),
-                                                      onnx_outputs(ref(), noisy)[name].astype(np.float64)),
+            _tolerance(errors[name], floors[name],
+                       lambda: _relative(expected[name].astype(np.float64),
+                                         onnx_outputs(ref(), noisy)[name].astype(np.float64)),
                        what, f"output {name!r}")
         except _Inconclusive as e:  # float32 cannot tell; float64 may
-            return OnnxCheck(None, "in float32 " + e.reason)
+            return OnnxCheck(None, f"in {expected[name].dtype.name} {e.reason}")
+    worst = max(errors.values(), default=0.0)
     if overflow:
         return OnnxCheck(None, f"{why} (where the input's is, and equal to it within {worst:.2g} "
                                f"relative where finite)")
     return OnnxCheck(worst)
+
+
+def output_floor(step: float, rtol: float = RTOL) -> float:
+    """The difference an output may show whatever the noise: ``rtol``, or FLOOR_STEPS
+    rounding steps (``step``: the coarsest on its path, ``rounding_steps``) where that is
+    coarser: float16's, and a quantized path's 8 bits (1.6 % of the output's peak, as
+    a few roundings that round-off flips move it)."""
+    return max(rtol, FLOOR_STEPS * step)
+
+
+def rounding_steps(model) -> dict[str, float]:
+    """Each output of an ONNX model (or ``export_for_check`` pair): the coarsest rounding
+    step on its path (``ops.precision.ROUNDING_STEP``): of its own dtype, of the narrow
+    inputs, weights and casts it is computed from, and 8 bits where a quantizing node
+    (``ops.precision.is_quantizing``) is on it. What one rounding moves an output by is
+    measured at that step: a float32 step would not move a float16 or quantized path."""
+    import onnx
+    from onnx import helper
+
+    if isinstance(model, (bytes, str)):  # as onnx_outputs takes it
+        model = onnx.load_from_string(model) if isinstance(model, bytes) else \
+            onnx.load(model, load_external_data=False)
+    graph = (model[0] if isinstance(model, tuple) else model).graph
+    producer = {o: n for n in graph.node for o in n.output if o}
+    stored = {t.name: t.data_type for t in graph.initializer}
+    stored.update((vi.name, vi.type.tensor_type.elem_type) for vi in graph.input)
+
+    def step(code) -> float:
+        return _EPS.get(np.dtype(helper.tensor_dtype_to_np_dtype(code)).name, 0.0) if code else 0.0
+
+    steps = {}
+    for out in graph.output:
+        coarsest, seen, stack = step(out.type.tensor_type.elem_type), set(), [out.name]
+        while stack:
+            name = stack.pop()
+            if not name or name in seen:
+                continue
+            seen.add(name)
+            coarsest = max(coarsest, step(stored.get(name)))
+            node = producer.get(name)
+            if node is None:
+                continue
+            if is_quantizing(node.op_type, node.domain):
+                coarsest = max(coarsest, _EPS["uint8"])
+            to = next((a.i for a in node.attribute if a.name == "to"), 0) if node.op_type == "Cast" else 0
+            coarsest = max(coarsest, step(to))
+            stack.extend(node.input)
+        steps[out.name] = coarsest
+    return steps
+
+
+def check_precision_kept(reference, model, what: str = "written model") -> None:
+    """VerificationError unless ONNX ``model`` (or an ``export_for_check`` pair) keeps
+    ``reference``'s precision: no narrow weight (``ops.precision.NARROW_DTYPES``) stored
+    wider, as a folded DequantizeLinear or a folded Cast of a float16 weight would (the
+    narrow elements drop and the wide float ones grow by at least as many; folding
+    narrow weights into fewer narrow ones is fine), and as many quantizing nodes of each
+    type (no rounding step dropped). Only the weights the reference's nodes read count."""
+    have, want = _precision(model), _precision(reference, read_only=True)
+    narrow = sum(n for (kind, name), n in want.items() if kind == "dtype" and name in NARROW_DTYPES)
+    lost = narrow - sum(n for (kind, name), n in have.items() if kind == "dtype" and name in NARROW_DTYPES)
+    widened = have.get(("dtype", "wide"), 0) - want.get(("dtype", "wide"), 0)
+    if lost > 0 and widened >= lost:
+        raise VerificationError(f"{what}: changes the model's precision: it stores {lost} fewer "
+                                f"elements in {', '.join(sorted(n for k, n in want if k == 'dtype' and n != 'wide'))} "
+                                f"and {widened} more in float32 or float64 (weights widened)")
+    for (kind, name), count in sorted(want.items()):
+        if kind == "op" and have.get((kind, name), 0) < count:
+            raise VerificationError(f"{what}: changes the model's precision: it has "
+                                    f"{have.get((kind, name), 0)} {name} nodes where the input has {count}")
+
+
+def _precision(model, read_only: bool = False) -> dict[tuple[str, str], int]:
+    """``("dtype", name)``: elements stored in each narrow dtype, and under "wide" in
+    float32 and float64 together; ``("op", type)``: quantizing nodes of each type.
+    ``read_only``: only the initializers some node reads."""
+    from onnx import helper
+
+    model, fed = model if isinstance(model, tuple) else (model, {})
+    graph = model.graph
+    read = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+    counts: dict[tuple[str, str], int] = {}
+
+    def add(dtype: str, n: int) -> None:
+        key = "wide" if dtype in ("float32", "float64") else dtype
+        if key == "wide" or key in NARROW_DTYPES:
+            counts[("dtype", key)] = counts.get(("dtype", key), 0) + n
+
+    for t in graph.initializer:
+        if t.name in read or not read_only:
+            add(np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).name, math.prod(t.dims))
+    for a in fed.values():
+        add(a.dtype.name, a.size)
+    for n in graph.node:
+        if is_quantizing(n.op_type, n.domain):
+            counts[("op", n.op_type)] = counts.get(("op", n.op_type), 0) + 1
+    return counts
 
 
 def check_float32_proves_nothing(reference, graph, skipped: str, seed: int = 0,
@@ -1090,7 +1205,7 @@ def check_float32_proves_nothing(reference, graph, skipped: str, seed: int = 0,
 
 def _overflows(outputs) -> bool:
     """Whether a float output holds an Inf or a NaN."""
-    return any(v.dtype.kind == "f" and v.size and not np.all(np.isfinite(v)) for v in outputs.values())
+    return any(is_float(v.dtype) and v.size and not np.all(np.isfinite(v)) for v in outputs.values())
 
 
 def _non_finite_difference(expected, actual) -> str:
@@ -1098,12 +1213,12 @@ def _non_finite_difference(expected, actual) -> str:
     ``expected`` and ``actual``; else which output differs, and how much."""
     for name, ref in expected.items():
         got = actual.get(name)
-        if ref.dtype.kind != "f" or got is None or got.shape != ref.shape:
+        if not is_float(ref.dtype) or got is None or got.shape != ref.shape:
             continue
         differ = (np.isnan(ref) != np.isnan(got)) | (np.isposinf(ref) != np.isposinf(got)) | \
             (np.isneginf(ref) != np.isneginf(got))
         if differ.any():
-            return (f"float32 output {name!r} is not finite in {int((~np.isfinite(got)).sum())} of its "
+            return (f"{ref.dtype.name} output {name!r} is not finite in {int((~np.isfinite(got)).sum())} of its "
                     f"{got.size} values, the input's in {int((~np.isfinite(ref)).sum())} ({int(differ.sum())} "
                     f"places differ, random inputs)")
     return ""
@@ -1111,14 +1226,14 @@ def _non_finite_difference(expected, actual) -> str:
 
 def _finite_part(outputs):
     """Each float output with its non-finite values set to 0 (compared apart)."""
-    return {k: np.where(np.isfinite(v), v, 0).astype(v.dtype) if v.dtype.kind == "f" else v
+    return {k: np.where(np.isfinite(v), v, 0).astype(v.dtype) if is_float(v.dtype) else v
             for k, v in outputs.items()}
 
 
 def _proves_nothing(outputs) -> str:
     for name, v in outputs.items():
-        if v.dtype.kind == "f" and v.size and not np.all(np.isfinite(v)):
-            return f"float32 output {name!r} is not finite on random inputs"
-        if v.dtype.kind == "f" and v.size and not np.any(v):
+        if is_float(v.dtype) and v.size and not np.all(np.isfinite(v)):
+            return f"{v.dtype.name} output {name!r} is not finite on random inputs"
+        if is_float(v.dtype) and v.size and not np.any(v):
             return f"output {name!r} is all zeros on random inputs"
     return ""

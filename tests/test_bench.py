@@ -33,7 +33,7 @@ def test_zoo_row_has_phases_memory_and_tensat_ratio(capsys):
 
 
 def test_zoo_rows_per_corpus(tmp_path, capsys):
-    from taso_egg.rules.lang import load_corpus
+    from taso_egg.rules.corpus import load_corpus
 
     one = tmp_path / "one.rules"
     one.write_text(next(r for r in load_corpus(["generated"]) if not r.multi).to_text())

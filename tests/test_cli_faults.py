@@ -62,14 +62,14 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
 
 @pytest.mark.parametrize("row,args,message", FAULTS, ids=[f[0] for f in FAULTS])
 def test_bad_input_is_one_line_and_touches_nothing(row, args, message, tmp_path, capsys, monkeypatch):
-    import taso_egg.rules.lang as lang
+    import taso_egg.rules.corpus as corpus
 
     _write_inputs(tmp_path)
     out = tmp_path / "out.onnx"
     out.write_bytes(OLD)
     before = _snapshot(tmp_path)
     # Validation comes before the corpus: loading it here would be a bug.
-    monkeypatch.setattr(lang, "load_corpus", lambda *a, **k: pytest.fail("corpus loaded before validation"))
+    monkeypatch.setattr(corpus, "load_corpus", lambda *a, **k: pytest.fail("corpus loaded before validation"))
     argv = ["optimize", *[a.format(d=tmp_path) for a in args], "-o", str(out)]
     assert main(argv) == 1
     err = capsys.readouterr().err.splitlines()
@@ -98,14 +98,14 @@ def _unwritable_folder(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("where", ["read-only folder", "missing folder", "a folder"])
 def test_unwritable_output_fails_before_the_work(where, tmp_path, capsys, monkeypatch):
-    import taso_egg.rules.lang as lang
+    import taso_egg.rules.corpus as corpus
 
     _write_inputs(tmp_path)
     out = {"read-only folder": lambda: _unwritable_folder(tmp_path) / "out.onnx",
            "missing folder": lambda: tmp_path / "nowhere" / "out.onnx",
            "a folder": lambda: tmp_path / "ext"}[where]()
-    monkeypatch.setattr(lang, "load_corpus", lambda *a, **k: pytest.fail("corpus loaded before the "
-                                                                        "output was checked"))
+    monkeypatch.setattr(corpus, "load_corpus", lambda *a, **k: pytest.fail("corpus loaded before the "
+                                                                          "output was checked"))
     before = _snapshot(tmp_path)
     assert main(["optimize", str(tmp_path / "model.onnx"), "-o", str(out)]) == 1
     err = capsys.readouterr().err.splitlines()

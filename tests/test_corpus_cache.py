@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from taso_egg import cache, zoo
-from taso_egg.rules import lang
+from taso_egg.rules import corpus
 
 RULES = """
 (rule a :lhs (relu (relu ?x)) :rhs (relu ?x) :example ((?x [2 3])) :proof ((status proved)))
@@ -25,20 +25,20 @@ def parses(tmp_path, monkeypatch):
     files parsed (each load after the first in a process is then a cache read)."""
     monkeypatch.setenv("TASO_EGG_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("TASO_EGG_NO_CACHE", raising=False)
-    monkeypatch.setattr(lang, "_PARSED", {})
+    monkeypatch.setattr(corpus, "_PARSED", {})
     calls = []
-    real = lang.parse_rules
+    real = corpus.parse_rules
 
     def counting(text, filename="<string>"):
         calls.append(filename)
         return real(text, filename)
 
-    monkeypatch.setattr(lang, "parse_rules", counting)
+    monkeypatch.setattr(corpus, "parse_rules", counting)
     return calls
 
 
 def _fresh_process(monkeypatch):
-    monkeypatch.setattr(lang, "_PARSED", {})
+    monkeypatch.setattr(corpus, "_PARSED", {})
 
 
 def _entries(tmp_path):
@@ -49,16 +49,16 @@ def _entries(tmp_path):
 def small_corpus(tmp_path, monkeypatch):
     path = tmp_path / "c.rules"
     path.write_text(RULES)
-    monkeypatch.setattr(lang, "corpus_files", lambda: [path])
+    monkeypatch.setattr(corpus, "corpus_files", lambda: [path])
     return path
 
 
 def test_a_hit_gives_the_parsed_rules(parses, tmp_path, monkeypatch):
-    parsed = lang.load_corpus()  # the shipped files but the study one (for time)
+    parsed = corpus.load_corpus()  # the shipped files but the study one (for time)
     files = len(parses)
     assert files >= 2 and len(_entries(tmp_path)) == files
     _fresh_process(monkeypatch)
-    cached = lang.load_corpus()
+    cached = corpus.load_corpus()
     assert len(parses) == files  # nothing parsed again
     assert cached == parsed and [r.source for r in cached] == [r.source for r in parsed]
     assert [r.to_text() for r in cached] == [r.to_text() for r in parsed]
@@ -68,7 +68,7 @@ def test_a_hit_gives_the_parsed_rules(parses, tmp_path, monkeypatch):
                                     "valid entry of the wrong type"])
 def test_a_damaged_entry_is_ignored_and_the_file_parsed_again(parses, small_corpus, tmp_path,
                                                               monkeypatch, damage):
-    parsed = lang.load_corpus()
+    parsed = corpus.load_corpus()
     (entry,) = _entries(tmp_path)
     data = entry.read_bytes()
     if damage == "flip a payload byte":
@@ -83,29 +83,29 @@ def test_a_damaged_entry_is_ignored_and_the_file_parsed_again(parses, small_corp
     else:  # a well-formed entry that holds no rules (its checksum is right)
         cache.store("rules", entry.stem, ("not", "rules"))
     _fresh_process(monkeypatch)
-    assert lang.load_corpus() == parsed
+    assert corpus.load_corpus() == parsed
     assert len(parses) == 2
     # and the entry is whole again
     _fresh_process(monkeypatch)
-    assert lang.load_corpus() == parsed and len(parses) == 2
+    assert corpus.load_corpus() == parsed and len(parses) == 2
 
 
 def test_a_changed_rule_file_is_parsed_again(parses, small_corpus, monkeypatch):
-    assert [r.name for r in lang.load_corpus()] == ["a", "b"]
+    assert [r.name for r in corpus.load_corpus()] == ["a", "b"]
     small_corpus.write_text(RULES.replace("(rule b ", "(rule c "))
     _fresh_process(monkeypatch)
-    assert [r.name for r in lang.load_corpus()] == ["a", "c"]
+    assert [r.name for r in corpus.load_corpus()] == ["a", "c"]
     assert len(parses) == 2
     small_corpus.write_text(RULES)  # back to the first text: its entry is still there
     _fresh_process(monkeypatch)
-    assert [r.name for r in lang.load_corpus()] == ["a", "b"] and len(parses) == 2
+    assert [r.name for r in corpus.load_corpus()] == ["a", "b"] and len(parses) == 2
 
 
 def test_a_changed_reader_is_a_miss(parses, small_corpus, monkeypatch):
-    lang.load_corpus()
+    corpus.load_corpus()
     _fresh_process(monkeypatch)
-    monkeypatch.setattr(lang, "_reader_digest", lambda: "another reader")
-    lang.load_corpus()
+    monkeypatch.setattr(corpus, "_reader_digest", lambda: "another reader")
+    corpus.load_corpus()
     assert len(parses) == 2
 
 
@@ -125,19 +125,19 @@ def test_the_reader_digest_follows_the_operator_table_source(tmp_path):
 
 def test_the_cache_can_be_turned_off(parses, small_corpus, tmp_path, monkeypatch):
     monkeypatch.setenv("TASO_EGG_NO_CACHE", "1")
-    parsed = lang.load_corpus()
+    parsed = corpus.load_corpus()
     assert not (tmp_path / "cache").exists()
     _fresh_process(monkeypatch)
-    assert lang.load_corpus() == parsed and len(parses) == 2
+    assert corpus.load_corpus() == parsed and len(parses) == 2
 
 
 def test_an_unwritable_cache_folder_is_silently_skipped(parses, small_corpus, tmp_path, monkeypatch):
     blocker = tmp_path / "a file"
     blocker.write_text("")
     monkeypatch.setenv("TASO_EGG_CACHE_DIR", str(blocker / "cache"))  # under a file: no folder
-    parsed = lang.load_corpus()
+    parsed = corpus.load_corpus()
     _fresh_process(monkeypatch)
-    assert lang.load_corpus() == parsed and len(parses) == 2
+    assert corpus.load_corpus() == parsed and len(parses) == 2
     assert blocker.read_text() == ""
 
 
@@ -170,7 +170,7 @@ def test_study_rules_still_match_a_graph_built_with_a_constant():
     g = Graph()
     x = g.new_input((3, 5), name="x")  # not the generator's 2x4: a constant's shape is a parameter
     g.mark_output(g.relu(g.mul(x, g.constant("one", (3, 5)))), "y")
-    study = lang.load_corpus(["generated-constants"])
+    study = corpus.load_corpus(["generated-constants"])
     sat = saturate(g, rules=study, count_classes=False)
     assert any(n for it in sat.iterations for n in it.matches.values())
 
@@ -178,4 +178,4 @@ def test_study_rules_still_match_a_graph_built_with_a_constant():
 def test_no_zoo_model_holds_a_generated_constant():
     for name, build in zoo.MODELS.items():
         if name.endswith("-small"):
-            assert not {n.op for n in build().nodes.values()} & lang.GENERATED_CONSTANTS, name
+            assert not {n.op for n in build().nodes.values()} & corpus.GENERATED_CONSTANTS, name

@@ -1,5 +1,5 @@
-"""The generator's shape guards (generator/shapes.py): what typing asks of the inputs,
-split sizes as the operands' dims, and the menu's new kinds (seconds each)."""
+"""The generator's shape guards (generator/shape_guards.py): what typing asks of the
+inputs, split sizes as the operands' dims, and the menu's new kinds (seconds each)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 
 from taso_egg.generator.enumerate import LeafSpec, Menu, choice, enumerate_terms
 from taso_egg.generator.pipeline import _first_orientations
-from taso_egg.generator.prune import prune, rules_from
+from taso_egg.generator.emit import rules_from
+from taso_egg.generator.prune import prune
 from taso_egg.rules.instantiate import builds_on, check_rule_numerically, check_rule_on_other_shapes
 
 
@@ -122,9 +123,9 @@ def test_merges_of_activations_alone_are_dropped():
 
 def test_a_constants_shape_is_a_parameter_tied_to_what_it_meets():
     from taso_egg.egraph.saturate import saturate
-    from taso_egg.generator.prune import generalize_or_pin
+    from taso_egg.generator.emit import generalize_or_pin
     from taso_egg.graph import Graph
-    from taso_egg.rules.verify import prove_rule
+    from taso_egg.rules.prove.prover import prove_rule
 
     leaves = _x(1) + [LeafSpec("one", (2, 4), "const_one", "one"), LeafSpec("imm", (4, 4), "const_imm", "imm")]
     rules = _rules(leaves, [choice("ewmul"), choice("matmul", activation="NONE")], 1)

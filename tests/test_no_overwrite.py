@@ -11,7 +11,7 @@ import pytest
 import taso_egg.rules
 from taso_egg.cli import main
 from taso_egg.cost.store import load_profile, profiles_dir
-from taso_egg.rules.lang import load_rule_file, uses_generated_constant
+from taso_egg.rules.corpus import load_rule_file, uses_generated_constant
 
 RULES_DIR = Path(taso_egg.rules.__file__).parent
 PACKAGE_DATA_DIRS = (RULES_DIR, profiles_dir())
@@ -78,16 +78,17 @@ def test_rules_generate_will_not_default_onto_the_shipped_corpus(monkeypatch, ca
 def quick_prover(monkeypatch):
     """Every rule 'unknown' at once: where the records are written is under test, not
     the prover (the corpus would take minutes)."""
-    import taso_egg.rules.verify as verify
+    from taso_egg.rules.prove import driver
+    from taso_egg.rules.prove.prover import ProofResult
 
     def verify_rules(rules, timeout_s=10.0, progress=None, jobs=1, **kwargs):
-        results = [verify.ProofResult(r.name, "unknown", 0.0, (), "stub prover") for r in rules]
+        results = [ProofResult(r.name, "unknown", 0.0, (), "stub prover") for r in rules]
         for i, res in enumerate(results):
             if progress:
                 progress(i, len(results), res)
         return results
 
-    monkeypatch.setattr(verify, "verify_rules", verify_rules)
+    monkeypatch.setattr(driver, "verify_rules", verify_rules)
 
 
 def test_rules_verify_needs_the_files_named(tmp_path, monkeypatch, capsys, quick_prover,

@@ -20,9 +20,9 @@ from taso_egg.graph import Graph
 from taso_egg.ops import OPS
 from taso_egg.ops.base import PARAM_KINDS
 from taso_egg.ops.shapes import MAX_RANK, evaluate
-from taso_egg.rules import verify
+from taso_egg.rules.prove import encode, shape_facts
 from taso_egg.rules.instantiate import instantiate
-from taso_egg.rules.lang import load_corpus
+from taso_egg.rules.corpus import load_corpus
 
 
 def _hand_made() -> list:
@@ -169,21 +169,21 @@ def _z3_out(n, form):
     spec = OPS[op]
     params, shapes = form
     try:
-        values = [verify._literal(params[p.name], verify._param_sort(op, p.name)) for p in spec.params]
-    except verify._Unsupported:
+        values = [encode._literal(params[p.name], encode._param_sort(op, p.name)) for p in spec.params]
+    except encode._Unsupported:
         return None
-    f = verify._Encoder().func(op, len(shapes), None)
-    ins = [z3.FreshConst(verify.Tensor, "t") for _ in shapes]
+    f = encode._Encoder().func(op, len(shapes), None)
+    ins = [z3.FreshConst(encode.Tensor, "t") for _ in shapes]
     out = f(*values, *ins)
     # the shape axiom's body, instantiated on this term (the prover gets it by E-matching)
-    facts = verify._shape_facts(op, values, [verify._Shape(t) for t in ins], verify._Shape(out), None)
+    facts = shape_facts._shape_facts(op, values, [encode._Shape(t) for t in ins], encode._Shape(out), None)
     if facts is None:
         return None
     solver = z3.Solver()
     solver.set("timeout", 5000)
     solver.add(facts)
     for t, s in zip(ins, shapes):
-        solver.add(verify.rank(t) == len(s), *[verify.dim(t, i) == (s[i] if i < len(s) else 0)
+        solver.add(encode.rank(t) == len(s), *[encode.dim(t, i) == (s[i] if i < len(s) else 0)
                                                  for i in range(MAX_RANK)])
     return solver, out
 
@@ -202,8 +202,8 @@ def test_z3_shape_facts_agree_with_infer(op):
             continue
         solver, out = built
         want = n.outputs[0].shape
-        is_want = z3.And(verify.rank(out) == len(want),
-                         *[verify.dim(out, i) == (want[i] if i < len(want) else 0) for i in range(MAX_RANK)])
+        is_want = z3.And(encode.rank(out) == len(want),
+                         *[encode.dim(out, i) == (want[i] if i < len(want) else 0) for i in range(MAX_RANK)])
         solver.push()
         solver.add(is_want)
         assert solver.check() == z3.sat, f"{op}: the Z3 facts contradict infer's {want} for {n}"
@@ -249,4 +249,4 @@ def test_every_parameter_kind_has_a_sort_in_each_back_end():
                  for p in egraph_params(op)}
     assert in_egraph <= set(SORTS)
     in_rules = {p.kind for op in OPS if OPS[op].in_rules for p in OPS[op].params}
-    assert in_rules <= set(verify._SORTS)
+    assert in_rules <= set(encode._SORTS)

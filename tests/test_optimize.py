@@ -409,7 +409,7 @@ def test_the_extractors_objective_is_what_the_built_graph_costs(model):
     from taso_egg.cost import load_cost_model
     from taso_egg.cost.model import graph_cost
     from taso_egg.egraph.saturate import saturate
-    from taso_egg.rules.lang import load_corpus
+    from taso_egg.rules.corpus import load_corpus
 
     cost_model = load_cost_model()
     sat = saturate(zoo.MODELS[model](), rules=load_corpus(["taso_hand"]), count_classes=False)

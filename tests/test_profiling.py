@@ -11,7 +11,7 @@ import types
 import numpy as np
 import onnx
 import pytest
-from taso_egg.rules.lang import load_corpus
+from taso_egg.rules.corpus import load_corpus
 
 from taso_egg import zoo
 from taso_egg.cost import (
@@ -432,7 +432,7 @@ def test_bench_predicts_from_a_same_run_profile_too(capsys):
 
 def test_shipped_profiles_price_what_the_runtime_runs():
     from taso_egg.api import runtime_form
-    from taso_egg.rules.lang import load_corpus
+    from taso_egg.rules.corpus import load_corpus
 
     model = load_cost_model("cpu-ort")
     fused = runtime_form(zoo.resnet50(), load_corpus(), model)

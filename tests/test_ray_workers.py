@@ -19,7 +19,7 @@ from taso_egg.generator.cli import split_texts
 from taso_egg.generator.enumerate import LeafSpec, Menu, choice
 from taso_egg.generator.pipeline import generate_rules
 from taso_egg.rules import workers
-from taso_egg.rules.lang import load_rule_file
+from taso_egg.rules.corpus import load_rule_file
 
 
 def _menu() -> Menu:

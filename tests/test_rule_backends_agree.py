@@ -8,7 +8,7 @@ root operator (where it mostly fails, on structure, parameters or guards), by
   the example's e-classes, run once over the e-graph of the whole graph;
 - the search matcher (``RuleMatcher.match_at``, whose failure reason the messages show);
 - the Python evaluators of rules/semantics.py on the structural match's binding;
-- Z3: the comparison guards encoded by rules/verify.py over the binding's concrete
+- Z3: the comparison guards encoded by rules/prove/encode.py over the binding's concrete
   shapes and values, satisfiable exactly when the Python ones hold (where defined).
 
 Two differences of representation, not of rule semantics, remain between a Graph and
@@ -37,10 +37,12 @@ from taso_egg.egraph.language import declarations
 from taso_egg.errors import RuleError, TasoEggError
 from taso_egg.graph import Graph
 from taso_egg.rules import semantics
-from taso_egg.rules import verify as zv
+from taso_egg.rules.prove import encode as zv
 from taso_egg.egraph.rule_compiler import _Compiler
 from taso_egg.rules.instantiate import PatternBuilder, evaluate_param, example_values, guard_holds
-from taso_egg.rules.lang import Proj, load_corpus, parse_rules
+from taso_egg.rules.ast import Proj
+from taso_egg.rules.corpus import load_corpus
+from taso_egg.rules.syntax import parse_rules
 from taso_egg.search.matcher import GraphIndex, RuleMatcher
 
 
@@ -155,8 +157,8 @@ def _defined(guard, values, shapes) -> bool:
 
 
 def _z3_holds(solver, rule, guards, params, shapes) -> bool | None:
-    """The guards as Z3 formulas (rules/verify.py's encoding) over concrete shapes and
-    parameter values: satisfiable? None when the encoding does not cover them."""
+    """The guards as Z3 formulas (rules/prove/encode.py's encoding) over concrete shapes
+    and parameter values: satisfiable? None when the encoding does not cover them."""
     try:
         sorts = zv._var_sorts(rule)
         env, facts = {}, []

@@ -1,5 +1,6 @@
-"""The rule generator (generator/enumerate.py), pruning (generator/prune.py), proof records in
-the rule language, and the `taso-egg rules` commands, on tiny menus (seconds each)."""
+"""The rule generator (generator/enumerate.py), pruning and emitting (generator/prune.py,
+emit.py), proof records in the rule language, and the `taso-egg rules` commands, on tiny
+menus (seconds each)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,13 @@ from taso_egg.egraph.rule_compiler import compile_rules
 from taso_egg.errors import RuleError, TasoEggError
 from taso_egg.generator import enumerate as generate
 from taso_egg.generator.enumerate import LeafSpec, Menu, choice, enumerate_terms, matrix_menu
-from taso_egg.generator.prune import canonical, prune as prune_candidates, rules_from
+from taso_egg.generator.emit import rules_from
+from taso_egg.generator.prune import canonical, prune as prune_candidates
 from taso_egg.rules.instantiate import check_rule_numerically
-from taso_egg.rules.lang import (Proof, corpus_files, load_corpus, load_rule_file, parse_rules,
-                                 with_proof_records)
+from taso_egg.rules.ast import Proof
+from taso_egg.rules.corpus import corpus_files, load_corpus, load_rule_file
+from taso_egg.rules.records import with_proof_records
+from taso_egg.rules.syntax import parse_rules
 
 
 def _run(menu, size):
@@ -99,7 +103,7 @@ def test_false_matches_are_caught(monkeypatch):
 
 def test_rules_over_a_computed_constant_are_pruned_and_subtraction_is_proved():
     # x - x and x / x read an input but compute a constant: every rule built on one is junk
-    from taso_egg.rules.verify import prove_rule
+    from taso_egg.rules.prove.prover import prove_rule
 
     menu = Menu("sub", (LeafSpec("x0", (2, 4), "activation", "x"), LeafSpec("x1", (2, 4), "activation", "x")),
                 (choice("ewadd"), choice("ewsub"), choice("ewdiv")))
@@ -170,12 +174,12 @@ def test_bad_proof_records():
 
 
 def test_load_corpus_loads_only_proved_rules(tmp_path, monkeypatch):
-    from taso_egg.rules import lang
+    from taso_egg.rules import corpus
 
     (tmp_path / "c.rules").write_text(with_proof_records(RULES, {"a": Proof("proved", "hand")}))
-    monkeypatch.setattr(lang, "corpus_files", lambda: sorted(tmp_path.glob("*.rules")))
-    assert [r.name for r in lang.load_corpus()] == ["a"]
-    assert [r.name for r in lang.load_corpus(include_unproved=True)] == ["a", "b"]
+    monkeypatch.setattr(corpus, "corpus_files", lambda: sorted(tmp_path.glob("*.rules")))
+    assert [r.name for r in corpus.load_corpus()] == ["a"]
+    assert [r.name for r in corpus.load_corpus(include_unproved=True)] == ["a", "b"]
 
 
 def test_shipped_corpus_rules_carry_proof_records():
@@ -200,7 +204,7 @@ def test_generated_corpus_loads_by_default_proved_and_compiles():
 
 
 def test_study_file_holds_the_rules_over_generated_constants_and_loads_only_by_name():
-    from taso_egg.rules.lang import STUDY_FILES, uses_generated_constant
+    from taso_egg.rules.corpus import STUDY_FILES, uses_generated_constant
 
     default = load_corpus()
     study = load_corpus(["generated-constants"])
@@ -345,8 +349,8 @@ def test_generation_in_worker_processes_matches_one_process():
 
 
 def test_sizes_no_other_shape_can_vary_are_pinned():
-    from taso_egg.generator.prune import generalize_or_pin, pinned_to_example
-    from taso_egg.rules.verify import prove_rule
+    from taso_egg.generator.emit import generalize_or_pin, pinned_to_example
+    from taso_egg.rules.prove.prover import prove_rule
 
     identity, commutes = parse_rules("""
     (rule identity-conv

@@ -8,8 +8,9 @@ import re
 import pytest
 
 from taso_egg.errors import RuleError
-from taso_egg.rules.lang import (App, Guard, Lit, ParamOp, Proj, Rule, Var, load_corpus,
-                                 load_rule_file, parse_rules)
+from taso_egg.rules.ast import App, Guard, Lit, ParamOp, Proj, Rule, Var
+from taso_egg.rules.corpus import load_corpus, load_rule_file
+from taso_egg.rules.syntax import parse_rules
 
 EXAMPLES = """\
 ; the four examples of the language description
@@ -282,17 +283,17 @@ def test_duplicate_names_in_a_file():
 
 
 def test_duplicate_names_across_corpus_files(tmp_path, monkeypatch):
-    from taso_egg.rules import lang
+    from taso_egg.rules import corpus
 
     (tmp_path / "a.rules").write_text("(rule same :lhs (relu ?x) :rhs ?x)\n")
     (tmp_path / "b.rules").write_text("; b\n(rule other :lhs (tanh ?x) :rhs ?x)\n"
                                       "(rule same :lhs (sigmoid ?x) :rhs ?x)\n")
     (tmp_path / "notes.txt").write_text("(not a rule file")
-    monkeypatch.setattr(lang, "corpus_files", lambda: sorted(tmp_path.glob("*.rules")))
-    assert [r.name for r in lang.load_corpus(["a"], include_unproved=True)] == ["same"]
-    assert [r.name for r in lang.load_corpus(["b.rules"], include_unproved=True)] == ["other", "same"]
+    monkeypatch.setattr(corpus, "corpus_files", lambda: sorted(tmp_path.glob("*.rules")))
+    assert [r.name for r in corpus.load_corpus(["a"], include_unproved=True)] == ["same"]
+    assert [r.name for r in corpus.load_corpus(["b.rules"], include_unproved=True)] == ["other", "same"]
     with pytest.raises(RuleError) as info:
-        lang.load_corpus(include_unproved=True)
+        corpus.load_corpus(include_unproved=True)
     msg = str(info.value)
     assert msg.startswith(f"{tmp_path / 'b.rules'}:3: rule 'same'"), msg
     assert f"first defined at {tmp_path / 'a.rules'}:1" in msg

@@ -9,7 +9,8 @@ import pytest
 
 from taso_egg.errors import RuleError, VerificationError
 from taso_egg.rules.instantiate import check_rule_numerically, instantiate
-from taso_egg.rules.lang import load_corpus, parse_rules
+from taso_egg.rules.corpus import load_corpus
+from taso_egg.rules.syntax import parse_rules
 
 try:
     CORPUS = load_corpus(study=True)  # the study file's rules too: every shipped rule

@@ -9,9 +9,9 @@ import pytest
 from taso_egg.cli import main
 from taso_egg.errors import RuleError
 from taso_egg.generator.derive import derive_table
-from taso_egg.rules import lang
-from taso_egg.rules.lang import load_corpus, load_rule_file, parse_rules, reverse, with_orientations
-from taso_egg.rules.verify import AXIOM_FILE, load_axioms, prove_rule
+from taso_egg.rules.corpus import STUDY_FILES, load_corpus, load_rule_file, reverse, with_orientations
+from taso_egg.rules.syntax import parse_rules
+from taso_egg.rules.prove.prover import AXIOM_FILE, load_axioms, prove_rule
 
 REFERENCE = AXIOM_FILE.with_name("taso-reference.rules")
 RULES = load_rule_file(REFERENCE)
@@ -20,7 +20,7 @@ RULES = load_rule_file(REFERENCE)
 def test_reference_corpus_has_taso_breadth_and_is_a_study_file():
     single = [r for r in RULES if not r.multi]
     assert len(single) >= 120 and len(RULES) - len(single) >= 13
-    assert REFERENCE.name in lang.STUDY_FILES
+    assert REFERENCE.name in STUDY_FILES
     assert not {r.name for r in RULES} & {r.name for r in load_corpus()}
     assert {r.name for r in load_corpus(["taso-reference"])} == {r.name for r in RULES if r.proved}
 

@@ -8,9 +8,10 @@ import pytest
 
 from taso_egg.errors import RuleError, VerificationError
 from taso_egg.rules.instantiate import check_rule_numerically, example_values, other_examples
-from taso_egg.rules.lang import load_rule_file, parse_rules
-from taso_egg.rules.verify import (AXIOM_FILE, ProofResult, float_check, load_axioms,
-                                   prove_rule, verify_rules)
+from taso_egg.rules.corpus import load_rule_file
+from taso_egg.rules.syntax import parse_rules
+from taso_egg.rules.prove.driver import verify_rules
+from taso_egg.rules.prove.prover import AXIOM_FILE, ProofResult, float_check, load_axioms, prove_rule
 
 AXIOMS = load_axioms()
 HAND = load_rule_file(AXIOM_FILE.with_name("taso_hand.rules"))
@@ -209,10 +210,10 @@ def test_parallel_verification_matches_serial():
 
 
 def test_proved_rule_failing_the_float_check_is_refuted(monkeypatch):
-    from taso_egg.rules import verify
+    from taso_egg.rules.prove import prover
 
     # a prover that proves everything: the float check must still catch the wrong rule
-    monkeypatch.setattr(verify, "prove_rule",
+    monkeypatch.setattr(prover, "prove_rule",
                         lambda rule, *args: ProofResult(rule.name, "proved", 0.0, (), ""))
     (res,) = verify_rules(WRONG[2:3], TIMEOUT)
     assert res.status == "refuted" and "float check fails" in res.reason
@@ -284,7 +285,7 @@ def test_a_proof_under_an_rlimit_does_not_depend_on_the_proofs_before_it(monkeyp
     # proof runs in a fresh context, so its resource count and unsat core are the rule's
     import z3
 
-    from taso_egg.rules.verify import prove_rule
+    from taso_egg.rules.prove.prover import prove_rule
 
     counts = []
     check = z3.Solver.check
@@ -313,7 +314,7 @@ def test_a_proof_under_an_rlimit_does_not_depend_on_the_proofs_before_it(monkeyp
 def test_hypotheses_that_contradict_each_other_prove_nothing():
     # a batched matmul broadcasting its batch dims is in no shape case: typing its left
     # side contradicts the guards, which would "prove" any right side
-    from taso_egg.rules.verify import prove_rule
+    from taso_egg.rules.prove.prover import prove_rule
 
     (rule,) = parse_rules("""
 (rule broadcast-batch
@@ -329,14 +330,14 @@ def test_hypotheses_that_contradict_each_other_prove_nothing():
 def test_a_proof_under_an_rlimit_stops_where_z3s_count_stalls(monkeypatch):
     # At rlimit 10 million this proof ran 25 min (1.5 s at 1 million): Z3's resource
     # count stalls, so the wall-clock bound is what ends it.
-    from taso_egg.rules import verify
+    from taso_egg.rules.prove import prover
 
-    monkeypatch.setattr(verify, "RLIMIT_SAFETY_S", 0.5)
+    monkeypatch.setattr(prover, "RLIMIT_SAFETY_S", 0.5)
     stalls, = parse_rules("""
     (rule divides-by-a-product
       :lhs (ewmul ?x0 (ewdiv (ewdiv (const_one ?sh0 float32) ?x1) ?x2))
       :rhs (ewdiv ?x0 (ewmul ?x1 ?x2))
       :if ((= (rank ?x0) 2) (= (shape ?x0) (shape ?x1)) (= (shape ?x0) (shape ?x2)) (= (shape ?x0) ?sh0))
       :example ((?x0 [2 4]) (?sh0 [2 4]) (?x1 [2 4]) (?x2 [2 4])))""")
-    res = verify.prove_rule(stalls, float_checked=True, rlimit=10_000_000)
+    res = prover.prove_rule(stalls, float_checked=True, rlimit=10_000_000)
     assert res.status == "unknown" and "0.5 s that bound a proof" in res.reason and res.seconds < 30

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from taso_egg.rules.instantiate import PatternBuilder, example_values
-from taso_egg.rules.lang import load_corpus, parse_rules
+from taso_egg.rules.corpus import load_corpus
+from taso_egg.rules.syntax import parse_rules
 
 from taso_egg import zoo
 from taso_egg.cli import main

@@ -16,7 +16,7 @@ import taso_egg
 from taso_egg.api import extract_graph
 from taso_egg.cost import AnalyticCost
 from taso_egg.egraph.saturate import saturate
-from taso_egg.rules.lang import load_corpus
+from taso_egg.rules.corpus import load_corpus
 from test_onnx_io import ops_of, rand, roundtrip
 
 from conftest import check_against_ort, init, make_model, vi

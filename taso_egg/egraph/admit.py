@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 
-from ..rules.lang import Lit, Proj, Var, operators
+from ..rules.ast import Lit, Proj, Var, operators
 from .language import OP_OF_CONSTRUCTOR, SORTS, analysis_rules, egraph_params, encode, encode_param
 from .rule_compiler import compile_probe, compile_rule
 

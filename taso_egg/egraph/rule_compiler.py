@@ -1,4 +1,4 @@
-"""Compile parsed rules (taso_egg.rules.lang) to egglog rules over the tensor language.
+"""Compile parsed rules (taso_egg.rules.ast) to egglog rules over the tensor language.
 
 A rule's source patterns become query facts, its guards more facts (shapes are read
 through the ``shape`` analysis, weight-only-ness and anchoring order through
@@ -13,7 +13,7 @@ import re
 from .language import SORTS, constructor, egraph_params, encode, encode_param, tensor_arity
 from ..errors import RuleError
 from ..rules import semantics
-from ..rules.lang import App, Guard, Lit, ParamOp, Proj, Rule, Var
+from ..rules.ast import App, Guard, Lit, ParamOp, Proj, Rule, Var
 
 
 class _Compiler:

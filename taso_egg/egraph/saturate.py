@@ -17,7 +17,6 @@ it (``admit.Admission``), which gives the same matches as compiling the corpus u
 from __future__ import annotations
 
 import json
-import sys
 import time
 from dataclasses import dataclass, field
 from itertools import count
@@ -26,71 +25,10 @@ from ..errors import ExtractionError
 from ..graph import Graph
 from ..options import Limits
 from .admit import Admission, present_ops
+from .bindings import bindings
 from .convert import GraphProgram, TensorEGraph, add_fused_convs, graph_to_program, read_serialized
 from .language import base_declarations, declarations
 from .rule_compiler import compile_match_recorder, compile_probe, compile_rules
-
-def bindings():
-    """egglog's bindings (its Rust extension, ``egglog.bindings``), which is all this
-    package uses. Importing them the ordinary way first runs the ``egglog`` package's
-    Python front end (0.4 s in a fresh process, most of a small model's saturation),
-    so the extension is loaded alone where it can be; the front end still imports
-    normally later, onto the same module. Any failure falls back to the ordinary import."""
-    mod = sys.modules.get("egglog.bindings")
-    if mod is not None:
-        return mod
-    if "egglog" not in sys.modules:
-        try:
-            return _load_extension_alone()
-        except Exception:  # whatever it is, the ordinary import still works (or says why)
-            sys.modules.pop("egglog.bindings", None)
-    import egglog.bindings
-
-    return egglog.bindings
-
-
-def _load_extension_alone():
-    import importlib.machinery
-    import importlib.util
-    from pathlib import Path
-
-    package = importlib.util.find_spec("egglog")  # finds the package without running it
-    for folder in package.submodule_search_locations or ():
-        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-            path = Path(folder) / f"bindings{suffix}"
-            if path.is_file():
-                loader = importlib.machinery.ExtensionFileLoader("egglog.bindings", str(path))
-                spec = importlib.util.spec_from_file_location("egglog.bindings", path, loader=loader)
-                mod = importlib.util.module_from_spec(spec)
-                sys.modules["egglog.bindings"] = mod
-                loader.exec_module(mod)
-                sys.meta_path.insert(0, _LinkBindings())
-                return mod
-    raise ImportError("egglog's bindings extension not found")
-
-
-class _LinkBindings:
-    """A one-shot import hook: when the ``egglog`` package itself is imported later, its
-    ``bindings`` attribute is the extension already loaded (Python sets a package's
-    attribute only for a submodule it imports itself)."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name != "egglog":
-            return None
-        import importlib.util
-
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        if spec is not None and spec.loader is not None:
-            run = spec.loader.exec_module
-
-            def exec_module(module):
-                module.bindings = sys.modules["egglog.bindings"]
-                run(module)
-
-            spec.loader.exec_module = exec_module
-        return spec
-
 
 # Functions that are analyses, not e-nodes of the tensor language.
 _ANALYSES = {"shape", "dtype", "wlo", "whi", "pending"}
@@ -181,7 +119,7 @@ def built_terms(rule) -> list:
     right-hand sides, innermost first. Applying one match of the rule adds at most one
     e-node for each (a new row of its constructor's table), and none for those the
     e-graph already has; equal subterms are one e-node."""
-    from ..rules.lang import App, Proj
+    from ..rules.ast import App, Proj
 
     seen: list = []
 
@@ -332,7 +270,7 @@ def saturate(graph: Graph, rules=None, limits: Limits | None = None, progress=No
 
     The e-graph never grows past ``limits.ceiling`` e-nodes: an iteration whose
     matches could take it there applies only the rules that fit, and is the last."""
-    from ..rules.lang import load_corpus
+    from ..rules.corpus import load_corpus
 
     limits = limits or Limits()
     rules = tuple(load_corpus() if rules is None else rules)
@@ -398,24 +336,13 @@ def saturate(graph: Graph, rules=None, limits: Limits | None = None, progress=No
             progress(stats)
         elapsed = time.perf_counter() - start
         if passed:
-            sat.stop_reason = (f"node limit ({limits.nodes}): the e-graph passed its ceiling of "
-                               f"{ceiling} e-nodes in iteration {it} ({enodes} after its {passed} step: "
-                               f"the rules applied more matches than were counted beforehand)")
+            sat.stop_reason = _passed_the_ceiling(limits, it, enodes, passed)
             break
         if cut:
-            held = sorted(cut.held_back.items(), key=lambda kv: (-kv[1], kv[0]))
-            names = ", ".join(f"{rule} x{n}" for rule, n in held[:3]) + \
-                (f" and {len(held) - 3} more" if len(held) > 3 else "")
-            sat.stop_reason = (f"node limit ({limits.nodes}): iteration {it} held back {names}; "
-                               f"its matches could have added {cut.worst} e-nodes, past the "
-                               f"ceiling of {ceiling}")
+            sat.stop_reason = _held_back(limits, it, cut)
             break
         if not updated and enodes == before:
-            sat.stop_reason = "saturated"
-            if deferred_ever:
-                sat.stop_reason += (f" (multi-pattern matches held back by the growth bound, "
-                                    f"{limits.multi_growth:g}x the e-graph: "
-                                    + ", ".join(f"{r} x{n}" for r, n in sorted(deferred_ever.items())) + ")")
+            sat.stop_reason = _saturated(limits, deferred_ever)
             break
         if enodes >= limits.nodes:
             sat.stop_reason = f"node limit ({limits.nodes})"
@@ -430,17 +357,40 @@ def saturate(graph: Graph, rules=None, limits: Limits | None = None, progress=No
     return sat
 
 
+# --- stop reasons --------------------------------------------------------------------
+
+
+def _passed_the_ceiling(limits: Limits, it: int, enodes: int, ruleset: str) -> str:
+    return (f"node limit ({limits.nodes}): the e-graph passed its ceiling of "
+            f"{limits.ceiling} e-nodes in iteration {it} ({enodes} after its {ruleset} step: "
+            f"the rules applied more matches than were counted beforehand)")
+
+
+def _held_back(limits: Limits, it: int, cut: _Step) -> str:
+    held = sorted(cut.held_back.items(), key=lambda kv: (-kv[1], kv[0]))
+    names = ", ".join(f"{rule} x{n}" for rule, n in held[:3]) + \
+        (f" and {len(held) - 3} more" if len(held) > 3 else "")
+    return (f"node limit ({limits.nodes}): iteration {it} held back {names}; "
+            f"its matches could have added {cut.worst} e-nodes, past the "
+            f"ceiling of {limits.ceiling}")
+
+
+def _saturated(limits: Limits, deferred_ever: dict[str, int]) -> str:
+    if not deferred_ever:
+        return "saturated"
+    return ("saturated (multi-pattern matches held back by the growth bound, "
+            f"{limits.multi_growth:g}x the e-graph: "
+            + ", ".join(f"{r} x{n}" for r, n in sorted(deferred_ever.items())) + ")")
+
+
 def tensor_classes(saturation: Saturation) -> dict:
     """The e-class of each tensor of the saturated graph, ``(node id, output index) ->
     class id``: the e-graph serialized once more with every tensor's variable as a
     root (class ids are the same in every serialization of an unchanged e-graph)."""
-    import json
-
-    from egglog.bindings import PanicSpan, Var
-
-    span = PanicSpan()
+    eb = bindings()
+    span = eb.PanicSpan()
     tensor_vars = saturation.program.tensor_vars
-    data = json.loads(saturation.egraph.serialize([Var(span, v) for v in tensor_vars.values()]).to_json())
+    data = json.loads(saturation.egraph.serialize([eb.Var(span, v) for v in tensor_vars.values()]).to_json())
     roots = data.get("root_eclasses", [])
     if len(roots) != len(tensor_vars):
         raise ExtractionError(f"serialized e-graph: {len(roots)} root classes for the input's "

@@ -30,7 +30,9 @@ from taso_egg.errors import RuleError
 from taso_egg.files import write_atomically
 
 from .. import rules as _rules_package
-from ..rules.lang import Proof, load_rule_file, parse_rules, uses_generated_constant
+from ..rules.ast import Proof
+from ..rules.corpus import load_rule_file, uses_generated_constant
+from ..rules.syntax import parse_rules
 
 # The verifier (Z3) and the pipeline load when a subcommand runs, not whenever
 # `taso-egg` builds its parser.
@@ -43,7 +45,7 @@ GENERATE_OUTPUT = Path("generated.rules")
 
 
 def add_arguments(parser) -> None:
-    from ..rules.verify import DEFAULT_RLIMIT
+    from ..rules.prove.prover import DEFAULT_RLIMIT
 
     sub = parser.add_subparsers(dest="rules_command", required=True)
     p = sub.add_parser("generate", help="enumerate graphs and write candidate rules")
@@ -214,7 +216,7 @@ def _generate(args) -> int:
 
 
 def _verify(args) -> int:
-    from ..rules.verify import verify_file
+    from ..rules.prove.driver import verify_file
 
     if not args.files:
         raise RuleError("rules verify writes the proof records into the files it proves: name "
@@ -346,7 +348,7 @@ def _stats(args) -> int:
 def _derive(args) -> int:
     from dataclasses import replace
 
-    from ..rules.lang import ORIENTATIONS
+    from ..rules.corpus import ORIENTATIONS
     from .derive import CORPORA, DERIVE_LIMITS, NAMED_CORPORA, WEIGHT_BUILDS, derive_table, is_corpus
 
     corpora = tuple(args.corpus or CORPORA)

@@ -35,7 +35,7 @@ from taso_egg.errors import RuleError, TasoEggError
 from taso_egg.graph import Graph
 
 from ..rules.instantiate import add_rule_sides, builds_on, other_examples
-from ..rules.lang import Guard, Rule, Var
+from ..rules.ast import Guard, Rule, Var
 from ..rules.workers import fetch, map_in_order, shared
 
 # A handful of rewrites reach what smaller rules imply for a candidate; the node limit
@@ -239,8 +239,8 @@ def corpus_for(name: str, orientations: str | None = "given") -> list:
     path of a rule file (the hand rules and that file's proved rules, in place of the
     shipped generated ones). The others are oriented as ``orientations`` says (None:
     ``load_corpus``'s default, ``TASO_EGG_ORIENTATIONS`` or ``given``)."""
-    from ..rules.lang import (AXIOM_FILES, corpus_files, default_orientations, load_corpus, load_rule_file,
-                              with_orientations)
+    from ..rules.corpus import (AXIOM_FILES, corpus_files, default_orientations, load_corpus, load_rule_file,
+                                with_orientations)
 
     if name == "hand":
         return load_corpus(["taso_hand"], orientations=orientations)
@@ -326,7 +326,7 @@ def kernel_operands() -> dict:
 def kernel_vars(rule: Rule) -> list:
     """The tensor variables of ``rule`` that either side reads in a kernel operand
     (:func:`kernel_operands`), at any depth of it, and nowhere else."""
-    from ..rules.lang import App, Proj
+    from ..rules.ast import App, Proj
 
     positions = kernel_operands()
     kernel, other = [], set()

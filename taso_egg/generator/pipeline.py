@@ -12,12 +12,15 @@ from dataclasses import replace
 
 from taso_egg.errors import RuleError, TasoEggError
 
-from ..rules.lang import Proof, Rule, load_corpus
-from ..rules.verify import DEFAULT_RLIMIT, STATUSES, verify_rules
+from ..rules.ast import Proof, Rule
+from ..rules.corpus import load_corpus
+from ..rules.prove.driver import verify_rules
+from ..rules.prove.prover import DEFAULT_RLIMIT, STATUSES
 from ..rules.workers import map_in_order, worker_pool
 from .derive import DEFAULT_LIMITS as DERIVATION_LIMITS, check_derivable
+from .emit import generalize_or_pin, pinned_to_example, sized_rules
 from .enumerate import MENUS, enumerate_terms
-from .prune import generalize_or_pin, pinned_to_example, prune, sized_rules
+from .prune import prune
 
 
 def _bar(total: int, desc: str):
@@ -222,7 +225,7 @@ def _reversed_like(rule: Rule, checked: Rule, first: Rule) -> Rule:
 
 
 def _generalize(rule: Rule) -> tuple[Rule | None, str]:
-    """:func:`~.prune.generalize_or_pin` for a worker: ``(rule, "")``, or ``(None, why)``
+    """:func:`~.emit.generalize_or_pin` for a worker: ``(rule, "")``, or ``(None, why)``
     when the rule fails on its own example."""
     try:
         return generalize_or_pin(rule), ""

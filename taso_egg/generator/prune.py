@@ -1,4 +1,4 @@
-"""From equal fingerprints to rules: TASO's pruning, then rules of our language.
+"""From equal fingerprints to candidate rules: TASO's pruning.
 
 Every pair of terms in one fingerprint class is a candidate. A candidate is dropped
 when (in this order, each reason counted):
@@ -37,9 +37,7 @@ each half is a rewrite on its own, and as ``merges no weight`` when no concat of
 merged side reads a weight: nothing folds at export, and such a rule pairs every two
 same-shaped tensors of a graph (NasRNN's relus: 22,000 matches an iteration).
 
-When candidates become rules (:func:`to_rule`), one whose split cuts elsewhere than
-between two concatenated operands is dropped as ``split off a boundary``: its sizes
-are the generator's numbers, not the operands' dims, so it says nothing general.
+The kept candidates become rules in :mod:`.emit`.
 """
 
 from __future__ import annotations
@@ -51,13 +49,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from taso_egg.errors import RuleError, TasoEggError
 from taso_egg.ops import OPS
 
-from ..rules.instantiate import builds_on, evaluate_param
-from ..rules.lang import App, Guard, Lit, ParamOp, Proj, Rule, Var, walk_vars
 from .enumerate import Enumeration, Evaluator, fingerprint, integer_draw
-from .shapes import ShapeFacts, form_expr, general_example, shape_guards
 
 REASONS = ("transitive", "weight-only", "renamed duplicate", "false match", "computes a constant",
            "implied in context", "common subgraph", "unbound variables", "rearranges a broadcast",
@@ -125,20 +119,20 @@ def _pieces(e: Enumeration, tid: int) -> list:
     return pieces
 
 
-def _leaf_order(e: Enumeration, tids) -> list:
+def leaf_order(e: Enumeration, tids) -> list:
     return list(dict.fromkeys(n for t in tids for n in _pieces(e, t)[1::2]))
 
 
-def _leaf_specs(e: Enumeration) -> dict:
+def leaf_specs(e: Enumeration) -> dict:
     """Leaf name -> LeafSpec of the enumeration's menu (built once, kept on it)."""
-    return e.__dict__.setdefault("_leaf_specs", {lf.name: lf for lf in e.menu.leaves})
+    return e.__dict__.setdefault("leaf_specs", {lf.name: lf for lf in e.menu.leaves})
 
 
-def _variables(e: Enumeration, tids) -> dict:
+def variable_names(e: Enumeration, tids) -> dict:
     """Leaf name -> variable name, by first use in ``tids``; constants stay unnamed."""
-    leaves = _leaf_specs(e)
+    leaves = leaf_specs(e)
     names, counters = {}, {}
-    for name in _leaf_order(e, tids):
+    for name in leaf_order(e, tids):
         lf = leaves[name]
         if lf.is_constant:
             continue
@@ -150,7 +144,7 @@ def _variables(e: Enumeration, tids) -> dict:
 
 def canonical(e: Enumeration, lhs: tuple, rhs: tuple) -> str:
     """The candidate's text with inputs renamed by first use, lhs first."""
-    names = _variables(e, lhs + rhs)
+    names = variable_names(e, lhs + rhs)
 
     def text(tid):
         pieces = _pieces(e, tid)
@@ -319,7 +313,7 @@ def _constant_node(e: Enumeration, n: int) -> bool:
     memo = e.__dict__.setdefault("_constant_nodes", {})
     if n not in memo:
         t = e.terms[n]
-        specs = _leaf_specs(e)
+        specs = leaf_specs(e)
         if all(specs[lf].is_constant for lf in t.leaves):
             memo[n] = False
         else:
@@ -338,7 +332,7 @@ def _rearranges_broadcast(e: Enumeration, tid: int) -> bool:
     a conv's sum input) measured slower."""
     t = e.terms[tid]
     ops = {e.terms[n].op for n in t.nodes}
-    specs = _leaf_specs(e)
+    specs = leaf_specs(e)
     return len(ops) == 1 and ops <= {"ewadd", "ewmul"} and any(specs[n].role == "bias" for n in t.leaves)
 
 
@@ -362,7 +356,7 @@ def _scales_a_product_of_activations(e: Enumeration, tid: int) -> bool:
     BERT-base's export the four such rules cost 28 s of ILP (the LP relaxation spreads
     over the q/k/v merges; 0.1 s without them) for a graph predicted 0.014 % cheaper."""
     t = e.terms[tid]
-    specs = _leaf_specs(e)
+    specs = leaf_specs(e)
     return sorted(e.terms[n].op for n in t.nodes) == ["matmul", "smul"] and \
         all(specs[n].role in ("activation", "scalar") for n in t.leaves)
 
@@ -381,14 +375,14 @@ def _bare_leaf(e: Enumeration, tid: int) -> bool:
 def _note_halves(e: Enumeration, a: int, b: int, rewrites: set, half_rules: list) -> None:
     for small, merged in ((a, b), (b, a)):
         if e.terms[merged].op == "proj" and e.terms[small].op != "leaf" \
-                and not _has_split(e, small):
+                and not has_split(e, small):
             if e.terms[merged].leaves <= e.terms[small].leaves:
                 rewrites.add((small, merged))
             else:
                 half_rules.append((small, merged))
 
 
-def _has_split(e: Enumeration, tid: int) -> bool:
+def has_split(e: Enumeration, tid: int) -> bool:
     return any(e.terms[n].op == "split" for n in e.terms[tid].nodes)
 
 
@@ -425,7 +419,7 @@ def _concatenates_weight(e: Enumeration, tid: int) -> bool:
     """Whether a concat in the term reads a weight (or bias) leaf: a merge pays only
     when that concat folds at export; one of activations alone would pair every two
     same-shaped tensors of a graph (two relus become a relu of their concat, split)."""
-    specs = _leaf_specs(e)
+    specs = leaf_specs(e)
     t = e.terms[tid]
     if t.op == "concat" and any(specs[n].role in ("weight", "bias") for c in t.children for n in e.terms[c].leaves):
         return True
@@ -441,265 +435,5 @@ def _all_halves(e: Enumeration, split: int, half_rules: list, rewrites: set):
             yield small, merged
 
 
-# --- candidates -> rules -------------------------------------------------------------
-
-
-def _pattern(e: Enumeration, tid: int, names: dict, sizes: dict | None = None):
-    """``sizes``: split node -> its sizes parameter (an expression), where not literal."""
-    t = e.terms[tid]
-    if t.op == "leaf":
-        lf = t.leaf
-        if lf.is_constant:  # its shape a parameter variable where named
-            shape = Var(names[lf.name]) if lf.name in names else Lit(tuple(lf.shape))
-            return App(lf.role, (shape, Lit("float32")), ())
-        return Var(names[lf.name])
-    if t.op == "proj":
-        return Proj(t.index, _pattern(e, t.children[0], names, sizes))
-    kids = tuple(_pattern(e, c, names, sizes) for c in t.children)
-    if t.op == "concat":
-        return App("concat", (Lit(t.params["axis"]),), kids)
-    params = tuple(sizes[tid] if k == "sizes" and sizes and tid in sizes else Lit(_literal(t.params[k]))
-                   for k in OPS[t.op].defaults)
-    return App(t.op, params, kids)
-
-
-def _literal(v):
-    return tuple(v) if isinstance(v, (list, tuple)) else v
-
-
-def _cost(e: Enumeration, tids: tuple) -> tuple:
-    nodes = frozenset().union(*(e.terms[t].nodes for t in tids))
-    return (len(nodes), len(_leaf_order(e, tids)))
-
-
-def orientations(e: Enumeration, c: Candidate) -> list:
-    """(lhs, rhs) pairs to emit: the bigger side rewrites to the smaller; sides of
-    equal size give both directions unless the reverse is the same rule renamed.
-    Two-output rules go from the separate terms to the merged one."""
-    if len(c.lhs) == 2:
-        return [(c.lhs, c.rhs)]
-    a, b = c.lhs, c.rhs
-    ok = [(x, y) for x, y in ((a, b), (b, a))
-          if e.terms[x[0]].op != "leaf" and e.terms[y[0]].leaves <= e.terms[x[0]].leaves]
-    ca, cb = _cost(e, a), _cost(e, b)
-    if ca != cb:
-        big = [(x, y) for x, y in ok if _cost(e, x) > _cost(e, y)]
-        if big:
-            return big
-    if len(ok) == 2 and canonical(e, a, b) == canonical(e, b, a):
-        return ok[:1]
-    return ok
-
-
-def to_rule(e: Enumeration, lhs: tuple, rhs: tuple, name: str) -> Rule | None:
-    """The candidate as a rule. Its shape guards are what typing asks of both sides
-    (:mod:`.shapes`), and that their shapes agree; a split's sizes are the dims of what
-    it takes apart (on the left side a parameter variable ``?szN`` that a guard ties to
-    them), a constant's shape a parameter variable ``?shN`` that guards tie to the
-    tensors' dims (TASO's ``const_one`` is as wide as what it multiplies), and the
-    example gives dims no equation ties distinct sizes. Where typing asks of a constant
-    something no guard states (a product or quotient of two varying dims), the
-    constant keeps the menu's shape; where it asks that of the inputs, the guards keep
-    the example's shapes (``_pinned_shape_guards``). None when a split cuts elsewhere
-    than between concatenated operands (its sizes are no operand's dims: the rule would
-    hold on the generator's numbers only)."""
-    names = _variables(e, lhs + rhs)
-    leaves = {lf.name: lf for lf in e.menu.leaves}
-    weights = _weight_guards(e, lhs, rhs, names, leaves)
-    shape_vars = _shape_variables(e, lhs + rhs)
-    for symbolic in (True, False) if shape_vars else (True,):
-        facts = ShapeFacts(e, lhs + rhs, symbolic_constants=symbolic)
-        if facts.off_boundary:
-            return None
-        for left, right in zip(lhs, rhs):  # the sides are equal only where their shapes are
-            facts.equations += [a.plus(b.scaled(-1)) for a, b in zip(facts.forms[left], facts.forms[right])]
-        rule = _general_rule(e, lhs, rhs, name, facts, {**names, **shape_vars} if symbolic else names,
-                             leaves, weights)
-        if rule is not None:
-            return rule
-    lhs_p = tuple(_pattern(e, t, names) for t in lhs)
-    rhs_p = tuple(_pattern(e, t, names) for t in rhs)
-    guards = list(_pinned_shape_guards(e, lhs + rhs, names, leaves))
-    return Rule(name, lhs_p, rhs_p, tuple(guards + weights), _example(e, lhs + rhs, names, leaves), "",
-                ("<generated>", 0), len(lhs) == 2)
-
-
-def _general_rule(e: Enumeration, lhs: tuple, rhs: tuple, name: str, facts: ShapeFacts, names: dict,
-                  leaves: dict, weights: list) -> Rule | None:
-    """The rule under the guards typing asks (:func:`~.shapes.shape_guards`), on an
-    example that varies the free dims or else on the menu's; None where no guard states
-    what typing asks, or where neither example builds."""
-    general = shape_guards(e, facts, names, leaves)
-    if general is None:
-        return None
-    guards, uf, linear = general
-    in_lhs = {n for t in lhs for n in e.terms[t].nodes}
-    sizes, size_vars = {}, {}
-    for k, (split, parts) in enumerate(sorted(facts.sizes.items())):
-        expr = ParamOp("vec", tuple(form_expr(f, names) for f in parts))
-        if split in in_lhs:
-            sizes[split] = Var(f"sz{k}")
-            size_vars[f"sz{k}"] = expr
-            guards.append(Guard("=", (Var(f"sz{k}"), expr)))
-        else:
-            sizes[split] = expr
-    lhs_p = tuple(_pattern(e, t, names, sizes) for t in lhs)
-    rhs_p = tuple(_pattern(e, t, names, sizes) for t in rhs)
-    example = _example(e, lhs + rhs, names, leaves)
-    for shapes in (general_example(list(example), names, leaves, uf, linear, example), example):
-        rule = Rule(name, lhs_p, rhs_p, tuple(guards + weights), _with_sizes(shapes, size_vars),
-                    "", ("<generated>", 0), len(lhs) == 2)
-        if builds_on(rule):
-            return rule
-    return None
-
-
-def _shape_variables(e: Enumeration, tids) -> dict:
-    """Constant leaf name -> the variable of its shape parameter (``sh0`` ...), by first use."""
-    leaves = _leaf_specs(e)
-    constants = [n for n in _leaf_order(e, tids) if leaves[n].is_constant]
-    return {n: f"sh{k}" for k, n in enumerate(constants)}
-
-
-def _example(e: Enumeration, tids, names: dict, leaves: dict) -> dict:
-    """The menu's shapes of the named leaves: a tensor's, or a constant's shape parameter."""
-    return {names[n]: tuple(leaves[n].shape) for n in _leaf_order(e, tids) if n in names}
-
-
-def _with_sizes(shapes: dict, size_vars: dict) -> dict:
-    """The example with each split-size variable's value on those shapes."""
-    out = dict(shapes)
-    for v, expr in size_vars.items():
-        out[v] = evaluate_param(expr, out, out.__getitem__, v)
-    return out
-
-
-def _pinned_shape_guards(e, tids, names, leaves):
-    """Inputs keep their rank, and inputs found with one shape keep equal shapes (no
-    broadcasting they were never tried on); rules with a split keep the exact shapes
-    (its sizes are literal)."""
-    order = [n for n in _leaf_order(e, tids) if n in names]
-    if any(_has_split(e, t) for t in tids):
-        for n in order:
-            yield Guard("=", (ParamOp("shape", (Var(names[n]),)),
-                              ParamOp("vec", tuple(Lit(d) for d in leaves[n].shape)) if leaves[n].shape
-                              else Lit(())))
-        return
-    first: dict = {}
-    for n in order:
-        shape = leaves[n].shape
-        if shape in first:
-            yield Guard("=", (ParamOp("shape", (Var(names[first[shape]]),)),
-                              ParamOp("shape", (Var(names[n]),))))
-        else:
-            first[shape] = n
-            yield Guard("=", (ParamOp("rank", (Var(names[n]),)), Lit(len(shape))))
-
-
-def _weight_guards(e, lhs, rhs, names, leaves):
-    """A merge pays off only when the concatenated operands are weights (folded at
-    export), so weights concatenated by the rhs must be weights; ``before`` applies a
-    symmetric two-output merge once. A weight is concatenated where a concat's operand
-    computes from weights alone and reads it: a kernel under a conv under a concat is
-    not (the concat joins the conv's activations), and guarding it would keep the rule
-    from every graph whose kernel is computed."""
-    concatenated = []
-
-    def walk(tid, concatenated_here):
-        t = e.terms[tid]
-        if t.op == "leaf":
-            if concatenated_here and t.leaf.name in names and t.leaf.name not in concatenated:
-                concatenated.append(t.leaf.name)
-            return
-        for c in t.children:
-            walk(c, (concatenated_here or t.op == "concat") and e.terms[c].weight_only)
-
-    for t in rhs:
-        walk(t, False)
-    weights = [n for n in concatenated if leaves[n].role in ("weight", "bias")]
-    guards = [Guard("weight", (Var(names[n]),)) for n in weights]
-    if len(lhs) == 2 and canonical(e, lhs, ()) == canonical(e, lhs[::-1], ()) and len(weights) >= 2:
-        guards.append(Guard("before", (Var(names[weights[0]]), Var(names[weights[1]]))))
-    # A normalization's parameters are its initializers in every model (and so the float
-    # checks draw a variance positive, as the operator needs).
-    params = sorted(n for n in names if leaves[n].role == "param" and n not in weights)
-    return guards + [Guard("weight", (Var(names[n]),)) for n in params]
-
-
-def rules_from(e: Enumeration, pruned: Pruned, prefix: str) -> list:
-    return [r for _, r in sized_rules(e, pruned, prefix)]
-
-
-def sized_rules(e: Enumeration, pruned: Pruned, prefix: str) -> list:
-    """``(size, rule)`` for every orientation of every kept candidate, sizes ascending
-    (single-output rules first at each size); ``size`` counts the operators of the
-    candidate's larger side."""
-    out = []
-    for c in sorted(pruned.kept, key=lambda c: (c.size, len(c.lhs))):
-        for lhs, rhs in orientations(e, c):
-            rule = to_rule(e, lhs, rhs, f"{prefix}-{len(out) + 1}")
-            if rule is None:
-                pruned.dropped["split off a boundary"] += 1
-                break
-            out.append((c.size, rule))
-    return out
-
-
-def generalize_or_pin(rule: Rule) -> Rule:
-    """Check the rule on shapes other than its example. If it fails there, pin every
-    input to its example shape; if it holds, pin the sizes no other shape could vary
-    (:func:`~.instantiate.unchecked_dimensions`): the parameters found on small shapes
-    generalize only where checked. Sizes are the inputs' shapes and the constants'
-    shape parameters that no guard ties whole (a constant's kernel size). A rule that
-    fails on its own example is a RuleError."""
-    from ..rules.instantiate import (check_rule_numerically, check_rule_on_other_shapes, sized_vars,
-                                     unchecked_dimensions)
-
-    try:
-        check_rule_numerically(rule)
-    except TasoEggError as err:
-        raise RuleError(f"generated rule {rule.name} fails on its own example: {err}") from None
-    tensors = rule.tensor_vars()
-    sized = [v for v in sized_vars(rule) if v in tensors or not _tied(rule, v)]
-    try:
-        fixed = unchecked_dimensions(rule, check_rule_on_other_shapes(rule))
-    except TasoEggError:
-        fixed = [(v, axis, d) for v in sized for axis, d in enumerate(rule.example[v])]
-    pins = []
-    for v in sized:
-        shape = rule.example[v]
-        axes = {axis for w, axis, _ in fixed if w == v}
-        if not axes or _pinned(rule, v):
-            continue
-        whole, at = (ParamOp("shape", (Var(v),)), "dim") if v in tensors else (Var(v), "at")
-        if len(axes) == len(shape):
-            pins.append(Guard("=", (whole, ParamOp("vec", tuple(Lit(d) for d in shape)))))
-        else:
-            pins += [Guard("=", (ParamOp(at, (Var(v), Lit(axis))), Lit(shape[axis]))) for axis in sorted(axes)]
-    pins = [g for g in dict.fromkeys(pins) if g not in rule.guards]  # the shape guards may hold some
-    if not pins:
-        return rule
-    return Rule(rule.name, rule.lhs, rule.rhs, rule.guards + tuple(pins), rule.example, rule.doc,
-                rule.source, rule.multi)
-
-
-def _pinned(rule: Rule, v: str) -> bool:
-    """Whether a guard fixes input ``v``'s shape (or parameter ``v``) to a literal vector."""
-    whole = (ParamOp("shape", (Var(v),)), Var(v))
-    return any(g.kind == "=" and g.args[0] in whole and isinstance(g.args[1], ParamOp)
-               and g.args[1].fn == "vec" and next(walk_vars(g.args[1]), None) is None for g in rule.guards)
-
-
-def _tied(rule: Rule, v: str) -> bool:
-    """Whether a guard equates parameter ``v`` whole with an expression (a split's sizes
-    with the dims it takes apart, a constant's shape with a tensor's)."""
-    return any(g.kind == "=" and Var(v) in g.args for g in rule.guards)
-
-
-def pinned_to_example(rule: Rule) -> bool:
-    """Whether the guards fix every input to its example shape."""
-    return all(not rule.example[v] or _pinned(rule, v) for v in rule.tensor_vars())
-
-
-__all__ = ["Candidate", "Pruned", "REASONS", "prune", "rules_from", "sized_rules", "to_rule",
-           "orientations", "canonical", "generalize_or_pin", "pinned_to_example"]
+__all__ = ["Candidate", "Pruned", "REASONS", "prune", "canonical", "leaf_order", "leaf_specs", "variable_names",
+           "has_split"]

@@ -16,12 +16,14 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..errors import GraphError, OnnxImportError, ShapeError, TasoEggError, first_line
+from ..errors import CannotRun, GraphError, NotModelled, OnnxImportError, ShapeError, TasoEggError, first_line
 from ..executor import check_feed_fits
 from ..graph import Graph, Tensor
 from ..ops import ONNX_IMPORTERS, TensorType
-from ..ops.opaque import run_node
+from ..ops.opaque import outer_reads, run_node
+from ..ops.precision import is_quantizing, quantized_operators, widens_stored
 from ..versions import MIN_OPSET
+from .fed import FedModel, feed, is_stub
 from .validate import validate_model
 
 log = logging.getLogger("taso_egg.onnx")
@@ -55,14 +57,16 @@ def read_model(model):
     return read_model_file(model)[0]
 
 
-def read_model_file(model, validate: bool = True):
+def read_model_file(model, validate: bool = True, fed: bool = False):
     """``(proto, external)``: as ``read_model``, and whether the file kept its weights
     in external data (so that what is written back can keep them apart too). With
-    ``validate``, a model read from a file or bytes passes ``validate.validate_model``."""
+    ``validate``, a model read from a file or bytes passes ``validate.validate_model``.
+    With ``fed``, the model is a ``fed.FedModel``: its large weights arrays, external
+    data read tensor by tensor, never whole into protobuf."""
     import onnx
     from google.protobuf.message import DecodeError
 
-    if isinstance(model, onnx.ModelProto):
+    if isinstance(model, (onnx.ModelProto, FedModel)):
         return model, False
     where, external = "bytes", False
     try:
@@ -76,7 +80,7 @@ def read_model_file(model, validate: bool = True):
                 raise OnnxImportError(f"{where}: no such file")
             proto = onnx.load(where, load_external_data=False)
             external = has_external_data(proto)
-            if external:
+            if external and not fed:
                 _load_external_data(proto, where)
     except TasoEggError:
         raise
@@ -87,6 +91,11 @@ def read_model_file(model, validate: bool = True):
     _check_opset(proto, where)
     if validate:
         validate_model(proto, where)
+    if fed:
+        try:
+            proto = feed(proto, os.path.dirname(os.path.abspath(where)) if where != "bytes" else None)
+        except (ValueError, OSError) as e:
+            raise OnnxImportError(f"{where}: its external weight data cannot be read ({first_line(e)})") from None
     return proto, external
 
 
@@ -129,6 +138,8 @@ def upgraded(proto):
     if opset >= MIN_OPSET:
         return proto
     try:
+        if isinstance(proto, FedModel):  # the stubs convert as they are, the arrays stay
+            return FedModel(version_converter.convert_version(proto.model, MIN_OPSET), proto.arrays)
         return version_converter.convert_version(proto, MIN_OPSET)
     except Exception as e:
         raise OnnxImportError(f"model uses opset {opset}; converting it to opset "
@@ -169,6 +180,7 @@ class _Importer:
                                   f"the model (its inputs: "
                                   f"{', '.join(repr(n) for n in self.types) or 'none'})")
         self._infer_types()
+        self.quantized = quantized_operators(graph.node)
         for node in _topological(graph.node):
             self._import_node(node)
         for vi in graph.output:
@@ -183,6 +195,9 @@ class _Importer:
         from onnx import numpy_helper
 
         for t in self.proto.graph.initializer:
+            if is_stub(t):  # a FedModel's: the array itself, not a copy
+                self.consts[t.name] = self.proto.arrays[t.name]
+                continue
             if t.data_location == 1 and not t.raw_data:  # EXTERNAL, not loaded
                 raise OnnxImportError(f"initializer {t.name!r} keeps its data in an external "
                                       f"file that was not loaded; pass the model's path")
@@ -240,7 +255,7 @@ class _Importer:
         from onnx import helper
 
         model = onnx.ModelProto()
-        model.CopyFrom(self.proto)
+        model.CopyFrom(self.proto.model if isinstance(self.proto, FedModel) else self.proto)
         for vi in model.graph.input:
             if vi.name in self.types:
                 t = self.types[vi.name]
@@ -253,7 +268,9 @@ class _Importer:
             for fld in ("float_data", "int64_data", "int32_data", "double_data"):
                 if len(getattr(init, fld)) > 64:
                     init.ClearField(fld)
-        self.inferred: dict[str, TensorType] = {}
+        # What inference cannot type (a custom domain's operator) the model may declare.
+        self.inferred: dict[str, TensorType] = {
+            vi.name: t for vi in self.proto.graph.value_info if (t := _static_type(vi)) is not None}
         try:
             inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
         except Exception as e:  # inference is a help, not a requirement
@@ -264,12 +281,14 @@ class _Importer:
             if t is not None:
                 self.inferred[vi.name] = t
 
+
     # --- per node ------------------------------------------------------------------
 
     def _import_node(self, node):
         from onnx import helper
 
-        for name in node.input:
+        captured = outer_reads(node)  # what its bodies read from this graph
+        for name in (*node.input, *captured):
             if name and name not in self.values and name not in self.consts:
                 raise OnnxImportError(f"node {node.name or node.op_type!r} ({node.op_type}): "
                                       f"input {name!r} is neither a graph input, an initializer "
@@ -277,10 +296,18 @@ class _Importer:
         attrs = {a.name: _attr_value(helper.get_attribute_value(a)) for a in node.attribute}
         where = f"node {node.name or node.output[0]!r} ({node.op_type})"
         try:
-            if self._alias(node) or self._fold(node, attrs):
+            if self._alias(node):
                 return
-            outs = None
-            if node.domain in ("", "ai.onnx") and node.op_type in ONNX_IMPORTERS:
+            if self._keeps_precision(node, attrs):
+                outs = self._opaque(node, "the model's precision: never folded, a barrier to rewrites")
+            elif tuple(node.output) in self.quantized:
+                outs = self._opaque(node, "between DequantizeLinear and QuantizeLinear, a quantized "
+                                          "operator as onnxruntime runs it")
+            elif not captured and self._fold(node, attrs):
+                return
+            else:
+                outs = None
+            if outs is None and node.domain in ("", "ai.onnx") and node.op_type in ONNX_IMPORTERS:
                 outs = ONNX_IMPORTERS[node.op_type](self, node, attrs)
             if outs is None:
                 outs = self._opaque(node)
@@ -307,6 +334,21 @@ class _Importer:
             self.values[node.output[0]] = self.values[src]
             self.types[node.output[0]] = self.types[src]
         return True
+
+    def _keeps_precision(self, node, attrs) -> bool:
+        """Nodes that quantize, and casts that would store a narrow weight wider, stay
+        as the input has them (ops/precision.py): folding them would widen the
+        model's weights."""
+        if is_quantizing(node.op_type, node.domain):
+            return True
+        if node.op_type not in ("Cast", "CastLike") or node.input[0] not in self.consts:
+            return False
+        from onnx import helper
+
+        weight = self.consts[node.input[0]]
+        target = (self.type(node.input[1]).dtype if node.op_type == "CastLike"
+                  else helper.tensor_dtype_to_np_dtype(attrs["to"]))
+        return widens_stored(weight.dtype, target, weight.size)
 
     def _fold(self, node, attrs) -> bool:
         """Evaluate nodes whose result is known before run time."""
@@ -346,32 +388,41 @@ class _Importer:
             self.consts[name] = value
         return True
 
-    def _opaque(self, node):
+    def _opaque(self, node, why: str = "not optimized"):
         if node.op_type not in self.opaque_seen:
             self.opaque_seen.add(node.op_type)
             log.warning("notice: ONNX operator %s%s is kept as an opaque node (carried "
-                        "through unchanged, not optimized)", node.op_type,
-                        f" (domain {node.domain})" if node.domain else "")
+                        "through unchanged: %s)", node.op_type,
+                        f" (domain {node.domain})" if node.domain else "", why)
         out_types = []
         for name in node.output:
             t = self.inferred.get(name)
             if t is None:
-                t = self._probe_output_types(node)[list(node.output).index(name)]
+                try:
+                    t = self._probe_output_types(node)[list(node.output).index(name)]
+                except CannotRun as e:
+                    raise NotModelled(f"node {node.name or name!r} ({node.op_type}"
+                                      f"{', domain ' + node.domain if node.domain else ''}): the type of its "
+                                      f"output {name!r} is unknown: ONNX shape inference cannot type it, the "
+                                      f"model declares none (value_info), and {first_line(e)}") from None
             out_types.append((t.shape, t.dtype))
-        ins = [self.tensor(n) for n in node.input if n]
+        captured = outer_reads(node)
+        ins = [self.tensor(n) for n in (*node.input, *captured) if n]
         return self.g.add_node("opaque", ins, node.name, op_type=node.op_type,
                                domain=node.domain, opset=self._opset_of(node),
                                attrs=_attr_blobs(node), out_types=tuple(out_types),
-                               empty_inputs=_empty_positions(node))
+                               empty_inputs=_empty_positions(node), captured=captured)
 
     def _probe_output_types(self, node) -> list[TensorType]:
-        """Shape inference gave up: run the node once on zeros to learn its outputs."""
+        """Neither shape inference nor the model's own value_info types the outputs: run
+        the node once on zeros to learn them."""
+        captured = outer_reads(node)
         arrays = [self.consts[n] if n in self.consts else
                   np.zeros(self.types[n].shape, dtype=self.types[n].dtype)
-                  for n in node.input if n]
+                  for n in (*node.input, *captured) if n]
         outs = run_node(node.op_type, node.domain, self._opset_of(node), _attr_blobs(node),
                         tuple((a.shape, str(a.dtype)) for a in arrays), len(node.output), arrays,
-                        _empty_positions(node))
+                        _empty_positions(node), captured)
         return [TensorType(tuple(o.shape), str(o.dtype)) for o in outs]
 
     def _opset_of(self, node) -> int:

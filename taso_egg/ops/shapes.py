@@ -1,8 +1,8 @@
 """Shape rules as data: each operator states its output shape once, as cases over
 small expressions, and three back ends read the same cases: the e-graph's shape
 analysis (compiled to egglog rules by ``egraph/language.py``), the Z3 verifier's typing
-facts (``rules/verify.py``) and :func:`evaluate` here, which a table-driven test
-holds against each operator's Python ``infer``.
+facts (``rules/prove/shape_facts.py``) and :func:`evaluate` here, which a table-driven
+test holds against each operator's Python ``infer``.
 
 A :class:`Case` gives the output shape ``out`` when its conditions hold. Conditions come
 in two kinds, because the back ends need different things from them:

@@ -132,7 +132,7 @@ def main(argv=None) -> int:
     from ..executor import random_inputs, run
     from ..onnx_io.exporter import export_onnx
     from ..options import CostOptions, DecisionOptions, ExtractionOptions, OptimizeOptions
-    from ..rules.lang import load_corpus
+    from ..rules.corpus import load_corpus
     from ..timing import exported_graph, make_session, median_times, pinned_threads
 
     args = build_parser().parse_args(argv)

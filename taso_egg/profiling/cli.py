@@ -58,7 +58,7 @@ def run(args) -> int:
     from ..cost import ProfiledCost
     from ..cost.store import load_profile, profiles_dir
     from ..egraph.saturate import saturate
-    from ..rules.lang import load_corpus
+    from ..rules.corpus import load_corpus
     from ..timing import exported_graph
     from ..zoo import load_model
     from .profiler import (
@@ -133,7 +133,7 @@ def run(args) -> int:
 def _list_configs(args) -> int:
     from ..cost import load_cost_model
     from ..egraph.saturate import saturate
-    from ..rules.lang import load_corpus
+    from ..rules.corpus import load_corpus
     from ..timing import exported_graph
     from ..zoo import load_model
     from .bundle import config_list, write_json

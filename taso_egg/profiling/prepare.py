@@ -102,7 +102,7 @@ def build_bundle(models, out: Path, model=None, rules=None, log=print) -> dict:
     """Optimize each model under ``model`` (default ``gpu_cost_model()``) and write
     the bundle into ``out``; returns the graphs file's content."""
     from ..api import optimize
-    from ..rules.lang import load_corpus
+    from ..rules.corpus import load_corpus
     from ..timing import exported_graph
     from ..zoo import MODELS
 

@@ -1,4 +1,4 @@
-"""A graph pattern matcher compiled from the rule language (``rules/lang.py``): the
+"""A graph pattern matcher compiled from the rule language (``rules/ast.py``): the
 same rules the e-graph saturates with, found in one concrete graph.
 
 A pattern is matched top-down from a root node: an operator pattern fixes the node
@@ -25,7 +25,7 @@ from typing import Any
 from taso_egg.graph import Graph, Node, Tensor
 from taso_egg.rules import semantics
 from taso_egg.rules.instantiate import guard_holds, why_guard_fails
-from taso_egg.rules.lang import App, Guard, Proj, Rule, Var, guard_vars, walk_vars
+from taso_egg.rules.ast import App, Guard, Proj, Rule, Var, guard_vars, walk_vars
 
 
 class GraphIndex:

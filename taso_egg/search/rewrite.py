@@ -15,7 +15,7 @@ from taso_egg.errors import RuleError
 from taso_egg.graph import Graph, Node, Tensor
 from taso_egg.ops import OPS
 from taso_egg.rules.instantiate import PatternBuilder
-from taso_egg.rules.lang import walk_vars
+from taso_egg.rules.ast import walk_vars
 
 from .matcher import GraphIndex, Match
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from taso_egg.ops import OPS
 from taso_egg.ops import shapes as sh
 
-from ..rules.lang import Guard, Lit, ParamOp, Var
+from ..rules.ast import Guard, Lit, ParamOp, Var
 
 
 # --- linear forms -------------------------------------------------------------------------
