@@ -291,12 +291,13 @@ def _peer_candidates(source, out, corpus: str, options, feeds) -> dict[str, _Pee
 
     import onnx
 
+    from .onnx_io.fed import inline
     from .onnx_optimize import OnnxInput, optimize_onnx
     from .peers import run_peers
     from .verify import onnx_outputs
 
     cells = {TASO_EGG: _PeerCell(out.model) if out.chosen != "original" else _PeerCell(why="original written")}
-    for name, peer in run_peers(source.original).items():
+    for name, peer in run_peers(inline(source.original)).items():  # a plain ModelProto, as a user has
         cells[name] = _PeerCell(peer.model, peer.why, peer.how)
     slim = cells.get("onnxslim")
     if slim is not None and slim.model is not None:
