@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install taso-egg for development: find a Python >= 3.12 (egglog 14 needs it), make
 # .venv in the repository root with it, and pip install the package editable with its
-# dev extras and ray (the generator's --ray, which tests/test_ray_workers.py runs).
+# dev extras, ray (the generator's --ray, which tests/test_ray_workers.py runs) and the
+# peers (bench --peers, which tests/test_peers.py runs).
 #
 #   bash scripts/install.sh           # create .venv, or install into the one there
 #   bash scripts/install.sh --fresh   # delete .venv first (CI does this)
@@ -57,5 +58,5 @@ if [ "$fresh" = 1 ]; then
 fi
 echo "install.sh: $("$PY" --version) from $PY -> .venv" >&2
 "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev,ray]"
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev,ray,peers]"
 echo "install.sh: installed; run .venv/bin/taso-egg --help" >&2

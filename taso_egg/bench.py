@@ -11,7 +11,12 @@
   memory grow per layer.
 - ``--onnx DIR``: every ``*.onnx`` file of a folder (real exports), optimized as
   ``taso-egg optimize`` does, then the written model timed against the original in
-  onnxruntime (ORT_ENABLE_ALL, 1 and 2 threads, interleaved runs, medians)."""
+  onnxruntime (ORT_ENABLE_ALL, 1 and 2 threads, interleaved runs, medians).
+- ``--onnx DIR --peers``: also what other tools make of each file, timed in the same
+  interleaved sessions and checked against the original on the same inputs: onnxsim,
+  onnxslim, onnxruntime's transformers optimizer (transformers only) and taso-egg
+  applied after onnxslim. onnxsim and onnxslim are an optional extra:
+  ``pip install 'taso-egg[peers]'`` (a peer not installed is a cell saying so)."""
 
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ import multiprocessing
 import resource
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from .cli_args import CommandParser
@@ -59,6 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--onnx: also print where onnxruntime spends the original's kernel time, "
                         "by operator as it runs them after its own fusions (what any rewrite "
                         "can win at most)")
+    p.add_argument("--peers", action="store_true",
+                   help="--onnx: also time onnxsim, onnxslim, onnxruntime's transformers optimizer "
+                        "(transformers only) and taso-egg after onnxslim beside taso-egg, in the same "
+                        "sessions, with each one's error against the original (a table of its own; "
+                        "install the peers with: pip install 'taso-egg[peers]')")
     return p
 
 
@@ -171,6 +182,7 @@ def _onnx_table(args) -> int:
     print(f"{'model':<28}{'corpus':<10}{'nodes':>6}{'opaque':>8}{'optimize s':>11}{'predicted':>10}{'result':>21}"
           f"{'1 thread':>21}{'2 threads':>21}{'max rel err':>12}{'RSS MB':>8}  written", flush=True)
     context = multiprocessing.get_context("spawn")
+    peer_rows = []
     for path, corpus in ((p, c) for p in files for c in args.corpora):
         label = _corpus_label(corpus)
         with context.Pool(1) as pool:
@@ -179,6 +191,8 @@ def _onnx_table(args) -> int:
             except Exception as e:  # one bad file is a row, not the end of the table
                 print(f"{path.name:<28}{label:<10}  failed: {type(e).__name__}: {e}", flush=True)
                 continue
+        if row["peers"]:
+            peer_rows.append((path.name, label, row["peers"]))
         err = "-" if row["error"] is None else f"{row['error']:.1e}"
         print(f"{path.name:<28}{label:<10}{row['nodes']:>6}{row['opaque']:>8}{row['seconds']:>11.1f}"
               f"{row['predicted']:>9.3f}x{_ratio(row['result'], 21)}{_ratio(row['speedup1'], 21, 'same')}"
@@ -195,6 +209,8 @@ def _onnx_table(args) -> int:
           f"ORT_ENABLE_ALL (2 threads: wall time; same: the original was written); written = the "
           f"candidate optimize wrote (original, re-export or result); max "
           f"rel err = the check of the written model against the original (- when it is the original)")
+    if args.peers:
+        _peers_table(peer_rows, measure)
     return 0
 
 
@@ -213,21 +229,139 @@ def _onnx_row(path: str, corpus: str, options: dict) -> dict:
     seconds = time.perf_counter() - t0
     r = out.result
     st = r.stats
-    speedups = {1: None, 2: None}
     feeds = random_inputs(source.dynamic.graph)
+    candidates = {"original": reference}
     if out.chosen != "original":  # else the file written is the original's bytes
-        written = out.model
-        for threads in speedups:
+        candidates[TASO_EGG] = out.model
+    peers = _peer_candidates(source, out, corpus, optimize_options, feeds) if options["peers"] else {}
+    candidates.update({name: cell.model for name, cell in peers.items() if cell.timed})
+    speedups = {1: {}, 2: {}}
+    if len(candidates) > 1:
+        for threads in speedups:  # every candidate in one interleaved session, by optimize's guard
             with timing.pinned_threads():
-                report = run_guard(timing.ort_rounds({"original": reference, "written": written}, feeds, threads),
-                                   ["original", "written"], max_rounds=measure)
-            speedups[threads] = report.comparisons["written"]
+                report = run_guard(timing.ort_rounds(candidates, feeds, threads), list(candidates),
+                                   max_rounds=measure)
+            speedups[threads] = dict(report.comparisons)
+    for name, cell in peers.items():
+        if cell.timed:
+            cell.speedup1, cell.speedup2 = speedups[1][name], speedups[2][name]
     return {"nodes": len(reference.graph.node), "opaque": st.ops_before.get("opaque", 0),
             "seconds": seconds, "predicted": r.cost_before / st.extracted_cost if st.extracted_cost else 1.0,
             "result": st.guard.comparisons.get("result") if st.guard else None,
-            "speedup1": speedups[1], "speedup2": speedups[2], "error": _error(st),
+            "speedup1": speedups[1].get(TASO_EGG), "speedup2": speedups[2].get(TASO_EGG), "error": _error(st),
             "chosen": out.chosen, "rss_mb": _peak_rss_mb(),
-            "shares": _kernel_shares(reference, feeds) if options["kernel_shares"] else []}
+            "shares": _kernel_shares(reference, feeds) if options["kernel_shares"] else [],
+            "peers": {name: cell.shown() for name, cell in peers.items()}}
+
+
+# --- peers ---------------------------------------------------------------------------------
+
+TASO_EGG = "taso-egg"
+AFTER_SLIM = "onnxslim+taso-egg"
+PEER_CELL = 50  # two speedups with their intervals and an error
+PEER_REASON = 32  # a longer reason is named in the cell and given whole below the row
+
+
+@dataclass
+class _PeerCell:
+    """One candidate of the peers table: its model (None when there is none to time),
+    why not, or what it equals; its speedups and its error against the original."""
+
+    model: object | None = None
+    why: str = ""
+    how: str = ""  # how a peer was run, where that was guessed
+    error: float | None = None
+    speedup1: object | None = None  # a guard Comparison
+    speedup2: object | None = None
+
+    @property
+    def timed(self) -> bool:
+        return self.model is not None and not self.why
+
+    def shown(self) -> dict:
+        """What the table prints (the model stays in the worker)."""
+        return {"why": self.why, "how": self.how, "error": self.error, "speedup1": self.speedup1,
+                "speedup2": self.speedup2}
+
+
+def _peer_candidates(source, out, corpus: str, options, feeds) -> dict[str, _PeerCell]:
+    """taso-egg's written model and each peer's model as cells of the peers table, each
+    checked against the original on ``feeds``; taso-egg applied to onnxslim's model as
+    ``taso-egg optimize`` would be to its file."""
+    import os
+    import tempfile
+
+    import onnx
+
+    from .onnx_io.fed import inline
+    from .onnx_optimize import OnnxInput, optimize_onnx
+    from .peers import run_peers
+    from .verify import onnx_outputs
+
+    cells = {TASO_EGG: _PeerCell(out.model) if out.chosen != "original" else _PeerCell(why="original written")}
+    for name, peer in run_peers(inline(source.original)).items():  # a plain ModelProto, as a user has
+        cells[name] = _PeerCell(peer.model, peer.why, peer.how)
+    slim = cells.get("onnxslim")
+    if slim is not None and slim.model is not None:
+        with tempfile.TemporaryDirectory() as tmp:
+            slim_path = os.path.join(tmp, "onnxslim.onnx")
+            onnx.save(slim.model, slim_path)
+            try:
+                after = optimize_onnx(OnnxInput.read(slim_path), rules=_corpus(corpus), options=options)
+                cells[AFTER_SLIM] = (_PeerCell(why="= onnxslim (its model written)") if after.chosen == "original"
+                                     else _PeerCell(after.model))
+            except Exception as e:  # taso-egg refusing onnxslim's model is a finding, not a crash
+                cells[AFTER_SLIM] = _PeerCell(why=f"failed: {type(e).__name__}: {e}")
+    else:
+        cells[AFTER_SLIM] = _PeerCell(why="no onnxslim model")
+    expected = onnx_outputs(source.dynamic.reference, feeds)
+    for cell in cells.values():
+        if cell.timed:
+            _check_peer(cell, expected, feeds)
+    return cells
+
+
+def _check_peer(cell: _PeerCell, expected, feeds) -> None:
+    """The cell's max relative error against the original's outputs; a model that does
+    not run, or computes other outputs, is not timed (the reason in ``why``)."""
+    from .verify import onnx_outputs, relative_errors
+
+    try:
+        cell.error = max(relative_errors(expected, onnx_outputs(cell.model, feeds), "its model").values(),
+                         default=0.0)
+    except Exception as e:  # onnxruntime's own errors, or VerificationError for other outputs
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        cell.why = f"does not run as the original: {type(e).__name__}: {first}"
+
+
+def _peers_table(rows, measure: int) -> None:
+    from .verify import RTOL
+
+    names = [TASO_EGG, "onnxsim", "onnxslim", "ort-transformers", AFTER_SLIM]
+    print(f"\npeers: speedup over the original at 1 / 2 threads by optimize's guard (Hodges-Lehmann ratio and "
+          f"95 % interval of paired interleaved rounds, at most {measure}; one session per thread count with "
+          f"every candidate), max rel err on the same random inputs", flush=True)
+    width = max([28] + [len(model) + 2 for model, _, _ in rows])  # a file name never runs into the next column
+    print(f"{'model':<{width}}{'corpus':<10}" + "".join(f"{name:<{PEER_CELL}}" for name in names), flush=True)
+    for model, label, cells in rows:
+        print(f"{model:<{width}}{label:<10}" + "".join(_peer_cell(cells.get(name)) for name in names), flush=True)
+        for name, cell in cells.items():  # what does not fit in a cell
+            notes = [cell["how"]] + ([cell["why"]] if len(cell["why"]) > PEER_REASON else [])
+            if any(notes):
+                print(f"    {name}: {'; '.join(n for n in notes if n)}", flush=True)
+    print("a cell is '1 thread  2 threads  error', or why there is nothing to time (not installed, "
+          "not a transformer, failed, or equal to another candidate); an error above "
+          f"{RTOL:g} means the candidate computes something else", flush=True)
+
+
+def _peer_cell(cell: dict | None) -> str:
+    if cell is None:
+        return f"{'-':<{PEER_CELL}}"
+    if cell["why"]:
+        text = cell["why"] if len(cell["why"]) <= PEER_REASON else cell["why"].split(":")[0].split(" (")[0] + " (below)"
+        return f"{text:<{PEER_CELL}}"
+    text = f"{_ratio(cell['speedup1'], 8).strip()} {_ratio(cell['speedup2'], 8).strip()} {cell['error']:.1e}"
+    return f"{text:<{PEER_CELL}}"
 
 
 def _kernel_shares(model, feeds, runs: int = 10, shown: int = 6) -> list[tuple[str, float]]:
