@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     from taso_egg.egraph.language import declarations
     from taso_egg.egraph.saturate import saturate
     from taso_egg.egraph.rule_compiler import compile_rules
-    from taso_egg.rules.corpus import corpus_files, load_corpus
+    from taso_egg.rules.corpus import load_corpus
     from taso_egg.rules.prove.prover import AXIOM_FILE
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from . import timing
 from .cost import CostModel, graph_cost, load_cost_model
 from .egraph.convert import build_graph
@@ -25,7 +27,8 @@ from .errors import CannotRun, ExtractionError, ProfileError
 from .executor import random_inputs
 from .graph import Graph
 from .options import ExtractionOptions, Hooks, Limits, OptimizeOptions
-from .onnx_io.exporter import export_for_check, export_onnx, with_weights
+from .onnx_io.exporter import export_fed, export_for_check, fed_from_check
+from .onnx_io.fed import FedModel, array_of, feed, inline
 from .rules.corpus import load_corpus
 from .verify import (LocalCheck, check_float32_proves_nothing, check_graphs_equivalent, check_locally,
                      check_onnx_model, check_precision_kept, share_weights)
@@ -112,11 +115,17 @@ class OptimizeResult:
     def exported(self) -> onnx.ModelProto | None:
         """``graph`` exported to ONNX, as checked in onnxruntime (the input graph's
         export when the re-export is chosen); None when the original is returned or
-        verify is off. Made when first read (copying the weights into protobuf is
-        writing's cost, not the search's: VGG-19's is 0.5 GB)."""
+        verify is off. Made when read (copying the weights into protobuf is writing's
+        cost, not the search's: VGG-19's is 0.5 GB); ``exported_fed`` copies none."""
+        return inline(self.exported_fed)
+
+    @property
+    def exported_fed(self) -> FedModel | None:
+        """``exported`` as an ``onnx_io.fed.FedModel``: its large weights the graph's
+        arrays, not copied into protobuf (what a model past 2 GB is written from)."""
         if isinstance(self.checked, tuple):
-            self.checked = with_weights(*self.checked)
-        return self.checked
+            self.checked = fed_from_check(*self.checked)
+        return None if self.checked is None else feed(self.checked)
 
     @property
     def speedup(self) -> float:
@@ -320,10 +329,12 @@ def _decide(graph: Graph, result: Graph, before: float, after: float, min_gain: 
         if predicted:
             return Decision(graph, predicted, chosen="original", not_measured=unmeasured)
         return Decision(result, not_measured=unmeasured)
-    models = {"original": reference if reference is not None else export_onnx(graph)}
+    # candidates as FedModels: the re-export's weights are the graph's arrays, the
+    # result's too where it keeps them, so onnxruntime gets no copy of them to time
+    models = {"original": reference if reference is not None else export_fed(graph)}
     if reference is not None:
-        models["re-export"] = export_onnx(graph)
-    models["result"] = export_onnx(result)
+        models["re-export"] = export_fed(graph)
+    models["result"] = export_fed(result)
     # a candidate that computes node for node what an earlier one does is not timed
     # (the earlier one stands for it), so that noise does not choose between twins
     seen: dict[tuple, str] = {}
@@ -373,19 +384,21 @@ def _computation(model) -> tuple:
 
     from onnx import TensorProto, helper, numpy_helper
 
-    def tensor_key(t) -> str:
-        a = numpy_helper.to_array(t)
-        return hashlib.sha1(f"{a.dtype}{a.shape}".encode() + a.tobytes()).hexdigest()
+    def tensor_key(t, model) -> str:
+        a = np.ascontiguousarray(array_of(model, t) if model is not None else numpy_helper.to_array(t))
+        digest = hashlib.sha1(f"{a.dtype}{a.shape}".encode())
+        digest.update(a.reshape(-1).view(np.uint8) if a.dtype != object else a.tobytes())  # no copy
+        return digest.hexdigest()
 
     g = model.graph
     key = {"": ""}
-    key.update({t.name: tensor_key(t) for t in g.initializer})
+    key.update({t.name: tensor_key(t, model) for t in g.initializer})
     key.update({i.name: "input " + i.name for i in g.input if i.name not in key})
     for node in g.node:
         attrs = []
         for a in sorted(node.attribute, key=lambda a: a.name):
             v = helper.get_attribute_value(a)
-            attrs.append((a.name, tensor_key(v) if isinstance(v, TensorProto) else repr(v)))
+            attrs.append((a.name, tensor_key(v, None) if isinstance(v, TensorProto) else repr(v)))
         digest = hashlib.sha1(repr((node.domain, node.op_type, attrs,
                                     [key.get(i, "?" + i) for i in node.input])).encode()).hexdigest()
         for j, out in enumerate(node.output):
@@ -418,7 +431,7 @@ def keep_unless_faster(graph: Graph, candidate: Graph, repeats: int,
     sign test ``optimize`` applies), else ``(graph, times, why)``. Times are median
     milliseconds under "original" and "optimized". Every command that writes an
     optimized graph applies this guard."""
-    runs = timing.ort_runs({"original": export_onnx(graph), "optimized": export_onnx(candidate)},
+    runs = timing.ort_runs({"original": export_fed(graph), "optimized": export_fed(candidate)},
                            random_inputs(graph), repeats, progress)
     times = {k: statistics.median(v) for k, v in runs.items()}
     if times["optimized"] >= times["original"]:

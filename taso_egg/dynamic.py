@@ -72,17 +72,19 @@ def write_symbolic(dyn: DynamicModel, candidate: Graph, candidate_classes: Mappi
     ``candidate`` is ``dyn.graph`` itself (the re-export) or an extracted graph with the
     e-class of each of its tensors (``candidate_classes``) and of each tensor of
     ``dyn.graph`` (``input_classes``)."""
-    from .onnx_io.exporter import export_onnx
+    from .onnx_io.exporter import export_fed
 
     try:
+        # exported as FedModels: both sizes share the input's weight arrays (the
+        # second import reads the same ones), so neither copies them into protobuf
         if candidate is dyn.graph:
-            first, second = export_onnx(dyn.graph), export_onnx(dyn.second_graph())
+            first, second = export_fed(dyn.graph), export_fed(dyn.second_graph())
         else:
             if candidate_classes is None or input_classes is None:
                 raise NotSymbolic("the extracted graph's tensors carry no e-classes to size them by")
-            first = export_onnx(retyped(candidate, candidate_classes, input_classes, dyn.graph, dyn.graph))
-            second = export_onnx(retyped(candidate, candidate_classes, input_classes, dyn.graph,
-                                         dyn.second_graph()))
+            first = export_fed(retyped(candidate, candidate_classes, input_classes, dyn.graph, dyn.graph))
+            second = export_fed(retyped(candidate, candidate_classes, input_classes, dyn.graph,
+                                        dyn.second_graph()))
         model = symbolize(first, second, dyn.reference, dyn.first, dyn.second)
         return SymbolicWrite(model, check_at_sizes(dyn, model, seed))
     except (NotSymbolic, VerificationError) as e:

@@ -39,7 +39,9 @@ class OnnxInput:
         """Read and import ``path`` (one clear error for what is wrong with it, before
         any work). ``input_shapes`` (input name -> shape) are the sizes to price,
         saturate and time a model with symbolic dims at."""
-        original, external = read_model_file(path)
+        # fed: the weights read once into arrays that the imports, candidates and
+        # onnxruntime sessions share, never whole into protobuf
+        original, external = read_model_file(path, fed=True)
         reference = upgraded(original)  # what onnxruntime runs as the original
         return cls(str(path), original, external, DynamicModel.load(reference, input_shapes))
 
@@ -48,8 +50,8 @@ class OnnxInput:
 class OnnxOptimization:
     """What ``optimize_onnx`` made of a file."""
 
-    model: object                 # the ModelProto to write (the original's own when it is chosen)
-    original: object              # the ModelProto as read
+    model: object                 # the model to write (the original's own when it is chosen), a fed.FedModel
+    original: object              # the model as read (a fed.FedModel for a file)
     external_data: bool           # the input kept its weights in external data (so must the output)
     chosen: str                   # "original", "re-export" or "result": what ``model`` is
     result: OptimizeResult
@@ -76,7 +78,7 @@ def optimize_onnx(source, *, rules=None, options: OptimizeOptions | None = None,
                  f"written symbolic, checked there and at {describe_sizes(dyn.second)}"))
     result = optimize(dyn.graph, rules=rules, options=options, hooks=hooks, reference=reference)
     chosen = result.stats.chosen
-    out = OnnxOptimization(original if chosen == "original" else result.exported, original, external, chosen,
+    out = OnnxOptimization(original if chosen == "original" else result.exported_fed, original, external, chosen,
                            result, dyn)
     if dyn.symbolic and not fix_shapes and chosen != "original":
         _keep_symbolic_dims(out)

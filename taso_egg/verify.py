@@ -979,10 +979,13 @@ def _freeze(v):
 
 def onnx_outputs(model, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Run an ONNX model in onnxruntime (all graph optimizations off: we want the
-    model's own arithmetic). ``model`` is a path, bytes, a ModelProto, or a
+    model's own arithmetic). ``model`` is a path, bytes, a ModelProto, a
+    ``onnx_io.fed.FedModel`` (its arrays given to onnxruntime, not serialized), or a
     ``(ModelProto, weights)`` pair from ``onnx_io.exporter.export_for_check``, whose
     weights are fed with the inputs (onnxruntime reads NumPy feeds in place)."""
     import onnxruntime as ort
+
+    from .onnx_io.fed import session_parts
 
     if isinstance(model, tuple):
         model, weights = model
@@ -990,9 +993,11 @@ def onnx_outputs(model, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3
-    data = model if isinstance(model, (bytes, str)) else model.SerializeToString()
+    data, names, values = (model, [], []) if isinstance(model, (bytes, str)) else session_parts(model)
+    if names:
+        options.add_external_initializers(names, values)
     session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
-    del data  # onnxruntime holds what it needs
+    del data  # onnxruntime holds what it needs (the arrays of ``values`` it reads in place)
     names = [o.name for o in session.get_outputs()]
     return dict(zip(names, session.run(None, dict(feeds))))
 

@@ -13,7 +13,7 @@ from ..cost import CostModel, OpConfig
 from ..errors import ShapeError, TasoEggError
 from ..extract import egraph as xeg
 from ..ops import OPS, TensorType
-from .convert import TensorEGraph, weight_only_classes
+from .convert import weight_only_classes
 from .saturate import Saturation
 
 _FREE = ("proj", "tnil", "tcons")

@@ -387,13 +387,10 @@ def tensor_classes(saturation: Saturation) -> dict:
     """The e-class of each tensor of the saturated graph, ``(node id, output index) ->
     class id``: the e-graph serialized once more with every tensor's variable as a
     root (class ids are the same in every serialization of an unchanged e-graph)."""
-    import json
-
-    from egglog.bindings import PanicSpan, Var
-
-    span = PanicSpan()
+    eb = bindings()
+    span = eb.PanicSpan()
     tensor_vars = saturation.program.tensor_vars
-    data = json.loads(saturation.egraph.serialize([Var(span, v) for v in tensor_vars.values()]).to_json())
+    data = json.loads(saturation.egraph.serialize([eb.Var(span, v) for v in tensor_vars.values()]).to_json())
     roots = data.get("root_eclasses", [])
     if len(roots) != len(tensor_vars):
         raise ExtractionError(f"serialized e-graph: {len(roots)} root classes for the input's "

@@ -19,6 +19,7 @@ from ..files import write_atomically
 from ..graph import Graph, Node, claim_unique_name
 from ..ops import OPS
 from ..versions import ir_version_for
+from .fed import FedModel, save_external, save_inline, stub
 
 
 # Float constants of at least this many elements are fed, not copied (export_for_check).
@@ -35,6 +36,23 @@ def export_onnx(graph: Graph, path: str | os.PathLike | None = None, name: str =
     if path is not None:
         save_atomically(model, path)
     return model
+
+
+def export_fed(graph: Graph, name: str = "taso_egg"):
+    """The graph exported as ``export_onnx`` exports it, as a ``fed.FedModel``: its large
+    float constants are stubs fed from the graph's own arrays and the values export
+    folds, so candidates share the weights they share and none is copied into protobuf."""
+    return fed_from_check(*export_for_check(graph, name))
+
+
+def fed_from_check(model, arrays: dict):
+    """An ``export_for_check`` pair made the exported model as a ``fed.FedModel``: its
+    fed inputs become stub initializers (in place; nothing is copied)."""
+    inputs = [vi for vi in model.graph.input if vi.name not in arrays]
+    del model.graph.input[:]
+    model.graph.input.extend(inputs)
+    model.graph.initializer.extend(stub(n, a) for n, a in arrays.items())
+    return FedModel(model, arrays)
 
 
 def with_weights(model, fed: dict):
@@ -72,13 +90,19 @@ def save_atomically(model, path, external_data: bool = False) -> None:
 
     ``external_data`` keeps the weights in ``<name>.data`` beside the model, as the
     input had them (protobuf cannot write a model over 2 GB inline); the model's
-    tensors then point to that file instead of holding their data."""
+    tensors then point to that file instead of holding their data. ``model`` is a
+    ModelProto or a ``fed.FedModel``."""
     import onnx
 
     if not external_data:
-        write_atomically(path, lambda tmp: onnx.save(model, tmp), ExportError)
+        save = (lambda tmp: save_inline(model, tmp)) if isinstance(model, FedModel) else \
+            (lambda tmp: onnx.save(model, tmp))
+        write_atomically(path, save, ExportError)
         return
     data = f"{Path(path).name}.data"
+    if isinstance(model, FedModel):  # the arrays streamed into the data file, never into protobuf
+        write_atomically(path, lambda tmp: save_external(model, tmp, data), ExportError, companions=(data,))
+        return
     write_atomically(path, lambda tmp: onnx.save(model, tmp, save_as_external_data=True,
                                                  all_tensors_to_one_file=True, location=data,
                                                  size_threshold=1024),

@@ -23,6 +23,7 @@ from ..ops import ONNX_IMPORTERS, TensorType
 from ..ops.opaque import outer_reads, run_node
 from ..ops.precision import is_quantizing, quantized_operators, widens_stored
 from ..versions import MIN_OPSET
+from .fed import FedModel, feed, is_stub
 from .validate import validate_model
 
 log = logging.getLogger("taso_egg.onnx")
@@ -56,14 +57,16 @@ def read_model(model):
     return read_model_file(model)[0]
 
 
-def read_model_file(model, validate: bool = True):
+def read_model_file(model, validate: bool = True, fed: bool = False):
     """``(proto, external)``: as ``read_model``, and whether the file kept its weights
     in external data (so that what is written back can keep them apart too). With
-    ``validate``, a model read from a file or bytes passes ``validate.validate_model``."""
+    ``validate``, a model read from a file or bytes passes ``validate.validate_model``.
+    With ``fed``, the model is a ``fed.FedModel``: its large weights arrays, external
+    data read tensor by tensor, never whole into protobuf."""
     import onnx
     from google.protobuf.message import DecodeError
 
-    if isinstance(model, onnx.ModelProto):
+    if isinstance(model, (onnx.ModelProto, FedModel)):
         return model, False
     where, external = "bytes", False
     try:
@@ -77,7 +80,7 @@ def read_model_file(model, validate: bool = True):
                 raise OnnxImportError(f"{where}: no such file")
             proto = onnx.load(where, load_external_data=False)
             external = has_external_data(proto)
-            if external:
+            if external and not fed:
                 _load_external_data(proto, where)
     except TasoEggError:
         raise
@@ -88,6 +91,11 @@ def read_model_file(model, validate: bool = True):
     _check_opset(proto, where)
     if validate:
         validate_model(proto, where)
+    if fed:
+        try:
+            proto = feed(proto, os.path.dirname(os.path.abspath(where)) if where != "bytes" else None)
+        except (ValueError, OSError) as e:
+            raise OnnxImportError(f"{where}: its external weight data cannot be read ({first_line(e)})") from None
     return proto, external
 
 
@@ -130,6 +138,8 @@ def upgraded(proto):
     if opset >= MIN_OPSET:
         return proto
     try:
+        if isinstance(proto, FedModel):  # the stubs convert as they are, the arrays stay
+            return FedModel(version_converter.convert_version(proto.model, MIN_OPSET), proto.arrays)
         return version_converter.convert_version(proto, MIN_OPSET)
     except Exception as e:
         raise OnnxImportError(f"model uses opset {opset}; converting it to opset "
@@ -185,6 +195,9 @@ class _Importer:
         from onnx import numpy_helper
 
         for t in self.proto.graph.initializer:
+            if is_stub(t):  # a FedModel's: the array itself, not a copy
+                self.consts[t.name] = self.proto.arrays[t.name]
+                continue
             if t.data_location == 1 and not t.raw_data:  # EXTERNAL, not loaded
                 raise OnnxImportError(f"initializer {t.name!r} keeps its data in an external "
                                       f"file that was not loaded; pass the model's path")
@@ -242,7 +255,7 @@ class _Importer:
         from onnx import helper
 
         model = onnx.ModelProto()
-        model.CopyFrom(self.proto)
+        model.CopyFrom(self.proto.model if isinstance(self.proto, FedModel) else self.proto)
         for vi in model.graph.input:
             if vi.name in self.types:
                 t = self.types[vi.name]

@@ -29,6 +29,8 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..errors import OnnxImportError, TasoEggError
+from .fed import FedModel, array_of, is_stub
+from .validate import without_weight_data
 
 DEFAULT_LEADING = 1    # a symbolic dim at axis 0 of an input: a batch
 DEFAULT_OTHER = 64     # any other symbolic dim: a sequence length, an image side
@@ -144,10 +146,10 @@ def _is_prime(n: int) -> bool:
 
 def symbolize(at_first, at_second, original, first: Mapping[str, int], second: Mapping[str, int]):
     """The candidate exported at ``first`` sizes (``at_first``) and at ``second`` sizes
-    (``at_second``, node for node the same) as one model with ``original``'s interface:
-    a new ModelProto; NotSymbolic naming what cannot be written so."""
+    (``at_second``, node for node the same; ModelProtos or ``fed.FedModel``s) as one
+    model with ``original``'s interface: a new FedModel (its large weights
+    ``at_first``'s arrays); NotSymbolic naming what cannot be written so."""
     import onnx
-    from onnx import numpy_helper
 
     iface = interface(original)
     g1, g2 = at_first.graph, at_second.graph
@@ -158,8 +160,8 @@ def symbolize(at_first, at_second, original, first: Mapping[str, int], second: M
     others = {t.name: t for t in g2.initializer}
     kept, sized = [], {}
     for t in g1.initializer:
-        v1, v2 = numpy_helper.to_array(t), numpy_helper.to_array(others[t.name])
-        if v1.dtype == v2.dtype and v1.shape == v2.shape and np.array_equal(v1, v2):
+        v1, v2 = array_of(at_first, t), array_of(at_second, others[t.name])
+        if v1 is v2 or v1.dtype == v2.dtype and v1.shape == v2.shape and np.array_equal(v1, v2):
             kept.append(t)
             continue
         if v1.dtype.kind not in "iu" or v1.shape != v2.shape:
@@ -174,8 +176,9 @@ def symbolize(at_first, at_second, original, first: Mapping[str, int], second: M
             terms.append(term)
         sized[t.name] = (v1, terms)
 
+    fed = at_first.arrays if isinstance(at_first, FedModel) else {}
     model = onnx.ModelProto()
-    model.CopyFrom(at_first)
+    model.CopyFrom(at_first.model if isinstance(at_first, FedModel) else at_first)  # without fed arrays
     graph = model.graph
     emit = _SizeNodes(iface, symbols, _names_in(graph))
     for name, (value, terms) in sized.items():
@@ -188,10 +191,10 @@ def symbolize(at_first, at_second, original, first: Mapping[str, int], second: M
     _set_interface(graph, iface, g2, symbols, r, a)
     del graph.value_info[:]
     try:
-        onnx.checker.check_model(model)
+        onnx.checker.check_model(without_weight_data(model))  # the checker reads no weight
     except onnx.checker.ValidationError as e:
         raise NotSymbolic(f"the model with symbolic dims fails onnx.checker: {e}") from None
-    return model
+    return FedModel(model, {t.name: fed[t.name] for t in graph.initializer if is_stub(t)})
 
 
 def _same_structure(g1, g2) -> None:

@@ -21,7 +21,7 @@ def validate_model(proto, where: str) -> None:
     values other than tensors (sequences, maps, optionals) in its main graph."""
     import onnx
 
-    light = _without_weight_data(proto)
+    light = without_weight_data(proto)
     checked = onnx.ModelProto()
     checked.CopyFrom(light)
     for vi in checked.graph.output:
@@ -42,7 +42,7 @@ def validate_model(proto, where: str) -> None:
     _check_tensors_only(inferred.graph, where)
 
 
-def _without_weight_data(proto):
+def without_weight_data(proto):
     """A copy of ``proto`` whose long initializers are graph inputs of the same type
     and shape instead (the checker wants data of the declared size, which neither it
     nor inference reads); made field by field, so a model of any size is never copied
@@ -51,8 +51,8 @@ def _without_weight_data(proto):
     from onnx import helper
 
     light = onnx.ModelProto()
-    _copy_fields(proto, light, skip="graph")
-    _copy_fields(proto.graph, light.graph, skip="initializer")
+    copy_fields(proto, light, skip="graph")
+    copy_fields(proto.graph, light.graph, skip="initializer")
     inputs = {vi.name for vi in proto.graph.input}
     for init in proto.graph.initializer:
         n = 1
@@ -65,7 +65,7 @@ def _without_weight_data(proto):
     return light
 
 
-def _copy_fields(source, target, skip: str) -> None:
+def copy_fields(source, target, skip: str) -> None:
     for fld, value in source.ListFields():
         if fld.name == skip:
             continue

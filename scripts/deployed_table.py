@@ -1,0 +1,150 @@
+"""Models as they are deployed: run `taso-egg optimize IN -o OUT` (no other flag) on each
+ONNX file given and print one row per model: exit code, whether the interface is
+identical (input/output names, order, dtypes, symbolic dims), the largest relative error
+of OUT against IN in onnxruntime at two sizes of every symbolic dim, the weights' dtypes
+before and after, file sizes (external data included), peak RSS against the weights,
+seconds, what was written and the measured speedup line.
+
+    .venv/bin/python scripts/deployed_table.py /path/to/a.onnx /path/to/b.onnx ... [--out DIR]
+
+Models and outputs stay outside the repository; nothing here is run by the tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper
+
+SIZES = ({"batch": 1, "other": 16}, {"batch": 2, "other": 32})  # two sizes of each symbolic dim
+
+
+def interface(model) -> list:
+    inits = {t.name for t in model.graph.initializer}
+
+    def vi(v):
+        tt = v.type.tensor_type
+        dims = tuple(d.dim_param if d.dim_param else (d.dim_value if d.HasField("dim_value") else "?")
+                     for d in tt.shape.dim) if tt.HasField("shape") else None
+        return (v.name, tt.elem_type, dims)
+
+    return [[vi(v) for v in model.graph.input if v.name not in inits], [vi(v) for v in model.graph.output]]
+
+
+def weight_dtypes(model) -> dict[str, int]:
+    count = Counter()
+    for t in model.graph.initializer:
+        count[helper.tensor_dtype_to_np_dtype(t.data_type).name] += int(np.prod(t.dims)) if t.dims else 1
+    return dict(count)
+
+
+def file_bytes(path: Path) -> int:
+    data = Path(f"{path}.data")
+    return path.stat().st_size + (data.stat().st_size if data.exists() else 0)
+
+
+def feeds(model, sizes: dict, rng) -> dict:
+    inits = {t.name for t in model.graph.initializer}
+    out = {}
+    for v in model.graph.input:
+        if v.name in inits:
+            continue
+        tt = v.type.tensor_type
+        shape = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0
+                 else (sizes["batch"] if axis == 0 else sizes["other"])
+                 for axis, d in enumerate(tt.shape.dim)]
+        dtype = helper.tensor_dtype_to_np_dtype(tt.elem_type)
+        if np.issubdtype(dtype, np.integer):
+            # token ids and masks: small non-negative values every vocabulary holds
+            out[v.name] = (np.ones(shape, dtype) if "mask" in v.name else rng.integers(0, 100, shape).astype(dtype))
+        else:
+            out[v.name] = rng.standard_normal(shape).astype(dtype)
+    return out
+
+
+def max_rel_error(original: Path, written: Path) -> list[float]:
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    a = ort.InferenceSession(str(original), opts, providers=["CPUExecutionProvider"])
+    b = ort.InferenceSession(str(written), opts, providers=["CPUExecutionProvider"])
+    model = onnx.load(str(original), load_external_data=False)
+    errors = []
+    for sizes in SIZES:
+        f = feeds(model, sizes, np.random.default_rng(0))
+        worst = 0.0
+        for x, y in zip(a.run(None, f), b.run(None, f)):
+            x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+            peak = float(np.max(np.abs(x))) if x.size else 0.0
+            worst = max(worst, float(np.max(np.abs(x - y))) / peak if peak else float(np.max(np.abs(x - y), initial=0)))
+        errors.append(worst)
+    return errors
+
+
+def run(path: Path, out_dir: Path, taso_egg: str) -> dict:
+    out = out_dir / path.name
+    t0 = time.perf_counter()
+    proc = subprocess.run(["/usr/bin/time", "-v", taso_egg, "optimize", str(path), "-o", str(out)],
+                          capture_output=True, text=True)
+    seconds = time.perf_counter() - t0
+    rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr)
+    row = {"model": path.name, "rc": proc.returncode, "seconds": seconds,
+           "rss_gb": int(rss.group(1)) / 2**20 if rss else float("nan")}
+    original = onnx.load(str(path), load_external_data=False)
+    row["weights_gb"] = file_bytes(path) / 2**30
+    row["dtypes_before"] = weight_dtypes(original)
+    row["size_before"] = file_bytes(path)
+    wrote = [line for line in proc.stdout.splitlines() if line.startswith("wrote ")]
+    row["written"] = wrote[-1].split("(")[-1].rstrip(")") if wrote and "(" in wrote[-1] else "the extracted graph"
+    speed = [line for line in proc.stdout.splitlines() if line.startswith("speedup:")]
+    row["speedup"] = speed[0][len("speedup: "):][:90] if speed else ""
+    if proc.returncode != 0:
+        row["error"] = (proc.stderr.strip().splitlines() or [""])[-1][:160]
+        return row
+    written = onnx.load(str(out), load_external_data=False)
+    row["interface"] = interface(original) == interface(written)
+    row["dtypes_after"] = weight_dtypes(written)
+    row["size_after"] = file_bytes(out)
+    row["errors"] = max_rel_error(path, out)
+    return row
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("models", nargs="+", type=Path)
+    p.add_argument("--out", type=Path, default=None, help="folder for the written models (default: a temporary one)")
+    p.add_argument("--taso-egg", default=str(Path(sys.executable).with_name("taso-egg")))
+    args = p.parse_args(argv)
+    out_dir = args.out or Path(tempfile.mkdtemp(prefix="deployed-"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    print("| model | exit | interface identical | max rel err (batch 1, other 16 / batch 2, other 32) | weights before "
+          "-> after | MB before -> after | peak RSS GB (budget 2w+1) | s | written | speedup |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for path in args.models:
+        r = run(path, out_dir, args.taso_egg)
+        budget = 2 * r["weights_gb"] + 1
+        if r["rc"]:
+            print(f"| {r['model']} | {r['rc']} | - | - | {r['dtypes_before']} | {r['size_before'] / 1e6:.1f} | "
+                  f"{r['rss_gb']:.2f} ({budget:.2f}) | {r['seconds']:.0f} | {r.get('error', '')} | |", flush=True)
+            continue
+        same = "same" if r["dtypes_before"] == r["dtypes_after"] else f"{r['dtypes_before']} -> {r['dtypes_after']}"
+        errs = " / ".join(f"{e:.1e}" for e in r["errors"])
+        print(f"| {r['model']} | 0 | {'yes' if r['interface'] else 'NO'} | {errs} | {same} | "
+              f"{r['size_before'] / 1e6:.1f} -> {r['size_after'] / 1e6:.1f} | {r['rss_gb']:.2f} ({budget:.2f}) | "
+              f"{r['seconds']:.0f} | {r['written']} | {r['speedup']} |", flush=True)
+    print(f"written models in {out_dir}; weights = the input file(s) on disk")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""Bounded memory: a model's weights are read once into arrays that the imports, the
+candidates and the onnxruntime sessions share (``onnx_io.fed``); no model is
+serialized to bytes with its weights (protobuf refuses past 2 GB); large models are
+timed one session at a time; external data is written back as external data."""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from taso_egg import timing
+from taso_egg.cli import main
+
+RNG = np.random.default_rng(0)
+HIDDEN = 256  # weights of 64 KiB each: past fed.STUB_BYTES
+
+
+def _mlp(path, external: bool):
+    """Two matmuls of one input summed (merged into one by the rules), batch symbolic."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", HIDDEN])
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["a"]), helper.make_node("MatMul", ["x", "w2"], ["b"]),
+             helper.make_node("Add", ["a", "b"], ["c"]), helper.make_node("Relu", ["c"], ["y"])]
+    weights = [numpy_helper.from_array((RNG.standard_normal((64, HIDDEN)) * 0.1).astype(np.float32), name)
+               for name in ("w1", "w2")]
+    model = helper.make_model(helper.make_graph(nodes, "mlp", [x], [y], weights),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, path, save_as_external_data=external, location=f"{path.name}.weights", size_threshold=0)
+    return sum(w.raw_data.__len__() for w in weights)
+
+
+def test_no_model_is_serialized_with_its_weights(tmp_path, monkeypatch, capsys):
+    """Timing, the check at two sizes and writing give onnxruntime and protobuf the
+    model without its large weights: every SerializeToString of a ModelProto is far
+    smaller than the weights (on main, each session got the model serialized whole)."""
+    from taso_egg.verify import onnx_outputs
+
+    src = tmp_path / "in" / "model.onnx"
+    src.parent.mkdir()
+    weight_bytes = _mlp(src, external=True)
+    sizes = []
+    serialize = onnx.ModelProto.SerializeToString
+
+    def recorded(self, *args, **kwargs):
+        data = serialize(self, *args, **kwargs)
+        sizes.append(len(data))
+        return data
+
+    monkeypatch.setattr(onnx.ModelProto, "SerializeToString", recorded)
+    out = tmp_path / "out.onnx"
+    assert main(["optimize", str(src), "-o", str(out)]) == 0  # default measurement: timed, checked
+    text = capsys.readouterr().out
+    monkeypatch.undo()
+    assert "timing" in text or "measured" in text, text
+    assert sizes and max(sizes) < weight_bytes / 4, (max(sizes), weight_bytes)
+    # written back with external data, the interface kept, outputs equal at two batch sizes
+    raw = onnx.load(out, load_external_data=False)
+    assert (tmp_path / "out.onnx.data").is_file()
+    assert all(t.data_location == TensorProto.EXTERNAL for t in raw.graph.initializer if len(t.dims) > 1)
+    assert [d.dim_param for d in raw.graph.input[0].type.tensor_type.shape.dim] == ["batch", ""]
+    for batch in (1, 5):
+        feeds = {"x": RNG.standard_normal((batch, 64)).astype(np.float32)}
+        ref, got = onnx_outputs(onnx.load(src), feeds), onnx_outputs(onnx.load(out), feeds)
+        assert np.allclose(ref["y"], got["y"], rtol=1e-5, atol=1e-6)
+
+
+def test_imports_share_the_read_weights(tmp_path):
+    """A file is read into arrays once; the imports at both sizes hold those arrays,
+    not copies (on main every import copied every weight out of protobuf)."""
+    from taso_egg.dynamic import DynamicModel
+    from taso_egg.onnx_io.fed import FedModel
+    from taso_egg.onnx_io.importer import read_model_file
+
+    for external in (False, True):
+        path = tmp_path / f"model{external}.onnx"
+        _mlp(path, external)
+        model, is_external = read_model_file(path, fed=True)
+        assert isinstance(model, FedModel) and is_external == external
+        assert sorted(model.arrays) == ["w1", "w2"]
+        assert all(not t.raw_data for t in model.graph.initializer)
+        dyn = DynamicModel.load(model)
+        for graph in (dyn.graph, dyn.second_graph()):
+            held = {n.params["name"]: graph.weight_array(n) for n in graph.weights()}
+            assert all(held[k] is model.arrays[k] for k in ("w1", "w2"))
+
+
+def test_large_models_are_timed_one_session_at_a_time(tmp_path, monkeypatch):
+    """Past ``timing.COEXIST_BYTES`` of weights, each round builds, samples and frees
+    one session per model: never two alive at once, every model sampled every round."""
+    from taso_egg.onnx_io.importer import read_model_file
+
+    path = tmp_path / "model.onnx"
+    _mlp(path, external=False)
+    model, _ = read_model_file(path, fed=True)
+    alive, most = [], []
+    make = timing.make_session
+
+    def counted(*args, **kwargs):
+        session = make(*args, **kwargs)
+        alive.append(1)
+        most.append(len(alive))
+        weakref.finalize(session, alive.pop)
+        return session
+
+    monkeypatch.setattr(timing, "make_session", counted)
+    monkeypatch.setattr(timing, "COEXIST_BYTES", 0)
+    feeds = {"x": np.ones((2, 64), np.float32)}
+    runs = timing.ort_runs({"a": model, "b": model}, feeds, 3)
+    assert {k: len(v) for k, v in runs.items()} == {"a": 3, "b": 3}
+    assert len(most) == 6 and max(most) == 1
+    monkeypatch.setattr(timing, "COEXIST_BYTES", 1 << 40)  # small models: all alive together, as before
+    most.clear()
+    timing.ort_runs({"a": model, "b": model}, feeds, 3)
+    assert most == [1, 2]
+
+
+def test_fed_model_written_inline_is_the_model(tmp_path):
+    """Written tensor by tensor (no whole copy in protobuf), the file holds the bytes
+    protobuf writes for the model with its weights inside: the input's own bytes."""
+    from taso_egg.onnx_io.exporter import save_atomically
+    from taso_egg.onnx_io.fed import inline
+    from taso_egg.onnx_io.importer import read_model_file
+
+    path = tmp_path / "model.onnx"
+    _mlp(path, external=False)
+    model, _ = read_model_file(path, fed=True)
+    save_atomically(model, tmp_path / "out.onnx")
+    assert (tmp_path / "out.onnx").read_bytes() == path.read_bytes() == inline(model).SerializeToString()
