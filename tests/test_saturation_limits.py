@@ -160,8 +160,8 @@ def test_a_step_that_outgrows_its_count_stops_saturation_without_failing(monkeyp
     # should the rules apply more matches than were counted (the bound's premise), the
     # e-graph is still sound: saturation stops there, saying so, rather than failing
     step = sat_mod._step
-    monkeypatch.setattr(sat_mod, "_step", lambda egraph, ruleset, rules, per_match, room:
-                        step(egraph, ruleset, rules, per_match, 10 ** 9))  # as if every count fit
+    monkeypatch.setattr(sat_mod, "_step", lambda egraph, ruleset, rules, per_match, room, **kw:
+                        step(egraph, ruleset, rules, per_match, 10 ** 9, **kw))  # as if every count fit
     limits = Limits(nodes=3_000)
     sat = saturate(_shared_input_matmuls(30), limits=limits, count_classes=False)
     assert sat.enodes > limits.ceiling
