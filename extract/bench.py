@@ -23,8 +23,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ..cli_args import CommandParser
+from ..cli_args import CommandParser, add_option_arguments, options_from_args
 from ..errors import TasoEggError
+from ..options import ExtractionOptions
 from .egraph import EGraph, load_egraph
 from .ilp import DEFAULT_GAP_TOLERANCE
 from .registry import EXTRACTORS, extract
@@ -43,18 +44,23 @@ def default_data_dir() -> Path:
     return Path(env) if env else SHIPPED_DATA
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser(prog="python -m taso_egg.extract.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=None,
                         help="folder of egraph-serialize JSON files (default: $TASO_EGG_BENCH_DATA, "
                              "else the repository's tests/data/extraction-gym-tensat)")
-    parser.add_argument("--time-limit", type=float, default=60.0, metavar="S", help="per ILP run (default 60)")
+    add_option_arguments(parser, ExtractionOptions, flags={"time_limit": "--time-limit"}, only=("time_limit",))
     parser.add_argument("--instances", nargs="+", metavar="NAME", help="file names without .json (default: all)")
     parser.add_argument("--gap", type=float, default=None, metavar="PCT",
                         help=f"the ILP stops at this proven gap, in percent (default {100 * DEFAULT_GAP_TOLERANCE:g})")
     parser.add_argument("--extractors", nargs="+", choices=list(EXTRACTORS), default=list(EXTRACTORS))
     parser.add_argument("--chain", type=int, default=0, metavar="N", help="add a constructed chain of N classes")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    args.time_limit = options_from_args(args, ExtractionOptions, only=("time_limit",)).time_limit
     data = args.data or default_data_dir()
     try:
         rows = _run(data, args)

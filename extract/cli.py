@@ -10,21 +10,20 @@ import json
 import sys
 from pathlib import Path
 
+from ..cli_args import add_option_arguments, options_from_args
 from ..errors import ExtractionError, LimitError
 from ..files import check_writable, write_atomically
 from .egraph import load_egraph
 from .ilp import DEFAULT_GAP_TOLERANCE
-from .registry import EXTRACTORS, extract
+from ..options import ExtractionOptions
+from .registry import extract
 from .table import fmt_bound, fmt_gap, format_table
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("egraph", type=Path, help="egraph-serialize JSON file")
-    parser.add_argument("--extractor", choices=list(EXTRACTORS), default="greedy-dag")
-    parser.add_argument(
-        "--time-limit", type=float, default=None, metavar="S",
-        help="seconds for the ILP (default 60); tree and greedy-dag stop there with what they have",
-    )
+    # optimize's extractor and time limit; here --time-limit (nothing else is timed)
+    add_option_arguments(parser, ExtractionOptions, flags={"time_limit": "--time-limit"})
     parser.add_argument(
         "--gap", type=float, default=None, metavar="PCT",
         help=f"ILP only: stop once the proven gap is at most PCT percent "
@@ -38,9 +37,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.output is not None:
         check_writable(args.output, ExtractionError, inputs=[args.egraph])
+    options = options_from_args(args, ExtractionOptions)
     gap = None if args.gap is None else args.gap / 100
-    if gap is not None and args.extractor != "ilp":
-        raise ExtractionError(f"--gap applies to the ilp extractor only, not {args.extractor!r}")
+    if gap is not None and options.extractor != "ilp":
+        raise ExtractionError(f"--gap applies to the ilp extractor only, not {options.extractor!r}")
     if gap is not None and not 0 <= gap < 1:
         raise LimitError(f"--gap must be a percentage in [0, 100), got {args.gap:g}")
     egraph = load_egraph(args.egraph)
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: {negative} e-node(s) have negative costs: the ilp extractor is exact for them, "
               f"tree and greedy-dag are heuristics on shifted costs", file=sys.stderr)
     result = extract(
-        egraph, args.extractor, roots=args.roots, time_limit=args.time_limit, verbose=args.verbose,
+        egraph, options.extractor, roots=args.roots, time_limit=options.time_limit, verbose=args.verbose,
         gap_tolerance=gap,
     )
     print(format_table(

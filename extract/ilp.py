@@ -41,6 +41,7 @@ from typing import NamedTuple
 import highspy
 
 from ..errors import ExtractionError, LimitError
+from ..options import ExtractionOptions
 from .base import Extractor, Solution
 from .bounds import path_bound
 from .check import check_choice, used_classes
@@ -55,7 +56,6 @@ from .shrink import shrink
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TIME_LIMIT = 60.0
 DEFAULT_GAP_TOLERANCE = 1e-3  # stop at a proven gap of 0.1 % (see the module docstring)
 WARM_SHARE = 0.2  # of the time limit, at most, for greedy DAG in step 1
 SCOUT_SHARE = 0.05  # of the time limit, at most, for step 3
@@ -107,7 +107,7 @@ class IlpExtractor(Extractor):
         self.gap_tolerance = float(gap_tolerance)
 
     def solve(self, egraph: EGraph, roots: tuple[int, ...], time_limit: float | None) -> Solution:
-        limit = DEFAULT_TIME_LIMIT if time_limit is None else time_limit
+        limit = ExtractionOptions.time_limit if time_limit is None else time_limit
         start = time.perf_counter()
         deadline = start + limit
         self._presolve_until = deadline - PRESOLVE_SHARE * limit

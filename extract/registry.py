@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ..errors import ExtractionError
+from ..options import EXTRACTOR_NAMES, ExtractionOptions
 from .base import Extractor
 from .egraph import EGraph
 from .greedy_dag import GreedyDagExtractor
@@ -15,11 +16,13 @@ from .tree import TreeExtractor
 EXTRACTORS: dict[str, type[Extractor]] = {
     cls.name: cls for cls in (TreeExtractor, GreedyDagExtractor, IlpExtractor)
 }
+# the names every command offers are declared once, in options (below the commands)
+assert tuple(EXTRACTORS) == EXTRACTOR_NAMES, (tuple(EXTRACTORS), EXTRACTOR_NAMES)
 
 
 def extract(
     egraph: EGraph,
-    extractor: str = "greedy-dag",
+    extractor: str = ExtractionOptions.extractor,
     roots: Iterable[str] | None = None,
     time_limit: float | None = None,
     verbose: bool = False,

@@ -6,12 +6,14 @@ from .executor import random_inputs, run
 from .graph import Graph, Node, Tensor, new_graph
 from .onnx_io.exporter import export_onnx
 from .onnx_io.importer import load_onnx
+from .options import (CheckOptions, CostOptions, DecisionOptions, ExtractionOptions, Hooks, Limits,
+                      OptimizeOptions, SearchOptions)
 
 # Saturation and extraction need egglog and HiGHS; they load when first named, so that
 # the graph IR, the executor and the profiler run where those are not installed (the
 # GPU machine: scripts/gpu_run.sh).
 _LAZY = {"optimize": "api", "OptimizeResult": "api", "extract_graph": "api", "Extraction": "api",
-         "saturate": "egraph.saturate", "Saturation": "egraph.saturate", "Limits": "egraph.saturate"}
+         "saturate": "egraph.saturate", "Saturation": "egraph.saturate"}
 
 
 def __getattr__(name):
@@ -26,7 +28,9 @@ def __getattr__(name):
 
 __all__ = [
     "Graph", "Node", "Tensor", "new_graph", "run", "random_inputs", "load_onnx", "export_onnx",
-    "optimize", "OptimizeResult", "saturate", "Saturation", "Limits", "extract_graph", "Extraction",
+    "optimize", "OptimizeResult", "saturate", "Saturation", "extract_graph", "Extraction",
+    "OptimizeOptions", "Limits", "ExtractionOptions", "CostOptions", "DecisionOptions", "CheckOptions",
+    "SearchOptions", "Hooks",
     "TasoEggError", "ShapeError", "GraphError", "OnnxImportError", "ExportError",
     "ExecutionError", "VerificationError",
 ]

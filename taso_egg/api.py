@@ -17,14 +17,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from . import timing
-from .cost import DEFAULT_PROFILE, MIN_GAIN, CostModel, graph_cost, load_cost_model
+from .cost import CostModel, graph_cost, load_cost_model
 from .egraph.convert import build_graph
-from .egraph.pricing import ENodeConfigs, nested_concats, node_cost
-from .egraph.saturate import Limits, Saturation, saturate
-from .errors import ExtractionError, LimitError, TasoEggError
+from .egraph.pricing import priced_egraph
+from .egraph.saturate import Saturation, saturate, tensor_classes
+from .errors import ExtractionError
 from .executor import random_inputs
-from .extract.ilp import DEFAULT_TIME_LIMIT as ILP_TIME_LIMIT
 from .graph import Graph
+from .options import ExtractionOptions, Hooks, Limits, OptimizeOptions
 from .onnx_io.exporter import export_for_check, export_onnx, with_weights
 from .rules.lang import load_corpus
 from .verify import (LocalCheck, check_float32_proves_nothing, check_graphs_equivalent, check_locally,
@@ -32,14 +32,6 @@ from .verify import (LocalCheck, check_float32_proves_nothing, check_graphs_equi
 
 if TYPE_CHECKING:
     import onnx
-
-# The extractor of optimize and of `taso-egg optimize` unless told otherwise: the ILP
-# finds the cheapest DAG the e-graph holds (on NASNet-A 0.716 s of predicted cost
-# against greedy-dag's 0.911 s; scripts/fingerprint.py) and, when its time limit
-# (ILP_TIME_LIMIT unless given) runs out, keeps the best graph found so far. greedy-dag
-# is faster and stays the choice where speed matters more (the runtime form's fusions).
-DEFAULT_EXTRACTOR = "ilp"
-
 
 @dataclass
 class Extraction:
@@ -113,6 +105,8 @@ class OptimizeResult:
     # what was checked in onnxruntime: an ONNX model, or the ``export_for_check`` pair
     # (model, weights fed) that ``exported`` turns into one when it is first read
     checked: tuple | onnx.ModelProto | None = field(default=None, repr=False)
+    # the e-class of each tensor of the extracted graph (``Extraction.classes``)
+    result_classes: dict | None = field(default=None, repr=False)
 
     @property
     def exported(self) -> onnx.ModelProto | None:
@@ -129,7 +123,7 @@ class OptimizeResult:
         return self.cost_before / self.cost_after if self.cost_after > 0 else math.inf
 
 
-def extract_graph(saturation: Saturation, extractor: str = DEFAULT_EXTRACTOR,
+def extract_graph(saturation: Saturation, extractor: str = ExtractionOptions.extractor,
                   cost_model: CostModel | None = None, time_limit: float | None = None) -> Extraction:
     """Pick the cheapest graph in a saturated e-graph (DAG cost) and rebuild it: price
     every e-node, run the extractor (``time_limit`` seconds; the ILP's default when
@@ -150,68 +144,21 @@ def extract_graph(saturation: Saturation, extractor: str = DEFAULT_EXTRACTOR,
                       [node for _, node in picks], classes, time.process_time() - cpu_start)
 
 
-def priced_egraph(saturation: Saturation, model: CostModel):
-    """The saturated e-graph as the extractors take it (``extract.egraph.EGraph``), each
-    e-node priced by ``model``; e-nodes that cannot run (no known input shape) are
-    left out. Also the ``ENodeConfigs`` that priced them."""
-    from .extract import egraph as xeg
-
-    configs = ENodeConfigs(saturation)
-    eg = configs.eg
-    class_ids = list(eg.classes)
-    index = {c: i for i, c in enumerate(class_ids)}
-    node_ids, node_class, costs, children, ops, concat_axis = [], [], [], [], [], []
-    for cid, nodes in eg.classes.items():
-        for n in nodes:
-            c = node_cost(n, configs, model)
-            if not math.isfinite(c) or any(ch not in index for ch in n.children):
-                continue
-            node_ids.append(n.id)
-            node_class.append(index[cid])
-            costs.append(c)
-            children.append(tuple(index[ch] for ch in n.children))
-            ops.append(n.op)
-            concat_axis.append(n.params["axis"] if n.op == "concat" else None)
-    roots = [index[r] for r in eg.roots]
-    return xeg.EGraph(class_ids, node_ids, node_class, costs, children, roots, ops, "saturation",
-                      absorbers=nested_concats(node_class, children, concat_axis)), configs
-
-
-# An upper bound on ``measure``: each run times both graphs once more; past a few
-# hundred interleaved runs the median no longer moves, only the wait grows.
-MAX_MEASURE = 200
-
-
-def check_optimize_arguments(min_gain: float, measure: int, extract_time_limit: float | None) -> None:
-    """What ``optimize`` refuses, checked alone (the CLI calls it before loading anything)."""
-    if not 0 <= min_gain < 1:
-        raise TasoEggError(f"min_gain (--min-gain) must be a fraction in [0, 1), got {min_gain!r}")
-    check_measure(measure)
-    if extract_time_limit is not None and not extract_time_limit > 0:
-        raise LimitError(f"extract_time_limit (--extract-time-limit) must be a positive number "
-                         f"of seconds, got {extract_time_limit!r}")
-
-
-def check_measure(runs) -> None:
-    """LimitError unless ``runs`` is a number of measured runs from 0 to MAX_MEASURE."""
-    if not (isinstance(runs, int) and 0 <= runs <= MAX_MEASURE):
-        raise LimitError(f"measure (--measure) must be a number of runs from 0 to {MAX_MEASURE}, "
-                         f"got {runs!r}")
-
-
-def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: str = DEFAULT_EXTRACTOR,
-             cost_model: CostModel | None = None, progress=None, verify: bool = True,
-             seed: int = 0, profile: str = DEFAULT_PROFILE, min_gain: float = MIN_GAIN,
-             measure: int = 0, extract_time_limit: float | None = None, phase=None,
-             measure_progress=None, reference=None) -> OptimizeResult:
+def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None, hooks: Hooks | None = None,
+             reference=None) -> OptimizeResult:
     """Saturate, extract, decide what to return, and check what is returned.
 
-    Costs come from ``cost_model`` when given, else from ``profile`` (a shipped profile's
-    name, a profile path, or "analytic"; see ``taso_egg.cost.load_cost_model``).
+    ``options`` (``taso_egg.options.OptimizeOptions``, every default in one place) say
+    how, stage by stage: ``limits`` bound saturation; ``extraction`` names the extractor
+    and its time limit; ``costs`` give the cost model (``model``, an object) or
+    ``profile`` (a shipped profile's name, a profile path, or "analytic"; see
+    ``taso_egg.cost.load_cost_model``); ``decision`` says how many runs to time
+    (``measure``) and, without timing, the predicted gain that must be passed
+    (``min_gain``); ``check`` whether to check (``verify``) and the random inputs' seed.
     ``rules`` default to the proved corpus. Without measurement the result replaces the
     input only when its predicted cost is lower by more than ``min_gain`` (a fraction):
     smaller predicted gains are within the cost model's error and measured as often
-    slower as faster. With ``measure`` > 0 (at most MAX_MEASURE) the candidates below are
+    slower as faster. With ``measure`` > 0 (the default) the candidates below are
     exported and timed in onnxruntime (``measure`` interleaved runs each) instead.
 
     Three candidates are weighed (``OptimizeStats.chosen``): the original model as
@@ -235,31 +182,36 @@ def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: 
     (float64, tracked exponents), only its changed regions, each on the input's own
     tensors at its boundary (``verify.check_locally``).
 
-    ``extract_time_limit`` bounds the extractor in seconds (the ILP's default,
-    ILP_TIME_LIMIT, when None). ``progress(iteration_stats)`` is called after each
-    saturation iteration, ``phase(message)`` when a later phase starts (and with notes),
-    and ``measure_progress(done, total)`` after each measured run."""
-    check_optimize_arguments(min_gain, measure, extract_time_limit)
-    phase = phase or (lambda message: None)
-    model = cost_model or load_cost_model(profile)
+    ``hooks`` (``taso_egg.options.Hooks``) report progress: ``progress(iteration_stats)``
+    after each saturation iteration, ``phase(message)`` when a later phase starts (and
+    with notes), and ``measure_progress(done, total)`` after each measured run."""
+    options = options or OptimizeOptions()
+    hooks = hooks or Hooks()
+    progress, measure_progress = hooks.progress, hooks.measure_progress
+    phase = hooks.phase or (lambda message: None)
+    extraction, decide, seed = options.extraction, options.decision, options.check.seed
+    model = options.costs.model or load_cost_model(options.costs.profile)
     graph.validate()
     t0 = time.perf_counter()
     rules = tuple(load_corpus() if rules is None else rules)
+    limits = options.limits
+    phase(f"saturating with {len(rules)} rules (limits: {limits.nodes} e-nodes, {limits.iterations} iterations, "
+          f"{limits.seconds:g} s, multi-pattern iterations {limits.multi_iterations})")
     # Counting e-classes serializes the e-graph: per iteration only for a progress display.
-    sat = saturate(graph, rules=rules, limits=limits, progress=progress, count_classes=progress is not None)
-    phase(f"extracting ({extractor}"
-          + (f", time limit {extract_time_limit:g} s)" if extract_time_limit else ")"))
-    ext = extract_graph(sat, extractor, model, extract_time_limit)
+    sat = saturate(graph, rules=rules, limits=options.limits, progress=progress,
+                   count_classes=progress is not None)
+    phase(f"extracting ({extraction.extractor}, time limit {extraction.time_limit:g} s)")
+    ext = extract_graph(sat, extraction.extractor, model, extraction.time_limit)
     before, after = runtime_cost(graph, rules, model), graph_cost(ext.graph, model)
     # Decide first, check what is returned: a result that is not returned needs no
     # check (timing an unchecked candidate writes nothing).
-    decision = _decide(graph, ext.graph, before, after, min_gain, measure, phase, measure_progress,
-                       reference)
+    decision = _decide(graph, ext.graph, before, after, decide.min_gain, decide.measure, phase,
+                       measure_progress, reference)
     # The returned graph is checked once: in onnxruntime (float32) where that proves
     # something, else in our executor (float64, tracked exponents).
     t_check = time.perf_counter()
     checked, ort, check, check_error, local = None, None, "", None, None
-    if verify and decision.chosen != "original":
+    if options.check.verify and decision.chosen != "original":
         ort, written = _check_in_onnxruntime(graph, decision.graph, reference, phase, decision.exported, seed)
         if ort.error is not None:
             check = "onnxruntime"
@@ -282,7 +234,7 @@ def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: 
         iterations=len(sat.iterations),
         enodes=sat.enodes,
         eclasses=sat.iterations[-1].eclasses if progress is not None else sat.eclasses(),
-        extractor=extractor,
+        extractor=extraction.extractor,
         extractor_status=ext.status,
         ops_before=graph.op_counts(runtime_only=True),
         ops_after=decision.graph.op_counts(runtime_only=True),
@@ -303,7 +255,7 @@ def optimize(graph: Graph, rules=None, limits: Limits | None = None, extractor: 
     )
     cost_after = after if decision.graph is ext.graph else before
     return OptimizeResult(decision.graph, graph, before, cost_after, getattr(model, "name", "cost model"),
-                          stats, sat, checked)
+                          stats, sat, checked, ext.classes)
 
 
 def _check_numerically(graph: Graph, sat: Saturation, ext: Extraction, seed: int, phase,
@@ -318,24 +270,6 @@ def _check_numerically(graph: Graph, sat: Saturation, ext: Extraction, seed: int
     phase(f"checking the extracted graph in our executor (float64, changed regions): {why}")
     local = check_locally(graph, ext.graph, tensor_classes(sat), ext.classes, seed=seed, outputs=True)
     return "regions", local.error, local
-
-
-def tensor_classes(saturation: Saturation) -> dict:
-    """The e-class of each tensor of the saturated graph, ``(node id, output index) ->
-    class id``: the e-graph serialized once more with every tensor's variable as a
-    root (class ids are the same in every serialization of an unchanged e-graph)."""
-    import json
-
-    from egglog.bindings import PanicSpan, Var
-
-    span = PanicSpan()
-    tensor_vars = saturation.program.tensor_vars
-    data = json.loads(saturation.egraph.serialize([Var(span, v) for v in tensor_vars.values()]).to_json())
-    roots = data.get("root_eclasses", [])
-    if len(roots) != len(tensor_vars):
-        raise ExtractionError(f"serialized e-graph: {len(roots)} root classes for the input's "
-                              f"{len(tensor_vars)} tensors")
-    return dict(zip(tensor_vars, roots))
 
 
 @dataclass

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from .cli_args import CommandParser
+from .errors import TasoEggError
 
 # Tensat's search seconds for TASO's models (Yang et al. 2021, Table 2; V100 host).
 TENSAT_SECONDS = {"bert": 1.4, "resnext50": 0.7, "nasnet-a": 10.6, "nasrnn": 0.5,
@@ -32,9 +33,10 @@ ZOO_DEFAULT = ("bert", "nasrnn")
 MB = 1 << 20
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     from . import zoo
-    from .cli_args import add_limit_arguments
+    from .cli_args import add_optimize_arguments
+    from .options import DAG_EXTRACTORS
 
     p = CommandParser(prog="python -m taso_egg.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -44,26 +46,35 @@ def main(argv=None) -> int:
     p.add_argument("--bert-layers", nargs="+", type=int, metavar="N",
                    help="also TASO's BERT with N layers (each a row)")
     p.add_argument("--onnx", metavar="DIR", help="benchmark every *.onnx file of DIR instead")
-    p.add_argument("--extractors", nargs="+", default=["greedy-dag", "ilp"])
+    p.add_argument("--extractors", nargs="+", default=list(DAG_EXTRACTORS),
+                   help="zoo models: a row per extractor (default: %(default)s); --onnx takes --extractor")
     p.add_argument("--corpora", nargs="+", default=["default"], metavar="CORPUS",
                    help="rule corpora, a row each, interleaved per model: 'default' (what "
                         "optimize loads), 'hand' (the hand rules alone), 'generated' (the shipped "
                         "generated rules alone), or a generated rule file's path (the hand rules "
                         "and that file's proved rules, in place of the shipped generated ones)")
-    add_limit_arguments(p)
-    p.add_argument("--profile", default="cpu-ort", help="cost profile name or path, or 'analytic'")
-    p.add_argument("--measure", type=int, default=9,
-                   help="--onnx: interleaved runs per candidate, in optimize and in the table")
+    # optimize's own options and defaults; zoo rows time nothing (measure 0), --onnx rows
+    # run as `taso-egg optimize` does and time the written model with --measure runs too
+    add_optimize_arguments(p)
     p.add_argument("--kernel-shares", action="store_true",
                    help="--onnx: also print where onnxruntime spends the original's kernel time, "
                         "by operator as it runs them after its own fusions (what any rewrite "
                         "can win at most)")
+    return p
+
+
+def main(argv=None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     from .generator.derive import is_corpus
 
     for corpus in args.corpora:
         if corpus == "axioms" or not is_corpus(corpus):  # the axioms both ways are no corpus to optimize with
             p.error(f"--corpora: {corpus!r} is neither 'default', 'hand', 'generated' nor a rule file")
+    try:
+        _optimize_options(vars(args))  # out-of-range options: one line before any work
+    except TasoEggError as e:
+        p.error(str(e))
     if args.onnx:
         return _onnx_table(args)
     models = [(name, {}) for name in (args.models or ([] if args.bert_layers else ZOO_DEFAULT))]
@@ -132,7 +143,6 @@ def _corpus(corpus: str) -> list:
 def _zoo_row(name: str, kwargs: dict, extractor: str, corpus: str, options: dict) -> dict:
     from . import zoo
     from .api import optimize
-    from .cli_args import limits_from_args
 
     t0 = time.perf_counter()
     build = zoo.MODELS["bert" if name.startswith("bert-L") else name]
@@ -141,8 +151,7 @@ def _zoo_row(name: str, kwargs: dict, extractor: str, corpus: str, options: dict
     load = time.perf_counter() - t0
     weights = sum(n.outputs[0].size for n in g.weights()) * 4
     t0, cpu0 = time.perf_counter(), time.process_time()
-    r = optimize(g, rules=rules, limits=limits_from_args(argparse.Namespace(**options)),
-                 extractor=extractor, profile=options["profile"], measure=0)
+    r = optimize(g, rules=rules, options=_optimize_options(options, extractor=extractor, measure=0))
     total, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     st = r.stats
     return {"rules": len(rules), "nodes": len(g.nodes), "enodes": st.enodes, "iterations": st.iterations, "load": load,
@@ -155,6 +164,7 @@ def _zoo_row(name: str, kwargs: dict, extractor: str, corpus: str, options: dict
 # --- real exports --------------------------------------------------------------------------
 
 def _onnx_table(args) -> int:
+    measure = _optimize_options(vars(args)).decision.measure
     files = sorted(Path(args.onnx).glob("*.onnx"))
     if not files:
         print(f"error: {args.onnx}: no *.onnx files", file=sys.stderr)
@@ -166,7 +176,7 @@ def _onnx_table(args) -> int:
         label = _corpus_label(corpus)
         with context.Pool(1) as pool:
             try:
-                row = pool.apply(_onnx_row, (str(path), args.extractors[-1], corpus, vars(args)))
+                row = pool.apply(_onnx_row, (str(path), corpus, vars(args)))
             except Exception as e:  # one bad file is a row, not the end of the table
                 print(f"{path.name:<28}{label:<10}  failed: {type(e).__name__}: {e}", flush=True)
                 continue
@@ -180,43 +190,42 @@ def _onnx_table(args) -> int:
     print(f"opaque = ONNX nodes our table does not cover (carried through unchanged); predicted = the "
           f"cost model's speedup of the extracted result over the input as a runtime runs it (what "
           f"optimize's decision weighs); result = its speedup as optimize measured it "
-          f"(onnxruntime, one thread, median of {args.measure} interleaved runs; - when it computes "
+          f"(onnxruntime, one thread, median of {measure} interleaved runs; - when it computes "
           f"what the input does); 1/2 threads = the written model against the original file, "
-          f"onnxruntime ORT_ENABLE_ALL, median of {args.measure} interleaved runs (same: the original "
+          f"onnxruntime ORT_ENABLE_ALL, median of {measure} interleaved runs (same: the original "
           f"was written); written = the candidate optimize wrote (original, re-export or result); max "
           f"rel err = the check of the written model against the original (- when it is the original)")
     return 0
 
 
-def _onnx_row(path: str, extractor: str, corpus: str, options: dict) -> dict:
+def _onnx_row(path: str, corpus: str, options: dict) -> dict:
     from . import timing
-    from .api import optimize
-    from .cli_args import limits_from_args
     from .executor import random_inputs
-    from .onnx_io.exporter import export_onnx
-    from .onnx_io.importer import load_onnx, read_model, upgraded
+    from .onnx_optimize import OnnxInput, optimize_onnx
 
-    reference = upgraded(read_model(path))  # what onnxruntime runs as the original
-    g = load_onnx(reference)
+    source = OnnxInput.read(path)  # symbolic dims at optimize's default sizes
+    reference = source.dynamic.reference  # what onnxruntime runs as the original
     t0 = time.perf_counter()
-    r = optimize(g, rules=_corpus(corpus), limits=limits_from_args(argparse.Namespace(**options)), extractor=extractor,
-                 profile=options["profile"], measure=options["measure"], reference=reference)
+    optimize_options = _optimize_options(options)
+    measure = optimize_options.decision.measure
+    out = optimize_onnx(source, rules=_corpus(corpus), options=optimize_options)
     seconds = time.perf_counter() - t0
+    r = out.result
     st = r.stats
     speedups = {1: None, 2: None}
-    feeds = random_inputs(g)
-    if st.chosen != "original":  # else the file written is the original's bytes
-        written = r.exported if r.exported is not None else export_onnx(r.graph)
+    feeds = random_inputs(source.dynamic.graph)
+    if out.chosen != "original":  # else the file written is the original's bytes
+        written = out.model
         for threads in speedups:
-            runs = timing.ort_runs({"original": reference, "written": written}, feeds,
-                                   options["measure"], threads=threads)
+            runs = timing.ort_runs({"original": reference, "written": written}, feeds, measure,
+                                   threads=threads)
             speedups[threads] = statistics.median(runs["original"]) / statistics.median(runs["written"])
     ms = st.measured_ms or {}
     return {"nodes": len(reference.graph.node), "opaque": st.ops_before.get("opaque", 0),
             "seconds": seconds, "predicted": r.cost_before / st.extracted_cost if st.extracted_cost else 1.0,
             "result": ms["original"] / ms["result"] if "result" in ms and "original" in ms else None,
             "speedup1": speedups[1], "speedup2": speedups[2], "error": _error(st),
-            "chosen": st.chosen, "rss_mb": _peak_rss_mb(),
+            "chosen": out.chosen, "rss_mb": _peak_rss_mb(),
             "shares": _kernel_shares(reference, feeds) if options["kernel_shares"] else []}
 
 
@@ -237,6 +246,21 @@ def _kernel_shares(model, feeds, runs: int = 10, shown: int = 6) -> list[tuple[s
 
 
 # --- helpers -------------------------------------------------------------------------------
+
+def _optimize_options(parsed: dict, extractor: str | None = None, measure: int | None = None):
+    """The ``OptimizeOptions`` of the parsed command line (a dict, as a worker process
+    gets it), with a row's extractor or measured runs in place of the command's."""
+    from dataclasses import replace
+
+    from .cli_args import optimize_options_from_args
+
+    options = optimize_options_from_args(argparse.Namespace(**parsed))
+    if extractor is not None:
+        options = replace(options, extraction=replace(options.extraction, extractor=extractor))
+    if measure is not None:
+        options = replace(options, decision=replace(options.decision, measure=measure))
+    return options
+
 
 def _error(stats) -> float | None:
     """The relative error of the check that ran (onnxruntime's or our executor's)."""

@@ -10,24 +10,41 @@ import math
 import signal
 import sys
 
-from .cli_args import CommandParser, add_input_shape_argument, add_limit_arguments, limits_from_args, parse_input_shapes
-from .cost import MIN_GAIN
+from .cli_args import (CommandParser, add_input_shape_argument, add_optimize_arguments, optimize_options_from_args,
+                       parse_input_shapes)
 from .errors import ExportError, NotModelled, TasoEggError
+from .onnx_io.symbolic import DEFAULT_LEADING, DEFAULT_OTHER
+from .options import Hooks
 
 
 def _add_model_args(p) -> None:
     p.add_argument("model", help="ONNX file")
-    add_input_shape_argument(p, "fix a symbolic input dimension (repeatable); naming no input, or "
-                                "changing a dimension the model fixes, is an error")
+    add_input_shape_argument(p, f"the sizes to price, saturate and time a model with symbolic dims at "
+                                f"(repeatable); symbolic dims not given are {DEFAULT_LEADING} where they "
+                                f"lead an input (a batch) and {DEFAULT_OTHER} elsewhere, one size per "
+                                f"dim name; the written model keeps its symbolic dims unless "
+                                f"--fix-shapes. Naming no input, changing a dimension the model fixes, "
+                                f"or giving one input or one dim name two sizes is an error")
+
+
+def _add_fix_shapes(p) -> None:
+    p.add_argument("--fix-shapes", action="store_true",
+                   help="write the model with its symbolic dims fixed at the sizes above (without it "
+                        "they stay symbolic, and the written model is checked at two sizes of each)")
 
 
 def _cmd_inspect(args) -> int:
+    from .dynamic import DynamicModel
     from .onnx_io.counts import describe
-    from .onnx_io.importer import load_onnx, read_model, upgraded
+    from .onnx_io.importer import read_model, upgraded
+    from .onnx_io.symbolic import describe_sizes
 
     original = read_model(args.model)
-    g = load_onnx(upgraded(original), parse_input_shapes(args.input_shape))
+    dyn = DynamicModel.load(upgraded(original), parse_input_shapes(args.input_shape))
+    g = dyn.graph
     print(f"{args.model}: {describe(original)}; opset {g.opset}")
+    if dyn.symbolic:
+        print(f"  symbolic dims, sized here at: {describe_sizes(dyn.first)}")
     print("  inputs : " + ", ".join(f"{n.params['name']} {n.outputs[0]}" for n in g.inputs()))
     print("  outputs: " + ", ".join(f"{name} {t.type}" for name, t in g.outputs))
     print(f"  weights: {len(g.weights())}")
@@ -49,59 +66,58 @@ def _cmd_inspect(args) -> int:
 def _cmd_convert(args) -> int:
     """Load, export, and check that onnxruntime computes the same on both files."""
 
+    from .dynamic import DynamicModel, write_symbolic
     from .executor import random_inputs
     from .files import check_writable
     from .onnx_io.counts import describe
     from .onnx_io.exporter import export_onnx, save_atomically
-    from .onnx_io.importer import load_onnx, read_model_file, upgraded
+    from .onnx_io.importer import read_model_file, upgraded
+    from .onnx_optimize import at_sizes
     from .verify import compare_outputs, onnx_outputs
 
     shapes = parse_input_shapes(args.input_shape)
     check_writable(args.output, ExportError, inputs=[args.model])
     original, external = read_model_file(args.model)
-    reference = upgraded(original)
-    g = load_onnx(reference, shapes)
-    model = export_onnx(g)
-    feeds = random_inputs(g)
-    err = compare_outputs(onnx_outputs(reference, feeds), onnx_outputs(model, feeds),
-                          what="exported model")
+    dyn = DynamicModel.load(upgraded(original), shapes)
+    if dyn.symbolic and not args.fix_shapes:
+        written = write_symbolic(dyn, dyn.graph)
+        if written.model is None:
+            raise TasoEggError(f"{args.model}: it cannot be written back with its symbolic dims: "
+                               f"{written.why} (--fix-shapes writes it with them fixed)")
+        model, agree = written.model, at_sizes(written.errors)
+    else:
+        model = export_onnx(dyn.graph)
+        feeds = random_inputs(dyn.graph)
+        agree = f"{compare_outputs(onnx_outputs(dyn.reference, feeds), onnx_outputs(model, feeds), what='exported model'):.2g}"
     summary = describe(model)
     save_atomically(model, args.output, external_data=external)
     print(f"wrote {args.output}: {summary} (input: {describe(original)}); "
-          f"outputs agree within {err:.2g} relative")
+          f"outputs agree within {agree} relative")
     return 0
 
 
 def _cmd_optimize(args) -> int:
     # Everything a user can get wrong is checked before anything heavy loads.
-    from .api import check_optimize_arguments
     from .cost import load_cost_model
     from .files import check_writable
+    from .onnx_optimize import OnnxInput, optimize_onnx
     from .rules.lang import blame_user_rules, load_corpus, load_user_rules
-    from .onnx_io.importer import load_onnx, read_model_file, upgraded
 
-    limits = limits_from_args(args)
-    check_optimize_arguments(args.min_gain, args.measure, args.extract_time_limit)
+    options = optimize_options_from_args(args)
     shapes = parse_input_shapes(args.input_shape)
     check_writable(args.output, ExportError, inputs=[args.model])
-    load_cost_model(args.profile)  # loaded again (cached) where it is used
+    load_cost_model(options.costs.profile)  # loaded again (cached) where it is used
     extra = load_user_rules(args.rules or (), args.allow_unproved)
     try:
-        original, external = read_model_file(args.model)
+        source = OnnxInput.read(args.model, shapes)
     except NotModelled as e:  # a valid model, but not one the table models: carried whole
         return _write_unchanged(args.model, args.output, e)
-    reference = upgraded(original)  # what onnxruntime runs as the original
-    g = load_onnx(reference, shapes)
 
-    from .api import optimize
     from .onnx_io.counts import describe, format_table, operator_counts
     from .onnx_io.exporter import save_atomically
 
     rules = load_corpus() + extra
     say = _stderr_line
-    say(f"{args.model}: {describe(original)}; {len(rules)} rules; saturating (limits: "
-        f"{limits.nodes} e-nodes, {limits.iterations} iterations, {limits.seconds:g} s, "
-        f"multi-pattern iterations {limits.multi_iterations})")
 
     applied = set()  # rules that matched, to name the user's when the check fails
 
@@ -112,20 +128,15 @@ def _cmd_optimize(args) -> int:
             f"{it.seconds:6.2f} s  " + ", ".join(f"{k} x{v}" for k, v in top))
 
     with _Rounds("timing") as rounds, blame_user_rules(extra, applied):
-        result = optimize(g, rules=rules, limits=limits, extractor=args.extractor, progress=progress,
-                          profile=args.profile, min_gain=args.min_gain, measure=args.measure,
-                          extract_time_limit=args.extract_time_limit, phase=say,
-                          measure_progress=rounds.update, reference=reference)
-    # the original's bytes only when it measured fastest (or nothing paid and nothing
-    # was measured); else the re-export or the result, as optimize exported it and
-    # checked it in onnxruntime against the input
-    chosen = result.stats.chosen
-    model = original if chosen == "original" else result.exported
-    _print_summary(result)
-    print(format_table(operator_counts(original), operator_counts(model)))
-    save_atomically(model, args.output, external_data=external)
-    print(f"wrote {args.output}: {describe(model)}"
-          + (f" ({_CANDIDATE_NAMES[chosen]})" if chosen != "result" else ""))
+        out = optimize_onnx(source, rules=rules, options=options, fix_shapes=args.fix_shapes,
+                            hooks=Hooks(progress=progress, phase=say, measure_progress=rounds.update))
+    _print_summary(out.result)
+    for note in out.notes:
+        print(note)
+    print(format_table(operator_counts(out.original), operator_counts(out.model)))
+    save_atomically(out.model, args.output, external_data=out.external_data)
+    print(f"wrote {args.output}: {describe(out.model)}"
+          + (f" ({_CANDIDATE_NAMES[out.chosen]})" if out.chosen != "result" else ""))
     return 0
 
 
@@ -249,8 +260,6 @@ PLUGGED_COMMANDS = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .api import DEFAULT_EXTRACTOR, ILP_TIME_LIMIT
-
     parser = CommandParser(prog="taso-egg", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="show debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -261,34 +270,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("convert", help="import and re-export an ONNX model, checked in onnxruntime")
     _add_model_args(p)
+    _add_fix_shapes(p)
     p.add_argument("-o", "--output", required=True)
     p.set_defaults(func=_cmd_convert)
 
     p = sub.add_parser("optimize", help="saturate, extract the cheapest graph, check it, write ONNX")
     _add_model_args(p)
+    _add_fix_shapes(p)
     p.add_argument("-o", "--output", required=True)
-    p.add_argument("--extractor", default=DEFAULT_EXTRACTOR, choices=["ilp", "greedy-dag", "tree"])
-    add_limit_arguments(p)
-    p.add_argument("--extract-time-limit", type=float, default=ILP_TIME_LIMIT, metavar="S",
-                   help=f"stop the extractor after S seconds (default {ILP_TIME_LIMIT:g}; the ILP "
-                        f"then keeps its best graph so far)")
+    add_optimize_arguments(p)
     p.add_argument("--rules", action="append", metavar="FILE",
                    help="extra .rules file (repeatable); its rules must carry proof records "
                         "(taso-egg rules verify FILE writes them)")
     p.add_argument("--allow-unproved", action="store_true",
                    help="apply --rules' rules that are not proved (the check still guards the result)")
-    p.add_argument("--measure", type=int, default=5, metavar="N",
-                   help="time the original, its re-export and the result N times each in "
-                        "onnxruntime (interleaved, at most 200) and write the fastest that beats the "
-                        "original in more runs than chance allows (a sign test: N >= 5 for any to "
-                        "replace it; default 5); 0: skip, and the result is written on its predicted "
-                        "gain, else the original")
-    p.add_argument("--min-gain", type=float, default=MIN_GAIN, metavar="F",
-                   help=f"without --measure, keep the original unless the predicted cost drops by "
-                        f"more than this fraction (default {MIN_GAIN}: the cost model's measured "
-                        f"error on speedups)")
-    p.add_argument("--profile", default="cpu-ort",
-                   help="cost profile: a shipped name (cpu-ort, cpu-numpy), a file, or 'analytic'")
     p.set_defaults(func=_cmd_optimize)
 
     p = sub.add_parser("zoo", help="write one of TASO's benchmark graphs (builder-made) as ONNX")

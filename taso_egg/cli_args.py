@@ -1,6 +1,7 @@
 """Command-line pieces the commands share (``taso-egg`` and the commands plugged into
 it), below all of them so that none imports another's module: ``--input-shape``, and
-the saturation limits' options made from the ``Limits`` dataclass."""
+the options made from the dataclasses of ``taso_egg.options`` (their flags, help and
+defaults are declared there, once)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import argparse
 import dataclasses
 
 from .errors import TasoEggError
+from .options import Limits, OptimizeOptions
 
 
 class CommandParser(argparse.ArgumentParser):
@@ -51,30 +53,72 @@ def parse_input_shapes(items) -> dict[str, tuple[int, ...]]:
     for item in items or ():
         name, _, dims = item.partition("=")
         try:
-            shapes[name] = tuple(int(d) for d in dims.replace("x", ",").split(",") if d)
+            shape = tuple(int(d) for d in dims.replace("x", ",").split(",") if d)
         except ValueError:
             raise TasoEggError(f"--input-shape {item!r}: expected NAME=D1,D2,... (e.g. x=1,3,224,224)")
-        if not name or not shapes[name]:
+        if not name or not shape:
             raise TasoEggError(f"--input-shape {item!r}: expected NAME=D1,D2,...")
+        if shapes.get(name, shape) != shape:
+            raise TasoEggError(f"--input-shape gives input {name!r} two shapes: "
+                               f"{','.join(map(str, shapes[name]))} and {','.join(map(str, shape))}")
+        shapes[name] = shape
     return shapes
 
 
+def add_option_arguments(p, options_class, flags: dict[str, str] | None = None, only=None) -> None:
+    """One option per flagged field of an options dataclass (``taso_egg.options``): its
+    flag (``flags`` renames one for a command where the usual flag means something
+    else), help, type, choices and default from the field. ``only`` picks fields by
+    name. Read them back with ``options_from_args``."""
+    for f in _flagged(options_class, only):
+        flag = (flags or {}).get(f.name, f.metadata["flag"])
+        extra = dict(f.metadata["argparse"])
+        if "choices" not in extra:
+            extra.setdefault("metavar", flag.lstrip("-").upper().replace("-", "_"))
+        action = p.add_argument(flag, type=type(f.default),
+                                default=f.default, dest=_dest(options_class, f),
+                                help=f.metadata["help"].format(default=f.default), **extra)
+        action.option_field = (options_class, f.name)  # what tests/test_options.py holds equal
+
+
+def options_from_args(args, options_class, only=None, **fixed):
+    """The ``options_class`` that ``add_option_arguments``' options ask for (its
+    ``__post_init__`` raises a one-line error if a value is out of range); ``fixed``
+    sets fields that have no option."""
+    values = {f.name: getattr(args, _dest(options_class, f)) for f in _flagged(options_class, only)}
+    return options_class(**values, **fixed)
+
+
+def add_optimize_arguments(p) -> None:
+    """Every option of ``OptimizeOptions`` that has a flag (``bench --onnx`` shares them)."""
+    for options_class in _optimize_stages().values():
+        add_option_arguments(p, options_class)
+
+
+def optimize_options_from_args(args) -> OptimizeOptions:
+    """The ``OptimizeOptions`` that ``add_optimize_arguments``' options ask for (a
+    one-line error, before anything loads, when one is out of range)."""
+    return OptimizeOptions(**{stage: options_from_args(args, cls) for stage, cls in _optimize_stages().items()})
+
+
+def _optimize_stages() -> dict:
+    """optimize's options, stage by stage (``OptimizeOptions``' fields), each a dataclass."""
+    return {f.name: f.default_factory for f in dataclasses.fields(OptimizeOptions)}
+
+
 def add_limit_arguments(p) -> None:
-    """One option per field of ``Limits``: its flag and help from the field's metadata,
-    its type and default from the field. Read them back with ``limits_from_args``."""
-    from .egraph.saturate import Limits
-
-    for f in dataclasses.fields(Limits):
-        p.add_argument(f.metadata["flag"], type=type(f.default), default=f.default,
-                       dest=_limit_dest(f), help=f.metadata["help"].format(default=f.default))
+    """The saturation limits' options (``options.Limits``)."""
+    add_option_arguments(p, Limits)
 
 
-def limits_from_args(args):
-    """The ``Limits`` that ``add_limit_arguments``' options ask for (LimitError if out of range)."""
-    from .egraph.saturate import Limits
-
-    return Limits(**{f.name: getattr(args, _limit_dest(f)) for f in dataclasses.fields(Limits)})
+def limits_from_args(args) -> Limits:
+    return options_from_args(args, Limits)
 
 
-def _limit_dest(f) -> str:
-    return f.metadata["flag"].lstrip("-").replace("-", "_")
+def _flagged(options_class, only):
+    return [f for f in dataclasses.fields(options_class)
+            if "flag" in f.metadata and (only is None or f.name in only)]
+
+
+def _dest(options_class, f) -> str:
+    return f"{options_class.__name__}.{f.name}"

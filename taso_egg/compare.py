@@ -19,14 +19,15 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .cli_args import add_limit_arguments, limits_from_args
+from .cli_args import add_limit_arguments, add_option_arguments, limits_from_args, options_from_args
 from .cost import CostModel, graph_cost
-from .egraph.saturate import Limits, saturate
+from .egraph.saturate import saturate
 from .errors import TasoEggError
 from .files import check_writable, write_atomically
 from .graph import Graph
 from .onnx_io.counts import operator_counts
 from .onnx_io.exporter import export_onnx
+from .options import CostOptions, ExtractionOptions, Limits, SearchOptions
 from .timing import measure
 
 METHODS = ("backtracking", "eqsat-greedy", "eqsat-ilp")
@@ -71,9 +72,10 @@ class ModelComparison:
         return out
 
 
-def compare_model(name: str, graph: Graph, cost_model: CostModel, rules=None, budget: int = 1000,
-                  alpha: float = 1.05, search_seconds: float | None = None,
-                  limits: Limits | None = None, ilp_seconds: float = 60.0,
+def compare_model(name: str, graph: Graph, cost_model: CostModel, rules=None,
+                  budget: int = SearchOptions.budget, alpha: float = SearchOptions.alpha,
+                  search_seconds: float | None = None, limits: Limits | None = None,
+                  ilp_seconds: float = ExtractionOptions.time_limit,
                   measure_repeats: int = 3, runtimes=("ort", "executor"),
                   progress=None) -> ModelComparison:
     """Run both methods on ``graph`` and measure their results (``measure_repeats`` = 0
@@ -235,19 +237,19 @@ def add_arguments(p) -> None:
     full = [m for m in zoo.MODELS if not m.endswith("-small")]
     p.add_argument("models", nargs="*", default=full, metavar="MODEL",
                    help=f"zoo models (default: all eight: {', '.join(full)}; NAME-small for test sizes)")
-    p.add_argument("--budget", type=int, default=1000, help="graphs the search pops (TASO: 1000)")
-    p.add_argument("--alpha", type=float, default=1.05, help="search relaxation (TASO: 1.05)")
+    add_option_arguments(p, SearchOptions)
     p.add_argument("--search-seconds", type=float, default=600.0, help="time limit of each search")
     add_limit_arguments(p)
-    p.add_argument("--ilp-seconds", type=float, default=60.0, help="ILP time limit")
-    p.add_argument("--repeats", type=int, default=3, help="timed runs per graph (0: do not measure)")
-    p.add_argument("--profile", default=None, help="cost profile (default: the CPU default)")
+    add_option_arguments(p, ExtractionOptions, flags={"time_limit": "--ilp-seconds"}, only=("time_limit",))
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per graph, for the table (0: do not "
+                                                          "measure)")
+    add_option_arguments(p, CostOptions)
     p.add_argument("-o", "--out", type=Path, default=None, help="folder for compare.csv/.json/.png")
 
 
 def run(args) -> int:
     from . import zoo
-    from .cost import DEFAULT_PROFILE, load_cost_model
+    from .cost import load_cost_model
 
     unknown = [m for m in args.models if m not in zoo.MODELS]
     if unknown:
@@ -255,7 +257,9 @@ def run(args) -> int:
     limits = limits_from_args(args)
     if args.out is not None:
         check_output_folder(args.out)
-    model = load_cost_model(args.profile or DEFAULT_PROFILE)
-    run_comparison(args.models, model, args.out, args.budget, args.alpha, args.search_seconds, limits,
-                   args.ilp_seconds, args.repeats)
+    search = options_from_args(args, SearchOptions)
+    ilp_seconds = options_from_args(args, ExtractionOptions, only=("time_limit",)).time_limit
+    model = load_cost_model(options_from_args(args, CostOptions).profile)
+    run_comparison(args.models, model, args.out, search.budget, search.alpha, args.search_seconds, limits,
+                   ilp_seconds, args.repeats)
     return 0

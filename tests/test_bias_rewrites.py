@@ -15,6 +15,7 @@ from onnx import helper
 import taso_egg
 from taso_egg.cost import AnalyticCost
 from taso_egg.egraph.saturate import Limits, saturate
+from taso_egg.options import OptimizeOptions
 from taso_egg.rules.lang import load_corpus
 from taso_egg.verify import onnx_outputs
 
@@ -53,8 +54,7 @@ def optimized(model, rule_names, cost_model=None):
     """The written model of ``optimize`` with these rules, analytic costs (unless
     given) and no min_gain, checked against the input in onnxruntime."""
     g = taso_egg.load_onnx(model)
-    res = taso_egg.optimize(g, rules=rules(*rule_names), cost_model=cost_model or AnalyticCost(), min_gain=0.0,
-                            reference=model)
+    res = taso_egg.optimize(g, rules=rules(*rule_names), reference=model, options=OptimizeOptions().replace(model=cost_model or AnalyticCost(), min_gain=0.0, measure=0))
     assert res.stats.chosen == "result", res.stats.kept_input
     out = taso_egg.export_onnx(res.graph)
     feeds = taso_egg.random_inputs(g, 3)

@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 from taso_egg import verify, zoo
-from taso_egg.api import extract_graph, optimize, tensor_classes
-from taso_egg.egraph.saturate import Limits, saturate
+from taso_egg.api import extract_graph, optimize
+from taso_egg.egraph.saturate import Limits, saturate, tensor_classes
 from taso_egg.errors import VerificationError
 from taso_egg.graph import new_graph
 from taso_egg.onnx_io.exporter import export_onnx
+from taso_egg.options import OptimizeOptions
 from taso_egg.verify import (RTOL, check_float32_proves_nothing, check_graphs_equivalent, check_locally,
                              check_onnx_model)
 
@@ -222,7 +223,7 @@ def _overflowing_bert():
 
 
 def test_where_float32_proves_nothing_optimize_checks_the_changed_regions_in_float64():
-    r = optimize(_overflowing_bert())
+    r = optimize(_overflowing_bert(), options=OptimizeOptions().replace(measure=0))
     st = r.stats
     assert r.graph is not r.original and st.check == "regions"
     # the written model ran first and overflowed; the input was not run in onnxruntime,
@@ -251,11 +252,11 @@ def test_optimize_rejects_a_wrong_result_in_the_region_check(monkeypatch):
 
     monkeypatch.setattr(api, "extract_graph", tampered)
     with pytest.raises(VerificationError, match="differs from the original"):
-        optimize(_overflowing_bert())
+        optimize(_overflowing_bert(), options=OptimizeOptions().replace(measure=0))
 
 
 def test_where_float32_is_finite_onnxruntime_is_the_only_check():
-    r = optimize(zoo.nasrnn(steps=1, hidden=32), extractor="greedy-dag", limits=Limits(multi_iterations=2))
+    r = optimize(zoo.nasrnn(steps=1, hidden=32), options=OptimizeOptions().replace(extractor="greedy-dag", limits=Limits(multi_iterations=2), measure=0))
     st = r.stats
     assert r.graph is not r.original and st.check == "onnxruntime"
     assert st.ort_check_error < RTOL and st.check_error is None and st.local_check is None

@@ -621,7 +621,7 @@ def test_gap_tolerance_stops_early_and_is_reported(tmp_path, capsys):
     with pytest.raises(LimitError, match="percentage"):
         run_extract_command(parser.parse_args([str(path), "--extractor", "ilp", "--gap", "100"]))
     with pytest.raises(ExtractionError, match="ilp extractor only"):
-        run_extract_command(parser.parse_args([str(path), "--gap", "1"]))
+        run_extract_command(parser.parse_args([str(path), "--extractor", "greedy-dag", "--gap", "1"]))
     with pytest.raises(LimitError, match="gap tolerance"):
         extract(g, "ilp", gap_tolerance=-0.1)
 

@@ -13,6 +13,7 @@ from taso_egg.api import Extraction, optimize
 from taso_egg.egraph.saturate import Limits
 from taso_egg.errors import VerificationError
 from taso_egg.graph import new_graph
+from taso_egg.options import OptimizeOptions
 from taso_egg.verify import check_graphs_equivalent
 
 
@@ -37,7 +38,7 @@ def _run(key):
     if key not in _CACHE:
         build, extractor, limits = _RUNS[key]
         g = build()
-        _CACHE[key] = (g, optimize(g, extractor=extractor, limits=limits))
+        _CACHE[key] = (g, optimize(g, options=OptimizeOptions().replace(extractor=extractor, limits=limits, measure=0)))
         r = _CACHE[key][1]
         print(f"{key}: cost {r.cost_before:.4g} -> {r.cost_after:.4g} (x{r.speedup:.3f}), "
               f"{r.stats.stop_reason}, {r.stats.enodes} e-nodes, "
@@ -90,7 +91,7 @@ def test_greedy_dag_is_sound_and_no_better_than_ilp(model):
 def test_optimize_is_deterministic(key):
     g, first = _run(key)
     build, extractor, limits = _RUNS[key]
-    again = optimize(build(), extractor=extractor, limits=limits)
+    again = optimize(build(), options=OptimizeOptions().replace(extractor=extractor, limits=limits, measure=0))
     assert again.graph.structural_hash() == first.graph.structural_hash()
     assert again.cost_after == first.cost_after
     assert again.stats.enodes == first.stats.enodes
@@ -98,8 +99,8 @@ def test_optimize_is_deterministic(key):
 
 def test_peak_memory_on_two_layer_models():
     runs = {
-        "bert": optimize(zoo.bert(layers=2, batch=2, seq=8, hidden=64, heads=4)),
-        "nasrnn": optimize(zoo.nasrnn(steps=2, hidden=32)),
+        "bert": optimize(zoo.bert(layers=2, batch=2, seq=8, hidden=64, heads=4), options=OptimizeOptions().replace(measure=0)),
+        "nasrnn": optimize(zoo.nasrnn(steps=2, hidden=32), options=OptimizeOptions().replace(measure=0)),
     }
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     if sys.platform == "darwin":  # bytes there
@@ -150,11 +151,11 @@ def test_optimize_rejects_a_wrong_extraction(monkeypatch, fake_timer):
     monkeypatch.setattr(api, "extract_graph", fake_extract)
     fake_timer.ms = {"original": 2.0, "result": 1.0}
     with pytest.raises(VerificationError):
-        api.optimize(_mlp("relu"), rules=[], measure=5)
-    api.optimize(_mlp("relu"), rules=[], verify=False, measure=5)  # the check is what raised
+        api.optimize(_mlp("relu"), rules=[], options=OptimizeOptions().replace(measure=5))
+    api.optimize(_mlp("relu"), rules=[], options=OptimizeOptions().replace(verify=False, measure=5))  # the check is what raised
     # not returned (measured slower), it is not checked: decide first, check what is returned
     fake_timer.ms = {"original": 1.0, "result": 2.0}
-    kept = api.optimize(_mlp("relu"), rules=[], measure=5)
+    kept = api.optimize(_mlp("relu"), rules=[], options=OptimizeOptions().replace(measure=5))
     assert kept.stats.chosen == "original" and kept.stats.check_error is None
 
 
@@ -164,7 +165,7 @@ def test_optimize_conv_with_bias():
     t = g.conv2d(x, g.new_weight((4, 3, 3, 3), name="w1"), bias=g.new_weight((4,), name="b1"),
                  activation="RELU")
     g.mark_output(g.conv2d(t, g.new_weight((4, 4, 1, 1), name="w2")), "y")
-    r = optimize(g)
+    r = optimize(g, options=OptimizeOptions().replace(measure=0))
     assert r.graph.op_counts()["conv2d"] == 2
     check_graphs_equivalent(g, r.graph)
 
@@ -181,7 +182,7 @@ def test_batchnorm_folds_into_the_conv_before_it():
         s, b, m, v = (g.new_weight((8,), name=f"bn{i}.{n}") for n in "sbmv")
         t = g.relu(g.batchnorm(t, s, b, m, v))
     g.mark_output(t, "y")
-    r = optimize(g, cost_model=AnalyticCost())
+    r = optimize(g, options=OptimizeOptions().replace(model=AnalyticCost(), measure=0))
     after = r.graph.op_counts()
     assert after["batchnorm"] == 0 and after["relu"] == 0 and after["conv2d"] == 2
     folded = r.graph.weight_only_nodes()
@@ -197,24 +198,22 @@ def test_a_predicted_gain_below_min_gain_returns_the_input():
     g, r = _run("nas-greedy")
     gain = 1 - r.cost_after / r.cost_before
     assert gain > 0 and r.stats.kept_input == ""
-    kept = optimize(_nas1(), extractor="greedy-dag", limits=Limits(multi_iterations=2),
-                    min_gain=gain + 0.01)
+    kept = optimize(_nas1(), options=OptimizeOptions().replace(extractor="greedy-dag", limits=Limits(multi_iterations=2), min_gain=gain + 0.01, measure=0))
     assert kept.graph is kept.original and kept.cost_after == kept.cost_before
     assert kept.stats.extracted_cost == pytest.approx(r.cost_after)
     assert "min_gain" in kept.stats.kept_input
-    taken = optimize(_nas1(), extractor="greedy-dag", limits=Limits(multi_iterations=2),
-                     min_gain=gain - 0.01)
+    taken = optimize(_nas1(), options=OptimizeOptions().replace(extractor="greedy-dag", limits=Limits(multi_iterations=2), min_gain=gain - 0.01, measure=0))
     assert taken.graph is not taken.original
 
 
 def test_a_result_measured_slower_in_onnxruntime_returns_the_input(fake_timer):
     fake_timer.ms = {"original": 1.0, "result": 2.0}
-    slower = optimize(_nas1(), extractor="greedy-dag", limits=Limits(multi_iterations=2), measure=3)
+    slower = optimize(_nas1(), options=OptimizeOptions().replace(extractor="greedy-dag", limits=Limits(multi_iterations=2), measure=3))
     assert slower.graph is slower.original and "measured slower" in slower.stats.kept_input
     assert slower.stats.measured_ms == fake_timer.ms and slower.stats.chosen == "original"
     assert fake_timer.timed == [["original", "result"]]  # no reference: no re-export to time
     fake_timer.ms["result"] = 0.5
-    faster = optimize(_nas1(), extractor="greedy-dag", limits=Limits(multi_iterations=2), measure=5)
+    faster = optimize(_nas1(), options=OptimizeOptions().replace(extractor="greedy-dag", limits=Limits(multi_iterations=2), measure=5))
     assert faster.graph is not faster.original and faster.stats.kept_input == ""
     assert faster.stats.chosen == "result"
 
@@ -233,37 +232,37 @@ def _cluttered():
 
 def test_without_measurement_the_re_export_is_named_and_not_taken():
     g, model = _cluttered()
-    r = optimize(g, reference=model)
+    r = optimize(g, reference=model, options=OptimizeOptions().replace(measure=0))
     assert r.graph is g and r.stats.chosen == "original" and r.exported is None
     assert r.stats.not_measured == ("re-export",) and r.stats.measured_ms is None
     # no reference, no re-export: the input graph is the original
-    assert optimize(_cluttered()[0]).stats.not_measured == ()
+    assert optimize(_cluttered()[0], options=OptimizeOptions().replace(measure=0)).stats.not_measured == ()
 
 
 def test_the_original_measured_fastest_is_returned(fake_timer):
     g, model = _cluttered()
     fake_timer.ms = {"original": 1.0, "re-export": 1.2, "result": 1.1}
-    r = optimize(g, reference=model, measure=3)
+    r = optimize(g, reference=model, options=OptimizeOptions().replace(measure=3))
     # the result is Conv, Add, Relu as the re-export is: one stands for both
     assert fake_timer.timed == [["original", "re-export"]]
     assert r.graph is g and r.stats.chosen == "original" and r.exported is None
     assert "computes node for node what the re-export does" in r.stats.kept_input
     assert r.stats.measured_ms == {"original": 1.0, "re-export": 1.2}
     fake_timer.ms = {"original": 1.0, "re-export": 1.0, "result": 1.0}  # ties: the original
-    assert optimize(g, reference=model, measure=3).stats.chosen == "original"
+    assert optimize(g, reference=model, options=OptimizeOptions().replace(measure=3)).stats.chosen == "original"
 
 
 def test_the_re_export_measured_fastest_is_returned_checked(fake_timer):
     g, model = _cluttered()
     fake_timer.ms = {"original": 1.3, "re-export": 1.0, "result": 1.1}
-    r = optimize(g, reference=model, measure=5)
+    r = optimize(g, reference=model, options=OptimizeOptions().replace(measure=5))
     assert r.graph is g and r.stats.chosen == "re-export" and r.stats.not_measured == ()
     assert [n.op_type for n in r.exported.graph.node] == ["Conv", "Add", "Relu"]
     assert r.stats.ort_check_error is not None and r.stats.ort_check_error < 1e-5
     # a re-export that computes something else fails the onnxruntime check
     other = _one_weight_changed(model)
     with pytest.raises(VerificationError, match="onnxruntime"):
-        optimize(g, reference=other, measure=5)
+        optimize(g, reference=other, options=OptimizeOptions().replace(measure=5))
 
 
 def _one_weight_changed(model):
@@ -280,19 +279,18 @@ def test_measurement_overrides_the_prediction_both_ways(fake_timer):
     from taso_egg.onnx_io.exporter import export_onnx
 
     limits = Limits(multi_iterations=2)
-    predicted = optimize(_nas1(), extractor="greedy-dag", limits=limits)
+    predicted = optimize(_nas1(), options=OptimizeOptions().replace(extractor="greedy-dag", limits=limits, measure=0))
     assert predicted.stats.chosen == "result"  # predicted better than min_gain
     reference = export_onnx(_nas1())  # its re-export is the same graph: not timed apart
     fake_timer.ms = {"original": 1.0, "re-export": 0.9, "result": 1.5}
-    slower = optimize(_nas1(), extractor="greedy-dag", limits=limits, measure=3, reference=reference)
+    slower = optimize(_nas1(), reference=reference, options=OptimizeOptions().replace(extractor="greedy-dag", limits=limits, measure=3))
     assert fake_timer.timed == [["original", "result"]]
     assert slower.graph is slower.original and slower.stats.chosen == "original"
     assert "the result measured slower than the original" in slower.stats.kept_input
     assert slower.cost_after == slower.cost_before and slower.exported is None
     # predicted below min_gain, measured fastest: the result
     fake_timer.ms = {"original": 1.0, "re-export": 1.0, "result": 0.5}
-    faster = optimize(_nas1(), extractor="greedy-dag", limits=limits, measure=5, reference=reference,
-                      min_gain=0.99)
+    faster = optimize(_nas1(), reference=reference, options=OptimizeOptions().replace(extractor="greedy-dag", limits=limits, measure=5, min_gain=0.99))
     assert faster.stats.chosen == "result" and faster.graph is not faster.original
     assert faster.exported is not None and faster.stats.ort_check_error is not None
 
@@ -301,17 +299,17 @@ def test_a_candidate_must_be_faster_beyond_noise(fake_timer):
     g, model = _cluttered()
     # faster by the median, but in only 3 of 5 interleaved runs: the original stays
     fake_timer.runs = {"original": [1.0, 1.0, 1.0, 1.0, 1.0], "re-export": [0.9, 0.9, 0.9, 1.1, 1.2]}
-    r = optimize(g, reference=model, measure=5)
+    r = optimize(g, reference=model, options=OptimizeOptions().replace(measure=5))
     assert r.stats.chosen == "original" and r.graph is g and r.exported is None
     assert r.stats.measured_ms["re-export"] < r.stats.measured_ms["original"]
     # 5 of 5: beyond chance (p = 1/32), it is written
     fake_timer.runs["re-export"] = [0.9, 0.95, 0.99, 0.9, 0.8]
-    assert optimize(g, reference=model, measure=5).stats.chosen == "re-export"
+    assert optimize(g, reference=model, options=OptimizeOptions().replace(measure=5)).stats.chosen == "re-export"
     # 3 runs can never show it (p = 1/8): the original
-    assert optimize(g, reference=model, measure=3).stats.chosen == "original"
+    assert optimize(g, reference=model, options=OptimizeOptions().replace(measure=3)).stats.chosen == "original"
     # the result, faster by the median but not beyond noise, says so
     fake_timer.runs = {"original": [1.0] * 5, "result": [0.5, 0.5, 0.5, 2.0, 2.0]}
-    slow = optimize(_nas1(), extractor="greedy-dag", limits=Limits(multi_iterations=2), measure=5)
+    slow = optimize(_nas1(), options=OptimizeOptions().replace(extractor="greedy-dag", limits=Limits(multi_iterations=2), measure=5))
     assert slow.stats.chosen == "original" and "in only 3 of 5 interleaved runs" in slow.stats.kept_input
 
 
@@ -325,7 +323,7 @@ def test_sign_test():
 
 
 def test_optimize_measures_for_real_in_onnxruntime():
-    r = optimize(_nas1(), extractor="greedy-dag", limits=Limits(multi_iterations=2), measure=2)
+    r = optimize(_nas1(), options=OptimizeOptions().replace(extractor="greedy-dag", limits=Limits(multi_iterations=2), measure=2))
     assert set(r.stats.measured_ms) == {"original", "result"}
     assert all(ms > 0 for ms in r.stats.measured_ms.values())
 
@@ -335,7 +333,7 @@ def test_optimize_rejects_impossible_limits(bad):
     from taso_egg.errors import TasoEggError
 
     with pytest.raises(TasoEggError, match=next(iter(bad))):
-        optimize(_nas1(), **bad)
+        optimize(_nas1(), options=OptimizeOptions().replace(**bad))
 
 
 # --- fusions a runtime does by itself ----------------------------------------------------
@@ -363,7 +361,7 @@ def test_a_residual_add_and_relu_fuse_into_the_conv():
     check_graphs_equivalent(g, fused)
     # The runtime fuses these by itself, so they are no predicted gain: the baseline
     # has them already, and the input comes back unchanged.
-    r = optimize(g, min_gain=0)
+    r = optimize(g, options=OptimizeOptions().replace(min_gain=0, measure=0))
     assert r.graph is g and r.cost_before == pytest.approx(r.stats.extracted_cost)
     assert r.stats.input_cost > r.cost_before
 
@@ -386,12 +384,12 @@ def test_the_returned_graph_is_checked_in_onnxruntime_for_library_users_too():
     from taso_egg.onnx_io.exporter import export_onnx
 
     limits = Limits(multi_iterations=2)
-    r = optimize(_nas1(), extractor="greedy-dag", limits=limits)
+    r = optimize(_nas1(), options=OptimizeOptions().replace(extractor="greedy-dag", limits=limits, measure=0))
     assert r.graph is not r.original and r.exported is not None
     assert r.stats.ort_check_error is not None and r.stats.ort_check_error < 1e-4
-    unchecked = optimize(_nas1(), extractor="greedy-dag", limits=limits, verify=False)
+    unchecked = optimize(_nas1(), options=OptimizeOptions().replace(extractor="greedy-dag", limits=limits, verify=False, measure=0))
     assert unchecked.exported is None and unchecked.stats.check_error is None
-    kept = optimize(_nas1(), extractor="greedy-dag", limits=limits, min_gain=0.99)
+    kept = optimize(_nas1(), options=OptimizeOptions().replace(extractor="greedy-dag", limits=limits, min_gain=0.99, measure=0))
     assert kept.graph is kept.original and kept.exported is None and kept.stats.ort_check_error is None
 
     g = _nas1()
@@ -399,19 +397,7 @@ def test_the_returned_graph_is_checked_in_onnxruntime_for_library_users_too():
     w = other.graph.initializer[0]
     w.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(w) * 2 + 1, w.name))
     with pytest.raises(VerificationError, match="optimized model in onnxruntime"):
-        optimize(g, extractor="greedy-dag", limits=limits, reference=other)
-
-
-def test_one_default_extractor_for_the_api_and_the_command():
-    import inspect
-
-    from taso_egg import api
-    from taso_egg.cli import build_parser
-
-    args = build_parser().parse_args(["optimize", "m.onnx", "-o", "o.onnx"])
-    assert args.extractor == api.DEFAULT_EXTRACTOR
-    for fn in (api.optimize, api.extract_graph):
-        assert inspect.signature(fn).parameters["extractor"].default == api.DEFAULT_EXTRACTOR
+        optimize(g, reference=other, options=OptimizeOptions().replace(extractor="greedy-dag", limits=limits, measure=0))
 
 
 @pytest.mark.parametrize("model", ["nasnet-a-small", "inception-v3-small"])

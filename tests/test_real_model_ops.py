@@ -17,6 +17,7 @@ from onnx import helper
 import taso_egg
 from taso_egg.api import extract_graph
 from taso_egg.egraph.saturate import saturate
+from taso_egg.options import OptimizeOptions
 from test_onnx_io import ops_of, rand, roundtrip
 
 from conftest import check_against_ort, init, make_model, vi
@@ -116,7 +117,7 @@ def test_the_mask_block_optimizes_and_checks():
     """optimize takes the mask operators through the e-graph (bool and int64 classes
     typed by OpSpec.out_dtype), extraction prices them, and the check passes."""
     g = taso_egg.load_onnx(_attention_with_mask())
-    result = taso_egg.optimize(g, measure=0)
+    result = taso_egg.optimize(g, options=OptimizeOptions().replace(measure=0))
     assert Counter(n.op for n in result.graph.nodes.values())["opaque"] == 0
     feeds = {"scores": np.linspace(-2, 2, 32).reshape(1, 2, 4, 4).astype(np.float32),
              "mask": np.array([[1, 0, 1, 1]], np.int64)}

@@ -11,7 +11,8 @@ import pytest
 
 import taso_egg.egraph.saturate as sat_mod
 from taso_egg import new_graph, zoo
-from taso_egg.egraph.saturate import MIN_HEADROOM, Limits, saturate
+from taso_egg.egraph.saturate import Limits, saturate
+from taso_egg.options import MIN_HEADROOM
 
 
 def _shared_input_matmuls(n: int):

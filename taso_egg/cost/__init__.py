@@ -3,15 +3,7 @@
 ``ProfiledCost``, ``graph_cost``, ``load_cost_model``)."""
 
 from .config import OpConfig, node_config
-from .model import (
-    DEFAULT_PROFILE,
-    MIN_GAIN,
-    AnalyticCost,
-    CostModel,
-    ProfiledCost,
-    graph_cost,
-    load_cost_model,
-)
+from .model import AnalyticCost, CostModel, ProfiledCost, graph_cost, load_cost_model
 
-__all__ = ["OpConfig", "node_config", "DEFAULT_PROFILE", "MIN_GAIN", "AnalyticCost", "CostModel",
+__all__ = ["OpConfig", "node_config", "AnalyticCost", "CostModel",
            "ProfiledCost", "graph_cost", "load_cost_model"]

@@ -30,15 +30,10 @@ from typing import Protocol
 
 from ..graph import Graph
 from ..ops import OPS
+from ..options import DEFAULT_PROFILE
 from .config import OpConfig, node_config
 from .store import load_profile, resolve_profile
 
-# The default of optimize() on a CPU: onnxruntime is what exported models run in.
-DEFAULT_PROFILE = "cpu-ort"
-# Predicted gains at or below this fraction are not acted on (see ``optimize``): on the
-# zoo the cpu-ort profile's predicted speedups missed the measured ones by up to 5.5 %
-# (python -m taso_egg.profiling.bench), and gains of 0-1.4 % measured 2-4.5 % slower.
-MIN_GAIN = 0.05
 
 
 class CostModel(Protocol):

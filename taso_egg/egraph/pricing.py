@@ -2,7 +2,8 @@
 as if extracted (the cost model's key), shared by extraction (``api.extract_graph``)
 and the profiler (which measures every configuration a saturation could need); and
 which nested concats the graph builder flattens, so that extraction does not pay for
-them (``extract.egraph``'s absorption)."""
+them (``extract.egraph``'s absorption); and the saturated e-graph priced, as the
+extractors take it (``priced_egraph``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import math
 
 from ..cost import CostModel, OpConfig
 from ..errors import ShapeError, TasoEggError
+from ..extract import egraph as xeg
 from ..ops import OPS, TensorType
 from .convert import TensorEGraph, weight_only_classes
 from .saturate import Saturation
@@ -92,3 +94,28 @@ def nested_concats(node_class, children, concat_axis) -> dict[int, set[int]]:
                 readers.setdefault((cls, concat_axis[node]), set()).add(node)
     return {node: readers[(node_class[node], axis)] for node, axis in enumerate(concat_axis)
             if axis is not None and (node_class[node], axis) in readers}
+
+
+def priced_egraph(saturation: Saturation, model: CostModel):
+    """The saturated e-graph as the extractors take it (``extract.egraph.EGraph``), each
+    e-node priced by ``model``; e-nodes that cannot run (no known input shape) are
+    left out. Also the ``ENodeConfigs`` that priced them."""
+    configs = ENodeConfigs(saturation)
+    eg = configs.eg
+    class_ids = list(eg.classes)
+    index = {c: i for i, c in enumerate(class_ids)}
+    node_ids, node_class, costs, children, ops, concat_axis = [], [], [], [], [], []
+    for cid, nodes in eg.classes.items():
+        for n in nodes:
+            c = node_cost(n, configs, model)
+            if not math.isfinite(c) or any(ch not in index for ch in n.children):
+                continue
+            node_ids.append(n.id)
+            node_class.append(index[cid])
+            costs.append(c)
+            children.append(tuple(index[ch] for ch in n.children))
+            ops.append(n.op)
+            concat_axis.append(n.params["axis"] if n.op == "concat" else None)
+    roots = [index[r] for r in eg.roots]
+    return xeg.EGraph(class_ids, node_ids, node_class, costs, children, roots, ops, "saturation",
+                      absorbers=nested_concats(node_class, children, concat_axis)), configs

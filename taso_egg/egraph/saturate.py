@@ -23,8 +23,9 @@ import time
 from dataclasses import dataclass, field
 from itertools import count
 
-from ..errors import LimitError
+from ..errors import ExtractionError
 from ..graph import Graph
+from ..options import Limits
 from .admit import Admission, present_ops
 from .convert import GraphProgram, TensorEGraph, add_fused_convs, graph_to_program, read_serialized
 from .language import base_declarations, declarations
@@ -94,66 +95,6 @@ class _LinkBindings:
 
 # Functions that are analyses, not e-nodes of the tensor language.
 _ANALYSES = {"shape", "dtype", "wlo", "whi", "pending"}
-
-# The ceiling's headroom above the node limit is the limit itself, and never less than
-# this: a step that adds fewer e-nodes (a few MB) still runs whole, so a small limit
-# still stops saturation at the iteration that crosses it, as before the ceiling.
-MIN_HEADROOM = 10_000
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Saturation stops at whichever limit comes first. Each field's ``metadata`` gives
-    the command-line option that sets it and its help (``cli_args.add_limit_arguments``
-    makes the options of every command that saturates from these fields)."""
-    nodes: int = field(default=20_000, metadata={  # e-nodes in the tensor language
-        "flag": "--node-limit",
-        "help": "stop after the iteration that passes this many e-nodes (default {default}). "
-                "The e-graph never holds more than twice the limit (the limit + 10000 below "
-                "10000), even within an iteration: an iteration whose matches could pass that "
-                "applies only the rules that fit, and is the last; peak memory follows"})
-    iterations: int = field(default=15, metadata={
-        "flag": "--iter-limit", "help": "stop after this many iterations"})
-    seconds: float = field(default=30.0, metadata={
-        "flag": "--time-limit", "help": "stop saturating after this many seconds"})
-    # Iterations in which multi-pattern rules run (k_multi). Tensat uses 1; 2 lets a
-    # merge see the results of the first round (BERT's q/k/v after associativity,
-    # NasRNN's concatenated pairs) and, measured on the zoo, beats backtracking search
-    # on every model at a few thousand extra e-nodes; 3 blows NasRNN past 50,000.
-    multi_iterations: int = field(default=2, metadata={
-        "flag": "--multi-iterations", "help": "iterations in which multi-pattern rules run (k_multi)"})
-    # After the first iteration, merges of merges grow combinatorially where many
-    # operators share an input (NasRNN: 1,876 -> 11,961 e-nodes in iteration 2, for no
-    # cheaper graph), while where they pay they add little (BERT's q/k/v +36 %,
-    # Inception-v3's +24 %). So a later multi-pattern step whose matches could add more
-    # than this times the e-graph's e-nodes applies only the rules that fit, and
-    # saturation goes on without multi-pattern rules. Measured on the zoo: no extracted
-    # cost changes.
-    multi_growth: float = field(default=1.0, metadata={
-        "flag": "--multi-growth",
-        "help": "after the first iteration, multi-pattern rules apply only where their matches "
-                "could add at most this many times the e-graph's e-nodes; past that only the "
-                "rules that fit apply, and saturation goes on without multi-pattern rules "
-                "(default {default})"})
-
-    @property
-    def ceiling(self) -> int:
-        """The most e-nodes saturation lets the e-graph hold at any time, even in the
-        middle of an iteration: the node limit plus max(limit, MIN_HEADROOM), twice
-        the limit from 10,000 up. (An input graph above it gets no rewrite that could
-        add an e-node.)"""
-        return self.nodes + max(self.nodes, MIN_HEADROOM)
-
-    def __post_init__(self):
-        for name in ("nodes", "iterations", "multi_iterations"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < (0 if name == "multi_iterations" else 1):
-                raise LimitError(f"limit {name}={v!r} must be an integer >= "
-                                 f"{0 if name == 'multi_iterations' else 1}")
-        if not self.seconds > 0:
-            raise LimitError(f"limit seconds={self.seconds!r} must be positive")
-        if not (isinstance(self.multi_growth, (int, float)) and self.multi_growth > 0):
-            raise LimitError(f"limit multi_growth={self.multi_growth!r} must be positive")
 
 
 @dataclass
@@ -533,3 +474,21 @@ def saturate(graph: Graph, rules=None, limits: Limits | None = None, progress=No
     sat.seconds = time.perf_counter() - start
     sat.cpu_seconds = time.process_time() - cpu_start
     return sat
+
+
+def tensor_classes(saturation: Saturation) -> dict:
+    """The e-class of each tensor of the saturated graph, ``(node id, output index) ->
+    class id``: the e-graph serialized once more with every tensor's variable as a
+    root (class ids are the same in every serialization of an unchanged e-graph)."""
+    import json
+
+    from egglog.bindings import PanicSpan, Var
+
+    span = PanicSpan()
+    tensor_vars = saturation.program.tensor_vars
+    data = json.loads(saturation.egraph.serialize([Var(span, v) for v in tensor_vars.values()]).to_json())
+    roots = data.get("root_eclasses", [])
+    if len(roots) != len(tensor_vars):
+        raise ExtractionError(f"serialized e-graph: {len(roots)} root classes for the input's "
+                              f"{len(tensor_vars)} tensors")
+    return dict(zip(tensor_vars, roots))

@@ -100,32 +100,42 @@ def _time_profiling(models, repeats, warmups, out) -> None:
                   f"{time.perf_counter() - t0:.1f} s", file=out, flush=True)
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     from .. import zoo
-    from ..api import optimize, runtime_form
-    from ..cost import MIN_GAIN, load_cost_model
-    from ..executor import random_inputs, run
-    from ..onnx_io.exporter import export_onnx
-    from ..rules.lang import load_corpus
-    from ..timing import exported_graph, make_session, median_times, pinned_threads
+    from ..cli_args import add_option_arguments
+    from ..options import DEFAULT_PROFILE, DecisionOptions, ExtractionOptions
 
     p = CommandParser(prog="python -m taso_egg.profiling.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=BENCH_MODELS, choices=sorted(zoo.MODELS))
     p.add_argument("--repeats", type=int, default=5, help="end-to-end runs per graph (median)")
-    p.add_argument("--extractor", default="greedy-dag")
-    p.add_argument("--ort-profile", default="cpu-ort")
+    add_option_arguments(p, ExtractionOptions)
+    p.add_argument("--ort-profile", default=DEFAULT_PROFILE)
     p.add_argument("--numpy-profile", default="cpu-numpy")
     p.add_argument("--include-unproved", action="store_true",
                    help="optimize with the corpus's unproved rules too")
     p.add_argument("--skip-numpy", action="store_true", help="only the onnxruntime comparison")
-    p.add_argument("--min-gain", type=float, default=MIN_GAIN,
-                   help=f"optimize's threshold (default {MIN_GAIN}); 0 measures every extracted graph")
+    # optimize predicts here (this benchmark measures): its threshold, 0 to measure every graph
+    add_option_arguments(p, DecisionOptions, only=("min_gain",))
     p.add_argument("--same-run", action="store_true",
                    help="also predict from the models' configurations profiled in this run")
     p.add_argument("--time-profiling", action="store_true",
                    help="first profile the models from scratch and report the seconds")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
+    from .. import zoo
+    from ..api import optimize, runtime_form
+    from ..cli_args import options_from_args
+    from ..cost import load_cost_model
+    from ..executor import random_inputs, run
+    from ..onnx_io.exporter import export_onnx
+    from ..options import CostOptions, DecisionOptions, ExtractionOptions, OptimizeOptions
+    from ..rules.lang import load_corpus
+    from ..timing import exported_graph, make_session, median_times, pinned_threads
+
+    args = build_parser().parse_args(argv)
     out = sys.stdout
     if args.time_profiling:
         _time_profiling(args.models, 10, 2, out)
@@ -138,15 +148,20 @@ def main(argv=None) -> int:
           f"{'error':>8}{'wall ms':>10}{'measured':>10}"
           + (f"{'same-run ms':>12}{'error':>8}" if same_run else ""), file=out)
     user_view, speedups = [], []
+    extraction = options_from_args(args, ExtractionOptions)
+    decision = options_from_args(args, DecisionOptions, only=("min_gain",), measure=0)
+
+    def optimized(g, model):
+        options = OptimizeOptions(extraction=extraction, costs=CostOptions(model=model), decision=decision)
+        return optimize(g, rules=rules, options=options).graph
+
     for name in args.models:
         g = zoo.MODELS[name]()
-        graphs = {"original": g, "optimized": optimize(g, rules, cost_model=ort_model, extractor=args.extractor,
-                                                       min_gain=args.min_gain).graph}
+        graphs = {"original": g, "optimized": optimized(g, ort_model)}
         # predicted as onnxruntime runs them: with the fusions it makes by itself
         comparisons = [("ort", ort_model, {k: runtime_form(v, rules, ort_model) for k, v in graphs.items()})]
         if np_model is not None:
-            np_opt = optimize(g, rules, cost_model=np_model, extractor=args.extractor,
-                              min_gain=args.min_gain).graph
+            np_opt = optimized(g, np_model)
             comparisons.append(("numpy", np_model, {"original": exported_graph(g),
                                                     "optimized": exported_graph(np_opt)}))
         for runtime, model, pair in comparisons:

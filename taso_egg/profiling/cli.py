@@ -15,10 +15,10 @@ from ..cli_args import add_input_shape_argument, parse_input_shapes
 from ..errors import ProfileError
 from ..files import check_writable
 from ..ops import OPS
+from ..options import DAG_EXTRACTORS, DEFAULT_PROFILE
 from ..timing import pinned_threads
 from .backends import BACKENDS, DEVICE_OF, make_backend
 
-EXTRACTORS = ("greedy-dag", "ilp")
 
 
 def add_arguments(p) -> None:
@@ -111,7 +111,7 @@ def run(args) -> int:
                 # Extraction's post-passes re-fuse biases and activations, and export
                 # folds weights: profile what the extracted graphs run as well.
                 extra = []
-                for extractor in EXTRACTORS:
+                for extractor in DAG_EXTRACTORS:
                     chosen = extract_graph(sat, extractor, ProfiledCost(profile)).graph
                     extra += graph_configurations(chosen) + graph_configurations(exported_graph(chosen))
                 more = profile_configurations(_only(unique(extra), args.ops), backend, profile, replace=False,
@@ -143,7 +143,7 @@ def _list_configs(args) -> int:
     check_writable(path, ProfileError)
     shapes = parse_input_shapes(args.input_shape)
     graphs = {name: load_model(name, shapes) for name in args.models}
-    model = gpu_cost_model(args.cost_model) if args.device == "gpu" else load_cost_model(args.cost_model or "cpu-ort")
+    model = gpu_cost_model(args.cost_model) if args.device == "gpu" else load_cost_model(args.cost_model or DEFAULT_PROFILE)
     rules = None if args.graph_only else load_corpus(include_unproved=args.include_unproved)
     staged = {"": calibration_pairs(args.device)}
     for name, g in graphs.items():

@@ -25,6 +25,7 @@ from ..cost import AnalyticCost, load_cost_model
 from ..cost.store import now, profiles_dir
 from ..errors import TasoEggError
 from ..files import check_writable
+from ..options import DAG_EXTRACTORS, CostOptions, DecisionOptions, OptimizeOptions
 from ..graph import Graph
 from .bundle import (
     CONFIGS_FILE,
@@ -39,7 +40,6 @@ from .bundle import (
 )
 from .profiler import calibration_configs, graph_configurations, saturation_configurations
 
-EXTRACTORS = ("greedy-dag", "ilp")
 GPU_PROFILE = "gpu-h200"
 # An H200's datasheet peak (FP32 without tensor cores, HBM3e) and a round per-kernel
 # launch cost; it ranks alternatives for the first GPU run, it predicts nothing.
@@ -84,7 +84,7 @@ def calibration_pairs(device: str) -> list[tuple]:
 def list_meta(model, models, device: str, rules) -> dict:
     return {"created": now(), "device": device, "models": list(models),
             "cost_model": getattr(model, "name", str(model)),
-            "rules": None if rules is None else len(rules), "extractors": list(EXTRACTORS),
+            "rules": None if rules is None else len(rules), "extractors": list(DAG_EXTRACTORS),
             "python": platform.python_version()}
 
 
@@ -92,7 +92,7 @@ def extracted_graphs(saturation, model, known: dict[str, Graph] | None = None) -
     from ..api import extract_graph
 
     known = dict(known or {})
-    for x in EXTRACTORS:
+    for x in DAG_EXTRACTORS:
         if x not in known:
             known[x] = extract_graph(saturation, x, model).graph
     return known
@@ -120,7 +120,8 @@ def build_bundle(models, out: Path, model=None, rules=None, log=print) -> dict:
         g = MODELS[name]()
         # min_gain 0: the extracted graph whenever it is predicted cheaper at all; on
         # the GPU only measurement tells, and that is what the device run is for.
-        res = optimize(g, rules, cost_model=model, min_gain=0.0)
+        res = optimize(g, rules=rules, options=OptimizeOptions(costs=CostOptions(model=model),
+                                                               decision=DecisionOptions(measure=0, min_gain=0.0)))
         chosen = res.stats.chosen == "result"
         original = exported_graph(g)
         optimized = exported_graph(res.graph) if chosen else original

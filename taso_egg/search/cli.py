@@ -9,32 +9,26 @@ import argparse
 import sys
 from pathlib import Path
 
-from taso_egg.cli_args import add_input_shape_argument, parse_input_shapes
+from taso_egg.cli_args import add_input_shape_argument, add_option_arguments, options_from_args, parse_input_shapes
+from taso_egg.options import CostOptions, DecisionOptions, SearchOptions
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="ONNX file, or a zoo model name (taso_egg.zoo.MODELS)")
     parser.add_argument("-o", "--output", required=True, type=Path, help="optimized ONNX file")
-    parser.add_argument("--budget", type=int, default=1000, metavar="N",
-                        help="graphs to pop from the queue (default 1000)")
-    parser.add_argument("--alpha", type=float, default=1.05, metavar="A",
-                        help="queue graphs cheaper than A x the best cost (default 1.05; 1 = greedy)")
+    add_option_arguments(parser, SearchOptions)
     parser.add_argument("--time-limit", type=float, default=None, metavar="S",
                         help="stop after S seconds (default: none)")
-    parser.add_argument("--profile", default=None, metavar="NAME",
-                        help="cost model: a shipped profile's name, a profile file, or 'analytic' "
-                             "(default: the same as `taso-egg optimize`)")
+    add_option_arguments(parser, CostOptions)
     add_input_shape_argument(parser, "fix a symbolic input dimension of an ONNX file (repeatable)")
-    parser.add_argument("--measure", type=int, default=5, metavar="N",
-                        help="time input and result N times in onnxruntime (at most 200) and write "
-                             "the input if the result is slower, as `optimize` does (0: skip)")
+    # the guard optimize applies: the result is written only if it measures faster
+    add_option_arguments(parser, DecisionOptions, only=("measure",))
 
 
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from taso_egg.api import check_measure, keep_unless_faster
-    from taso_egg.cost import DEFAULT_PROFILE
+    from taso_egg.api import keep_unless_faster
     from taso_egg.errors import ExportError
     from taso_egg.files import check_writable
     from taso_egg.onnx_io.counts import describe, format_table, operator_counts
@@ -43,23 +37,24 @@ def run(args: argparse.Namespace) -> int:
 
     from .search import backtracking_search
 
-    check_measure(args.measure)
+    search = options_from_args(args, SearchOptions)
+    profile = options_from_args(args, CostOptions).profile
+    measure = options_from_args(args, DecisionOptions, only=("measure",)).measure
     check_writable(args.output, ExportError, inputs=[args.model])
     graph = load_model(args.model, parse_input_shapes(args.input_shape))
-    with tqdm(total=args.budget, file=sys.stderr, unit="graph", desc="search") as bar:
+    with tqdm(total=search.budget, file=sys.stderr, unit="graph", desc="search") as bar:
         def progress(step):
             bar.set_postfix(best=f"{step.best_cost * 1e3:.4g} ms", queue=step.queue_size,
                             refresh=False)
             bar.update(1)
 
-        result = backtracking_search(graph, budget=args.budget, alpha=args.alpha,
-                                     time_limit=args.time_limit, progress=progress,
-                                     profile=args.profile or DEFAULT_PROFILE)
+        result = backtracking_search(graph, budget=search.budget, alpha=search.alpha, time_limit=args.time_limit,
+                                     progress=progress, profile=profile)
     best, measured, kept = result.graph, None, ""
-    if args.measure and best is not graph:
-        print(f"timing input and result in onnxruntime ({args.measure} interleaved runs each)",
+    if measure and best is not graph:
+        print(f"timing input and result in onnxruntime ({measure} interleaved runs each)",
               file=sys.stderr)
-        best, measured, kept = keep_unless_faster(graph, best, args.measure)
+        best, measured, kept = keep_unless_faster(graph, best, measure)
     model = export_onnx(best)
     print(format_table(operator_counts(export_onnx(graph)), operator_counts(model)))
     print(f"{'cost':<16}{result.cost_before * 1e3:>8.4g}{result.cost_after * 1e3:>8.4g}  ms "

@@ -20,7 +20,8 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
-from taso_egg.cost import DEFAULT_PROFILE, CostModel, graph_cost, load_cost_model, node_config
+from taso_egg.cost import CostModel, graph_cost, load_cost_model, node_config
+from taso_egg.options import DEFAULT_PROFILE, SearchOptions
 from taso_egg.errors import LimitError
 from taso_egg.graph import Graph, Node, node_digest, node_local_bytes, outputs_digest
 
@@ -156,21 +157,20 @@ class _Search:
 
 
 def backtracking_search(graph: Graph, rules=None, cost_model: CostModel | None = None,
-                        budget: int = 1000, alpha: float = 1.05, time_limit: float | None = None,
+                        budget: int = SearchOptions.budget, alpha: float = SearchOptions.alpha,
+                        time_limit: float | None = None,
                         progress=None, verify: bool = True, seed: int = 0,
                         profile: str = DEFAULT_PROFILE) -> SearchResult:
-    """TASO's backtracking search. ``rules``: parsed Rule objects (default: the corpus,
-    as saturation uses); costs from ``cost_model`` when given, else from ``profile``,
-    with the same default as ``taso_egg.api.optimize``. ``progress`` is called with
-    each StepStats. The best graph is checked numerically against ``graph``
-    (``verify``) before it is returned."""
+    """TASO's backtracking search: ``budget`` graphs popped, ``alpha`` the relaxation
+    (TASO's 1000 and 1.05 by default, ``SearchOptions``). ``rules``: parsed Rule objects (default: the
+    corpus, as saturation uses); costs from ``cost_model`` when given, else from
+    ``profile``, with the same default as ``taso_egg.api.optimize``. ``progress`` is
+    called with each StepStats. The best graph is checked numerically against
+    ``graph`` (``verify``) before it is returned."""
     from taso_egg.rules.lang import load_corpus
     from taso_egg.verify import check_graphs_equivalent
 
-    if not isinstance(budget, int) or budget < 1:
-        raise LimitError(f"budget must be a positive integer, got {budget!r}")
-    if not alpha >= 1.0:
-        raise LimitError(f"alpha must be >= 1 (1 = greedy), got {alpha!r}")
+    SearchOptions(budget, alpha)  # a one-line error when either is out of range
     if time_limit is not None and not time_limit > 0:
         raise LimitError(f"time_limit must be positive seconds, got {time_limit!r}")
     model = cost_model or load_cost_model(profile)

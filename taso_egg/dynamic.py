@@ -1,0 +1,206 @@
+"""Models with symbolic dims: imported at representative sizes, written back with
+their symbolic dims, checked at two sizes.
+
+``DynamicModel.load`` imports a model at the sizes ``onnx_io.symbolic`` chooses (the
+graph ``optimize`` prices, saturates and times). ``write_symbolic`` turns the chosen
+candidate into a model with the input's interface: the candidate is rebuilt at the
+second sizes (the re-export is the input imported there; the extracted graph is
+retyped tensor by tensor, each taking the type the input's tensor of its e-class has
+at those sizes), both are exported and ``symbolize``d into one model, and that model
+is checked against the input in onnxruntime at both sizes. A candidate that cannot be
+written so, or differs at either size, is refused with the reason.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from .errors import ShapeError, VerificationError
+from .graph import Graph
+from .onnx_io.importer import load_onnx
+from .onnx_io.symbolic import (Interface, NotSymbolic, describe_sizes, import_shapes, interface,
+                               representative_sizes, second_sizes, symbolize)
+
+
+@dataclass
+class DynamicModel:
+    """An ONNX model and its import at representative sizes (``graph``; ``first``, one
+    size per symbol), with the second sizes it is also written and checked at."""
+
+    reference: object                 # the ModelProto, as onnxruntime runs the original
+    iface: Interface
+    first: dict[str, int]
+    second: dict[str, int]
+    graph: Graph
+    _second_graph: Graph | None = field(default=None, repr=False)
+
+    @classmethod
+    def load(cls, reference, given: Mapping[str, Sequence[int]] | None = None) -> DynamicModel:
+        """``given``: input name -> shape (--input-shape), the sizes to price and time at."""
+        given = dict(given or {})
+        iface = interface(reference)
+        first = representative_sizes(iface, given)
+        graph = load_onnx(reference, import_shapes(iface, first, given))
+        return cls(reference, iface, first, second_sizes(first), graph)
+
+    @property
+    def symbolic(self) -> bool:
+        return self.iface.symbolic
+
+    def second_graph(self) -> Graph:
+        """The model imported at the second sizes (made when first asked for)."""
+        if self._second_graph is None:
+            self._second_graph = load_onnx(self.reference, self.iface.shapes(self.second))
+        return self._second_graph
+
+
+@dataclass
+class SymbolicWrite:
+    """``write_symbolic``'s outcome: the model to write, or why there is none."""
+
+    model: object | None
+    errors: dict[str, float]   # sizes described -> the worst relative error there
+    why: str = ""
+
+
+def write_symbolic(dyn: DynamicModel, candidate: Graph, candidate_classes: Mapping | None = None,
+                   input_classes: Mapping | None = None, seed: int = 0) -> SymbolicWrite:
+    """``candidate`` (a graph over ``dyn.graph``'s inputs, at its sizes) as a model with
+    the input's symbolic dims, checked against the input in onnxruntime at both sizes.
+    ``candidate`` is ``dyn.graph`` itself (the re-export) or an extracted graph with the
+    e-class of each of its tensors (``candidate_classes``) and of each tensor of
+    ``dyn.graph`` (``input_classes``)."""
+    from .onnx_io.exporter import export_onnx
+
+    try:
+        if candidate is dyn.graph:
+            first, second = export_onnx(dyn.graph), export_onnx(dyn.second_graph())
+        else:
+            if candidate_classes is None or input_classes is None:
+                raise NotSymbolic("the extracted graph's tensors carry no e-classes to size them by")
+            first = export_onnx(retyped(candidate, candidate_classes, input_classes, dyn.graph, dyn.graph))
+            second = export_onnx(retyped(candidate, candidate_classes, input_classes, dyn.graph,
+                                         dyn.second_graph()))
+        model = symbolize(first, second, dyn.reference, dyn.first, dyn.second)
+        return SymbolicWrite(model, check_at_sizes(dyn, model, seed))
+    except (NotSymbolic, VerificationError) as e:
+        return SymbolicWrite(None, {}, str(e))
+
+
+def check_at_sizes(dyn: DynamicModel, model, seed: int = 0) -> dict[str, float]:
+    """``model`` against the input in onnxruntime at the first and the second sizes: the
+    worst relative error at each; VerificationError where they differ, NotSymbolic
+    where the comparison would prove nothing."""
+    from .verify import check_onnx_model
+
+    errors = {}
+    for sizes, graph in ((dyn.first, dyn.graph), (dyn.second, dyn.second_graph())):
+        where = describe_sizes(sizes)
+        check = check_onnx_model(dyn.reference, model, graph, seed=seed,
+                                 what=f"the model with symbolic dims, at {where},")
+        if check.error is None:
+            raise NotSymbolic(f"at {where} onnxruntime's comparison proves nothing ({check.skipped})")
+        errors[where] = check.error
+    return errors
+
+
+def retyped(candidate: Graph, candidate_classes: Mapping, input_classes: Mapping, inputs: Graph,
+            sized: Graph) -> Graph:
+    """``candidate`` rebuilt over ``sized`` (the input graph ``inputs`` imported at other
+    sizes, node for node): its inputs and weights as ``sized`` has them, and each
+    tensor that is in the e-class of an input tensor typed as that tensor is in
+    ``sized`` (a reshape's target, a split's sizes, an opaque node's output types
+    follow). NotSymbolic where a tensor cannot be so typed."""
+    if [(n.op, n.params.get("name")) for n in inputs.nodes.values()] != \
+            [(n.op, n.params.get("name")) for n in sized.nodes.values()]:
+        raise NotSymbolic("the input imports to different graphs at the two sizes")
+    of_class: dict = {}
+    for key, cls in input_classes.items():
+        of_class.setdefault(cls, key)
+    leaves = {n.params["name"]: n for n in sized.nodes.values() if n.op in ("input", "weight")}
+
+    def wanted(key):
+        source = of_class.get(candidate_classes.get(key))
+        return None if source is None else sized.nodes[source[0]].outputs[source[1]]
+
+    g = Graph(opset=candidate.opset)
+    g.ir_version = candidate.ir_version
+    made: dict = {}
+    for n in candidate.topo_order():
+        wants = [wanted((n.id, i)) for i in range(len(n.outputs))]
+        leaf = leaves.get(n.params.get("name")) if n.op in ("input", "weight") else None
+        try:
+            if n.op == "input":
+                outs = [g.new_input(leaf.params["shape"], name=leaf.params["name"], dtype=leaf.params["dtype"])]
+            elif n.op == "weight":
+                data = sized.weight_array(leaf) if leaf is not None else candidate.weight_array(n)
+                outs = [g.new_weight(data.shape, data=data, name=n.params["name"])]
+            else:
+                ins = [made[(t.node, t.index)] for t in n.inputs]
+                outs = g.add_node(n.op, ins, n.name, **_sized_params(n, wants, [t.shape for t in ins]))
+        except ShapeError as e:
+            raise NotSymbolic(f"{n.label()} has no form at the second sizes ({e})") from None
+        for i, (t, want) in enumerate(zip(outs, wants)):
+            if want is not None and t.type != want:
+                raise NotSymbolic(f"{n.label()} computes {t.type} at the second sizes, where the "
+                                  f"input's equal tensor is {want}")
+            made[(n.id, i)] = t
+    for name, t in candidate.outputs:
+        g.mark_output(made[(t.node, t.index)], name)
+    return g
+
+
+def _sized_params(node, wants, in_shapes) -> dict:
+    """``node``'s parameters with those that are sizes (a target shape, a split's
+    sizes, an opaque node's output types) taken from its outputs' wanted types; a
+    reshape of a tensor no input tensor equals, by ``_reshaped``."""
+    params = dict(node.params)
+    if "sizes" in params and [w is None for w in wants].count(True) == 1:
+        # a split with one part no input tensor equals: that part takes what is left
+        axis = params["axis"]
+        known = sum(w.shape[axis] for w in wants if w is not None)
+        params["sizes"] = tuple(in_shapes[0][axis] - known if w is None else w.shape[axis] for w in wants)
+        return params
+    if "sizes" in params and all(w is None for w in wants):
+        # no part equals an input tensor: the last part takes what the axis gained (a
+        # token selected from the front); a guess, tested by the check at both sizes
+        sizes, axis = list(params["sizes"]), params["axis"]
+        sizes[-1] += in_shapes[0][axis] - node.inputs[0].shape[axis]
+        params["sizes"] = tuple(sizes)
+        return params
+    if any(w is None for w in wants):
+        if "shape" in params and len(node.inputs) == 1 and \
+                math.prod(params["shape"]) == node.inputs[0].type.size:
+            params["shape"] = _reshaped(params["shape"], node.inputs[0].shape, in_shapes[0])
+        return params
+    if "shape" in params:
+        params["shape"] = tuple(wants[0].shape)
+    if "sizes" in params:
+        params["sizes"] = tuple(w.shape[params["axis"]] for w in wants)
+    if "out_types" in params:
+        params["out_types"] = tuple((tuple(w.shape), w.dtype) for w in wants)
+    return params
+
+
+def _reshaped(target, before, after) -> tuple[int, ...]:
+    """A reshape's ``target`` (of a tensor of shape ``before``) for the same tensor at
+    other sizes (``after``): the leading and trailing dims it keeps from ``before``
+    follow ``after`` (the dims heads are split off or merged between), and one other
+    dim takes what the element count leaves. A guess where the input holds no equal
+    tensor; the check at both sizes tests it."""
+    out, kept = list(target), [False] * len(target)
+    for i in range(min(len(target), len(before))):
+        if target[i] != before[i]:
+            break
+        out[i], kept[i] = after[i], True
+    for j in range(1, min(len(target), len(before)) + 1):
+        if kept[-j] or target[-j] != before[-j]:
+            break
+        out[-j], kept[-j] = after[-j], True
+    free = [i for i, k in enumerate(kept) if not k]
+    rest = math.prod(out[i] for i in range(len(out)) if i not in free[:1])
+    if math.prod(out) != math.prod(after) and len(free) == 1 and rest and math.prod(after) % rest == 0:
+        out[free[0]] = math.prod(after) // rest
+    return tuple(out)

@@ -1,0 +1,106 @@
+"""ONNX in, ONNX out: what ``taso-egg optimize`` does to a file, as one function, so the
+command, the benchmark and a user's script run the same path.
+
+The model is read (external data included; opsets before 13 upgraded), imported at
+the sizes its symbolic dims are priced at (``dynamic.DynamicModel``), optimized
+(``api.optimize``: saturate, extract, decide by measurement, check what is chosen),
+and the chosen candidate is made the model to write: the original's own bytes, or
+the re-export or the result with the input's symbolic dims, checked in onnxruntime
+at two sizes of each (``dynamic.write_symbolic``; a candidate that cannot be written
+so gives way to the original, with the reason). Nothing here writes a file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from .api import OptimizeResult, optimize
+from .dynamic import DynamicModel, write_symbolic
+from .egraph.saturate import tensor_classes
+from .onnx_io.counts import describe
+from .onnx_io.importer import read_model_file, upgraded
+from .onnx_io.symbolic import describe_sizes
+from .options import Hooks, OptimizeOptions
+
+
+@dataclass
+class OnnxInput:
+    """An ONNX file as read: the model (``original``), whether its weights were in
+    external data, and its import at the sizes its symbolic dims are priced at."""
+
+    path: str
+    original: object
+    external_data: bool
+    dynamic: DynamicModel
+
+    @classmethod
+    def read(cls, path, input_shapes: Mapping[str, Sequence[int]] | None = None) -> OnnxInput:
+        """Read and import ``path`` (one clear error for what is wrong with it, before
+        any work). ``input_shapes`` (input name -> shape) are the sizes to price,
+        saturate and time a model with symbolic dims at."""
+        original, external = read_model_file(path)
+        reference = upgraded(original)  # what onnxruntime runs as the original
+        return cls(str(path), original, external, DynamicModel.load(reference, input_shapes))
+
+
+@dataclass
+class OnnxOptimization:
+    """What ``optimize_onnx`` made of a file."""
+
+    model: object                 # the ModelProto to write (the original's own when it is chosen)
+    original: object              # the ModelProto as read
+    external_data: bool           # the input kept its weights in external data (so must the output)
+    chosen: str                   # "original", "re-export" or "result": what ``model`` is
+    result: OptimizeResult
+    dynamic: DynamicModel
+    # lines worth a user's eye that optimize's stats do not hold: what became of the
+    # symbolic dims (checked at two sizes, or why the input was written instead)
+    notes: list[str] = field(default_factory=list)
+
+
+def optimize_onnx(source, *, rules=None, options: OptimizeOptions | None = None, hooks: Hooks | None = None,
+                  fix_shapes: bool = False) -> OnnxOptimization:
+    """Optimize an ONNX file (see the module docstring): ``source`` is an ``OnnxInput``
+    or a path (read at the default sizes). ``fix_shapes`` writes the model with the
+    sizes it was priced at fixed instead of keeping its symbolic dims (never done unasked)."""
+    if not isinstance(source, OnnxInput):
+        source = OnnxInput.read(source)
+    original, external, dyn, reference = source.original, source.external_data, source.dynamic, \
+        source.dynamic.reference
+    phase = (hooks or Hooks()).phase or (lambda message: None)
+    phase(f"{source.path}: {describe(original)}")
+    if dyn.symbolic:
+        phase(f"symbolic dims priced, saturated and timed at {describe_sizes(dyn.first)}; "
+              + ("written fixed there (fix_shapes)" if fix_shapes else
+                 f"written symbolic, checked there and at {describe_sizes(dyn.second)}"))
+    result = optimize(dyn.graph, rules=rules, options=options, hooks=hooks, reference=reference)
+    chosen = result.stats.chosen
+    out = OnnxOptimization(original if chosen == "original" else result.exported, original, external, chosen,
+                           result, dyn)
+    if dyn.symbolic and not fix_shapes and chosen != "original":
+        _keep_symbolic_dims(out)
+    return out
+
+
+def _keep_symbolic_dims(out: OnnxOptimization) -> None:
+    """The chosen candidate with the input's symbolic dims, checked at two sizes; else
+    the original, with the reason in ``notes``."""
+    result, dyn = out.result, out.dynamic
+    if out.chosen == "re-export":
+        written = write_symbolic(dyn, dyn.graph)
+    else:
+        written = write_symbolic(dyn, result.graph, result.result_classes, tensor_classes(result.saturation))
+    if written.model is None:
+        out.notes.append(f"result: the input is written instead of the {out.chosen}, which cannot be written "
+                         f"with the input's symbolic dims: {written.why}")
+        out.model, out.chosen = out.original, "original"
+        return
+    out.notes.append("check: written with the input's symbolic dims, its outputs equal the input's in "
+                     f"onnxruntime within {at_sizes(written.errors)} (relative)")
+    out.model = written.model
+
+
+def at_sizes(errors: Mapping[str, float]) -> str:
+    """Relative errors by the sizes they were measured at, as one phrase."""
+    return "; ".join(f"{e:.2g} at {where}" for where, e in errors.items())

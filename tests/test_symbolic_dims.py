@@ -1,0 +1,195 @@
+"""Models with symbolic dims: optimized without a flag, written back with the input's
+interface (names, order, dtypes, dim_params), correct at sizes other than the ones
+they were optimized at; freezing is asked for, never a side effect; conflicting
+shapes are refused."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from taso_egg.cli import main
+
+RNG = np.random.default_rng(0)
+
+
+def _weight(name, *shape, scale=0.3):
+    return numpy_helper.from_array((RNG.standard_normal(shape) * scale).astype(np.float32), name)
+
+
+def _ints(name, values):
+    return helper.make_node("Constant", [], [name],
+                            value=numpy_helper.from_array(np.array(values, dtype=np.int64), f"{name}_value"))
+
+
+def _save(tmp_path, graph, name="in.onnx"):
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    path = tmp_path / name
+    onnx.save(model, path)
+    return path
+
+
+def _mlp(tmp_path):
+    """Two matmuls of one input summed (merged into one by the rules), batch symbolic."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 32])
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["a"]), helper.make_node("MatMul", ["x", "w2"], ["b"]),
+             helper.make_node("Add", ["a", "b"], ["c"]), helper.make_node("Relu", ["c"], ["y"])]
+    return _save(tmp_path, helper.make_graph(nodes, "mlp", [x], [y], [_weight("w1", 16, 32), _weight("w2", 16, 32)]))
+
+
+def _conv(tmp_path):
+    """Conv, BatchNorm (folded into the conv by the rules), Relu, global pool, then a
+    flatten to [batch, channels] by a Shape-derived Reshape target."""
+    x = helper.make_tensor_value_info("image", TensorProto.FLOAT, ["N", 3, 8, 8])
+    y = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 4])
+    c = 4
+    nodes = [helper.make_node("Conv", ["image", "w"], ["c0"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c0", "s", "b", "m", "v"], ["c1"]),
+             helper.make_node("Relu", ["c1"], ["c2"]),
+             helper.make_node("GlobalAveragePool", ["c2"], ["p"]),
+             helper.make_node("Shape", ["image"], ["sh"]), _ints("i0", [0]),
+             helper.make_node("Gather", ["sh", "i0"], ["n"], axis=0), _ints("ch", [c]),
+             helper.make_node("Concat", ["n", "ch"], ["target"], axis=0),
+             helper.make_node("Reshape", ["p", "target"], ["logits"])]
+    inits = [_weight("w", c, 3, 3, 3), _weight("s", c), _weight("b", c), _weight("m", c),
+             numpy_helper.from_array(np.abs(RNG.standard_normal(c)).astype(np.float32) + 0.5, "v")]
+    return _save(tmp_path, helper.make_graph(nodes, "conv", [x], [y], inits))
+
+
+def _attention(tmp_path):
+    """Self-attention over x [batch, seq, 32]: heads split off and merged back by
+    Reshape targets built from Shape(x), a scale the rules move into a weight."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 32])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 32])
+    nodes = [helper.make_node("Shape", ["x"], ["sh"]), _ints("i0", [0]), _ints("i1", [1]),
+             helper.make_node("Gather", ["sh", "i0"], ["B"], axis=0),
+             helper.make_node("Gather", ["sh", "i1"], ["S"], axis=0), _ints("heads", [4, 8]),
+             helper.make_node("Concat", ["B", "S", "heads"], ["split_heads"], axis=0), _ints("hidden", [32]),
+             helper.make_node("Concat", ["B", "S", "hidden"], ["merge_heads"], axis=0)]
+    for n in "qkv":
+        nodes += [helper.make_node("MatMul", ["x", f"w{n}"], [f"{n}0"]),
+                  helper.make_node("Reshape", [f"{n}0", "split_heads"], [f"{n}1"]),
+                  helper.make_node("Transpose", [f"{n}1"], [f"{n}2"],
+                                   perm=[0, 2, 3, 1] if n == "k" else [0, 2, 1, 3])]
+    nodes += [helper.make_node("MatMul", ["q2", "k2"], ["s0"]), helper.make_node("Mul", ["s0", "scale"], ["s1"]),
+              helper.make_node("Softmax", ["s1"], ["p"], axis=-1), helper.make_node("MatMul", ["p", "v2"], ["o0"]),
+              helper.make_node("Transpose", ["o0"], ["o1"], perm=[0, 2, 1, 3]),
+              helper.make_node("Reshape", ["o1", "merge_heads"], ["o2"]),
+              helper.make_node("MatMul", ["o2", "wo"], ["y"])]
+    inits = [_weight(f"w{n}", 32, 32) for n in "qkvo"] + \
+        [numpy_helper.from_array(np.array(0.35, dtype=np.float32), "scale")]
+    return _save(tmp_path, helper.make_graph(nodes, "attention", [x], [y], inits))
+
+
+def _optimize(capsys, path, out, *flags):
+    rc = main(["optimize", str(path), "-o", str(out), "--measure", "0", *flags])
+    return rc, capsys.readouterr()
+
+
+def _assert_interface_kept(original, written):
+    assert [v.SerializeToString() for v in written.graph.input] == \
+        [v.SerializeToString() for v in original.graph.input]
+    assert [v.SerializeToString() for v in written.graph.output] == \
+        [v.SerializeToString() for v in original.graph.output]
+
+
+def _assert_same_outputs(original_path, written_path, shapes):
+    """The two files compute the same in onnxruntime at each input shape."""
+    import onnxruntime as ort
+
+    ref = ort.InferenceSession(str(original_path), providers=["CPUExecutionProvider"])
+    got = ort.InferenceSession(str(written_path), providers=["CPUExecutionProvider"])
+    for shape in shapes:
+        feed = {ref.get_inputs()[0].name: RNG.standard_normal(shape).astype(np.float32)}
+        expected, actual = ref.run(None, feed)[0], got.run(None, feed)[0]
+        assert actual.shape == expected.shape
+        np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-5 * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("build, shapes", [
+    (_mlp, [(1, 16), (2, 16), (7, 16)]),
+    (_conv, [(1, 3, 8, 8), (2, 3, 8, 8), (5, 3, 8, 8)]),
+    (_attention, [(1, 64, 32), (2, 10, 32), (5, 7, 32)]),
+])
+def test_symbolic_dims_optimized_and_kept(tmp_path, capsys, build, shapes):
+    path = build(tmp_path)
+    out = tmp_path / "out.onnx"
+    rc, cap = _optimize(capsys, path, out)
+    assert rc == 0, cap.err
+    assert "written with the input's symbolic dims" in cap.out
+    original, written = onnx.load(path), onnx.load(out)
+    assert len(written.graph.node) != len(original.graph.node) or \
+        [n.op_type for n in written.graph.node] != [n.op_type for n in original.graph.node]  # rewritten
+    _assert_interface_kept(original, written)
+    _assert_same_outputs(path, out, shapes)
+
+
+def test_result_is_not_written_when_a_size_is_not_a_product_of_the_symbols(tmp_path, capsys):
+    """A Slice that drops the last position (its end is seq - 1) cannot be written
+    with symbolic dims: the input is written, and the reason said."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", None, 32])
+    nodes = [helper.make_node("Shape", ["x"], ["sh"]), _ints("i1", [1]), _ints("one", [1]), _ints("zero", [0]),
+             helper.make_node("Gather", ["sh", "i1"], ["S"], axis=0), helper.make_node("Sub", ["S", "one"], ["end"]),
+             helper.make_node("Slice", ["x", "zero", "end", "i1"], ["xs"]),
+             helper.make_node("MatMul", ["xs", "w1"], ["a"]), helper.make_node("MatMul", ["xs", "w2"], ["b"]),
+             helper.make_node("Add", ["a", "b"], ["y"])]
+    path = _save(tmp_path, helper.make_graph(nodes, "sliced", [x], [y], [_weight("w1", 16, 32), _weight("w2", 16, 32)]))
+    out = tmp_path / "out.onnx"
+    rc, cap = _optimize(capsys, path, out)
+    assert rc == 0, cap.err
+    assert "the input is written instead of the result" in cap.out
+    assert "not a product of the symbolic sizes" in cap.out
+    assert out.read_bytes() == path.read_bytes()
+
+
+def test_fix_shapes_freezes_only_when_asked(tmp_path, capsys):
+    path = _mlp(tmp_path)
+    out = tmp_path / "out.onnx"
+    rc, cap = _optimize(capsys, path, out, "--input-shape", "x=4,16", "--fix-shapes")
+    assert rc == 0, cap.err
+    written = onnx.load(out)
+    assert [d.dim_value for d in written.graph.input[0].type.tensor_type.shape.dim] == [4, 16]
+    assert [d.dim_value for d in written.graph.output[0].type.tensor_type.shape.dim] == [4, 32]
+
+
+def test_input_shape_sets_the_sizes_priced_not_the_interface(tmp_path, capsys):
+    path = _mlp(tmp_path)
+    out = tmp_path / "out.onnx"
+    rc, cap = _optimize(capsys, path, out, "--input-shape", "x=4,16")
+    assert rc == 0, cap.err
+    assert "batch=4" in cap.err
+    _assert_interface_kept(onnx.load(path), onnx.load(out))
+
+
+def test_conflicting_input_shapes_refused(tmp_path, capsys):
+    path = _mlp(tmp_path)
+    out = tmp_path / "out.onnx"
+    rc, cap = _optimize(capsys, path, out, "--input-shape", "x=2,16", "--input-shape", "x=3,16")
+    assert rc == 1
+    assert len(cap.err.strip().splitlines()) == 1 and "two shapes" in cap.err
+    assert not out.exists()
+
+
+def test_one_dim_name_given_two_sizes_refused(tmp_path, capsys):
+    a = helper.make_tensor_value_info("a", TensorProto.FLOAT, ["batch", 8])
+    b = helper.make_tensor_value_info("b", TensorProto.FLOAT, ["batch", 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])
+    path = _save(tmp_path, helper.make_graph([helper.make_node("Add", ["a", "b"], ["y"])], "add", [a, b], [y]))
+    out = tmp_path / "out.onnx"
+    rc, cap = _optimize(capsys, path, out, "--input-shape", "a=2,8", "--input-shape", "b=3,8")
+    assert rc == 1
+    assert len(cap.err.strip().splitlines()) == 1 and "'batch'" in cap.err
+    assert not out.exists()
+
+
+def test_convert_keeps_symbolic_dims(tmp_path, capsys):
+    path = _attention(tmp_path)
+    out = tmp_path / "out.onnx"
+    assert main(["convert", str(path), "-o", str(out)]) == 0, capsys.readouterr().err
+    _assert_interface_kept(onnx.load(path), onnx.load(out))
+    _assert_same_outputs(path, out, [(3, 5, 32)])
