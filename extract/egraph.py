@@ -180,13 +180,25 @@ def _from_dict(data: Mapping, src: str) -> EGraph:
     roots = data.get("root_eclasses", [])
     if not isinstance(roots, list):
         raise ExtractionError(f"{src}: 'root_eclasses' must be a list")
-    for root in roots:
-        if root not in class_pos:
-            raise ExtractionError(f"{src}: root e-class {root!r} has no nodes")
+    roots = [_canonical_root(root, raw, class_pos, src) for root in roots]
     return EGraph(
         class_ids, node_ids, node_class, node_cost, node_children,
         [class_pos[r] for r in roots], ops, src,
     )
+
+
+def _canonical_root(root, raw: Mapping, class_pos: Mapping, src: str) -> str:
+    """``root`` when it is an e-class of the file; else the e-class it was merged into,
+    where the file says so: egg's serializer names a node ``CLASS.INDEX`` after the
+    class it was added to, and some writers (extraction-gym's lean-egg e-graphs) list
+    that id as the root, not its canonical class, which the nodes' ``eclass`` gives."""
+    if root in class_pos:
+        return root
+    merged = {raw[nid]["eclass"] for nid in raw if isinstance(nid, str) and nid.startswith(f"{root}.")}
+    if len(merged) == 1:
+        return merged.pop()
+    raise ExtractionError(f"{src}: root e-class {root!r} has no nodes"
+                          + (f" (its nodes {root}.* are in several classes: {sorted(merged)})" if merged else ""))
 
 
 def _cost(value, nid: str, src: str) -> float:

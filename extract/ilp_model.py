@@ -44,6 +44,7 @@ class IlpModel:
         self.egraph = egraph
         self.roots = roots
         self.nodes = nodes
+        self.build_seconds = 0.0  # the last build's: no solve starts with less time left
         classes = sorted({int(egraph.node_class[n]) for n in nodes})
         self.class_pos = {c: i for i, c in enumerate(classes)}
         # Roots first, then the other required classes that this model holds.

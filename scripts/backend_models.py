@@ -29,6 +29,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -219,8 +220,9 @@ def run_case(case: Case, timeout: float, workdir: str) -> Outcome:
                     return Outcome(case, "wrong", f"output {i}: {why}", ort_runs, seconds)
     except Exception as e:
         if not ort_runs:
-            return Outcome(case, "unchecked", "written; onnxruntime runs neither it nor the input",
-                           ort_runs, seconds)
+            same = Path(out).read_bytes() == Path(case.model).read_bytes()
+            return Outcome(case, "unchecked", f"written{' unchanged' if same else ', changed'}; onnxruntime "
+                           f"runs neither it nor the input ({str(e).splitlines()[0][:90]})", ort_runs, seconds)
         return Outcome(case, "wrong", f"the written model does not run: {str(e).splitlines()[0][:150]}",
                        ort_runs, seconds)
     note = next((line for line in proc.stdout.splitlines() if line.startswith("wrote ")), "")

@@ -195,6 +195,11 @@ CASES = [
     Case("an unnamed symbolic dimension is optimized as a named one", "smaller", _optimize(
         lambda d: _save(d, "in.onnx", _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", [None, 5])], [Y]))),
         rc=0, says="symbolic dims priced", writes=("out.onnx",)),
+    Case("extract: a root e-class named by its node ids' prefix", "smaller", lambda d: [
+        "extract", _write(d / "g.json", json.dumps({
+            "nodes": {"33.0": {"op": "a", "children": ["1.0"], "eclass": "29", "cost": 1.0},
+                      "1.0": {"op": "x", "children": [], "eclass": "1", "cost": 1.0}},
+            "root_eclasses": ["33"]}))], rc=0, says=""),
     Case("extract: negative costs are noted", "smaller", lambda d: [
         "extract", _egraph(d, cost=-2.0)], rc=0, says="negative costs"),
 ]
@@ -204,6 +209,11 @@ def _egraph(folder: Path, cost: float = 1.0) -> str:
     path = folder / "g.json"
     path.write_text(json.dumps({"nodes": {"a": {"op": "x", "children": [], "eclass": "1", "cost": cost}},
                                 "root_eclasses": ["1"]}))
+    return str(path)
+
+
+def _write(path: Path, text: str) -> str:
+    path.write_text(text)
     return str(path)
 
 

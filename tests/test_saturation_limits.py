@@ -161,10 +161,19 @@ def test_a_step_that_outgrows_its_count_stops_saturation_without_failing(monkeyp
     # should the rules apply more matches than were counted (the bound's premise), the
     # e-graph is still sound: saturation stops there, saying so, rather than failing
     step = sat_mod._step
-    monkeypatch.setattr(sat_mod, "_step", lambda egraph, ruleset, rules, per_match, room:
-                        step(egraph, ruleset, rules, per_match, 10 ** 9))  # as if every count fit
+    monkeypatch.setattr(sat_mod, "_step", lambda egraph, ruleset, rules, per_match, room, **kw:
+                        step(egraph, ruleset, rules, per_match, 10 ** 9, **kw))  # as if every count fit
     limits = Limits(nodes=3_000)
     sat = saturate(_shared_input_matmuls(30), limits=limits, count_classes=False)
     assert sat.enodes > limits.ceiling
     assert sat.stop_reason.startswith(f"node limit ({limits.nodes}): the e-graph passed its ceiling of "
                                       f"{limits.ceiling} e-nodes in iteration {len(sat.iterations)}")
+
+
+def test_the_time_limit_is_checked_within_an_iteration():
+    # a deadline already past when the first step would start: nothing is applied, and
+    # the stop is not mistaken for saturation (the rules were not run, not matchless)
+    sat = saturate(_shared_input_matmuls(3), limits=Limits(seconds=1e-6), count_classes=False)
+    assert len(sat.iterations) == 1 and not sat.iterations[0].matches
+    assert sat.enodes == sat.initial.enodes
+    assert sat.stop_reason.startswith("time limit (1e-06 s), reached within iteration 1")

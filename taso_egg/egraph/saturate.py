@@ -17,6 +17,7 @@ it (``admit.Admission``), which gives the same matches as compiling the corpus u
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from itertools import count
@@ -181,9 +182,11 @@ class _Step:
     updated: bool
     held_back: dict[str, int] = field(default_factory=dict)  # counted, not applied
     worst: int = 0                      # the most e-nodes all the counted matches could add
+    timed_out: bool = False             # the deadline passed before the rules were applied
 
 
-def _step(egraph, ruleset: str, rules: dict, per_match: dict[str, int], room: int) -> _Step:
+def _step(egraph, ruleset: str, rules: dict, per_match: dict[str, int], room: int,
+          deadline: float = math.inf) -> _Step:
     """Run ``ruleset`` once if that cannot add more than ``room`` e-nodes, else only
     the rules with the fewest matches that fit (then ``held_back`` names the others).
 
@@ -196,14 +199,21 @@ def _step(egraph, ruleset: str, rules: dict, per_match: dict[str, int], room: in
     3. Where that could still pass ``room``, a fresh back-off scheduler (its queries
        are new too, and count as the recount's) applies every match of the rules
        with at most a cut-off's matches and none of the others'. The cut-off is the
-       largest whose rules fit."""
+       largest whose rules fit.
+
+    Past ``deadline`` (``time.perf_counter()``), checked between these egglog runs,
+    nothing more runs and nothing is applied (``timed_out``)."""
     probe = _run(egraph, f"(run {_PROBE}{ruleset})")
     counts = {name[len(_PROBE):]: n for name, n in probe.num_matches_per_rule.items() if n}
+    if time.perf_counter() > deadline:
+        return _Step({}, False, timed_out=True)
     if sum(n * per_match[r] for r, n in counts.items()) <= max(room, 0):
         report = _run(egraph, f"(run {ruleset})")
         return _Step({k: v for k, v in report.num_matches_per_rule.items() if v}, report.updated)
 
     every, worst = _recount(egraph, [r for r in counts if per_match[r]], rules, per_match)
+    if time.perf_counter() > deadline:
+        return _Step({}, False, timed_out=True)
     total = sum(worst.values())
     if total <= max(room, 0):
         report = _run(egraph, f"(run {ruleset})")
@@ -275,6 +285,7 @@ def saturate(graph: Graph, rules=None, limits: Limits | None = None, progress=No
     limits = limits or Limits()
     rules = tuple(load_corpus() if rules is None else rules)
     start, cpu_start = time.perf_counter(), time.process_time()
+    deadline = start + limits.seconds  # also checked between the egglog runs of an iteration
     program = graph_to_program(graph)
     given = egraph is not None
     if not given:
@@ -305,12 +316,18 @@ def saturate(graph: Graph, rules=None, limits: Limits | None = None, progress=No
         before = enodes
         matches: dict[str, int] = {}
         deferred: dict[str, int] = {}
-        updated, cut, passed = False, None, None
+        updated, cut, passed, timed_out = False, None, None, False
         for ruleset in ("rewrites", "multi") if use_multi else ("rewrites",):
+            if time.perf_counter() > deadline:
+                timed_out = True
+                break
             admission.admit(ruleset, lambda: _table_sizes(egraph), enodes, serialized)
             room = ceiling - enodes
             growth = min(room, int(limits.multi_growth * enodes)) if ruleset == "multi" and it > 1 else room
-            step = _step(egraph, ruleset, by_name, per_match, growth)
+            step = _step(egraph, ruleset, by_name, per_match, growth, deadline=deadline)
+            if step.timed_out:
+                timed_out = True
+                break
             matches.update(step.matches)
             updated = updated or step.updated
             enodes = _sizes(egraph)
@@ -340,6 +357,10 @@ def saturate(graph: Graph, rules=None, limits: Limits | None = None, progress=No
             break
         if cut:
             sat.stop_reason = _held_back(limits, it, cut)
+            break
+        if timed_out:  # before "saturated": the rules left were not run, not matchless
+            sat.stop_reason = (f"time limit ({limits.seconds:g} s), reached within iteration {it}, "
+                               f"before {'any' if not matches else 'all'} of its rules were applied")
             break
         if not updated and enodes == before:
             sat.stop_reason = _saturated(limits, deferred_ever)
