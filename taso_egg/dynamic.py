@@ -22,8 +22,8 @@ from typing import Mapping, Sequence
 from .errors import ShapeError, VerificationError
 from .graph import Graph
 from .onnx_io.importer import OtherSizes, load_onnx, value_types
-from .onnx_io.symbolic import (Interface, NotSymbolic, describe_sizes, grown_sizes, import_shapes, interface,
-                               representative_sizes, second_sizes, symbolize, writable_sizes)
+from .onnx_io.symbolic import (Interface, NotSymbolic, check_feeds_fit, describe_sizes, grown_sizes, import_shapes,
+                               interface, representative_sizes, second_sizes, symbolize, writable_sizes)
 
 
 @dataclass
@@ -48,6 +48,7 @@ class DynamicModel:
         given = dict(given or {})
         iface = interface(reference)
         first = representative_sizes(iface, given)
+        check_feeds_fit(iface, first)
         while True:
             second = second_sizes(first)
             other = None if fixed or not iface.symbolic else \

@@ -113,6 +113,19 @@ def representative_sizes(iface: Interface, given: Mapping[str, Sequence[int]]) -
     return sizes
 
 
+def check_feeds_fit(iface: Interface, sizes: Mapping[str, int]) -> None:
+    """One line (``executor.check_feed_fits``) when an input's random values at ``sizes``
+    cannot be made: checked before anything is sized from them (second sizes, imports)."""
+    from onnx import helper
+
+    from ..executor import check_feed_fits
+
+    shapes = iface.shapes(sizes)
+    for vi in iface.inputs:
+        if vi.type.HasField("tensor_type"):
+            check_feed_fits(vi.name, shapes[vi.name], helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type))
+
+
 def grown_sizes(iface: Interface, sizes: Mapping[str, int],
                 given: Mapping[str, Sequence[int]]) -> dict[str, int] | None:
     """``sizes`` with every symbol that no given shape sets and that leads no input
