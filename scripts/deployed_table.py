@@ -66,8 +66,10 @@ def feeds(model, sizes: dict, rng) -> dict:
                  for axis, d in enumerate(tt.shape.dim)]
         dtype = helper.tensor_dtype_to_np_dtype(tt.elem_type)
         if np.issubdtype(dtype, np.integer):
-            # token ids and masks: small non-negative values every vocabulary holds
-            out[v.name] = (np.ones(shape, dtype) if "mask" in v.name else rng.integers(0, 100, shape).astype(dtype))
+            # token ids from a range every vocabulary holds; masks all ones; other ids
+            # (token types) 0 or 1
+            out[v.name] = (np.ones(shape, dtype) if "mask" in v.name else
+                           rng.integers(0, 100 if "input_ids" in v.name else 2, shape).astype(dtype))
         else:
             out[v.name] = rng.standard_normal(shape).astype(dtype)
     return out
@@ -105,7 +107,8 @@ def run(path: Path, out_dir: Path, taso_egg: str) -> dict:
     row["dtypes_before"] = weight_dtypes(original)
     row["size_before"] = file_bytes(path)
     wrote = [line for line in proc.stdout.splitlines() if line.startswith("wrote ")]
-    row["written"] = wrote[-1].split("(")[-1].rstrip(")") if wrote and "(" in wrote[-1] else "the extracted graph"
+    names = ("the input, unchanged", "the input, re-exported: the importer's clean-up")
+    row["written"] = next((n for n in names if wrote and wrote[-1].endswith(f"({n})")), "the extracted graph")
     speed = [line for line in proc.stdout.splitlines() if line.startswith("speedup:")]
     row["speedup"] = speed[0][len("speedup: "):][:90] if speed else ""
     if proc.returncode != 0:

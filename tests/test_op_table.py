@@ -172,7 +172,7 @@ def _z3_out(n, form):
         values = [encode._literal(params[p.name], encode._param_sort(op, p.name)) for p in spec.params]
     except encode._Unsupported:
         return None
-    f = encode._Encoder().func(op, len(shapes), None)
+    f = encode._Encoder().func(op, len(shapes))
     ins = [z3.FreshConst(encode.Tensor, "t") for _ in shapes]
     out = f(*values, *ins)
     # the shape axiom's body, instantiated on this term (the prover gets it by E-matching)
