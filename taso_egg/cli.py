@@ -138,8 +138,8 @@ def _cmd_optimize(args) -> int:
     _print_summary(out.result)
     for note in out.notes:
         print(note)
-    print(format_table(operator_counts(out.original), operator_counts(out.model)))
-    save_atomically(out.model, args.output, external_data=out.external_data)
+    print(format_table(operator_counts(source.original), operator_counts(out.model)))
+    save_atomically(out.model, args.output, external_data=source.external_data)
     print(f"wrote {args.output}: {describe(out.model)}"
           + (f" ({_CANDIDATE_NAMES[out.chosen]})" if out.chosen != "result" else ""))
     return 0

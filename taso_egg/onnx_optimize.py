@@ -53,11 +53,9 @@ class OnnxOptimization:
     """What ``optimize_onnx`` made of a file."""
 
     model: object                 # the model to write (the original's own when it is chosen), a fed.FedModel
-    original: object              # the model as read (a fed.FedModel for a file)
-    external_data: bool           # the input kept its weights in external data (so must the output)
+    source: OnnxInput             # the file as read (its external data kept by what is written)
     chosen: str                   # "original", "re-export" or "result": what ``model`` is
     result: OptimizeResult
-    dynamic: DynamicModel
     # lines worth a user's eye that optimize's stats do not hold: what became of the
     # symbolic dims (checked at two sizes, or why the input was written instead)
     notes: list[str] = field(default_factory=list)
@@ -70,20 +68,17 @@ def optimize_onnx(source, *, rules=None, options: OptimizeOptions | None = None,
     where ``OnnxInput.read`` is asked to)."""
     if not isinstance(source, OnnxInput):
         source = OnnxInput.read(source)
-    fix_shapes = source.dynamic.fixed
-    original, external, dyn, reference = source.original, source.external_data, source.dynamic, \
-        source.dynamic.reference
+    dyn = source.dynamic
     phase = (hooks or Hooks()).phase or (lambda message: None)
-    phase(f"{source.path}: {describe(original)}")
+    phase(f"{source.path}: {describe(source.original)}")
     if dyn.symbolic:
         phase(f"symbolic dims priced, saturated and timed at {describe_sizes(dyn.first)}; "
-              + ("written fixed there (fix_shapes)" if fix_shapes else
+              + ("written fixed there (fix_shapes)" if dyn.fixed else
                  f"written symbolic, checked there and at {describe_sizes(dyn.second)}"))
-    result = optimize(dyn.graph, rules=rules, options=options, hooks=hooks, reference=reference)
+    result = optimize(dyn.graph, rules=rules, options=options, hooks=hooks, reference=dyn.reference)
     chosen = result.stats.chosen
-    out = OnnxOptimization(original if chosen == "original" else result.exported_fed, original, external, chosen,
-                           result, dyn)
-    if dyn.symbolic and not fix_shapes and chosen != "original":
+    out = OnnxOptimization(source.original if chosen == "original" else result.exported_fed, source, chosen, result)
+    if dyn.symbolic and not dyn.fixed and chosen != "original":
         _keep_symbolic_dims(out)
     return out
 
@@ -91,7 +86,7 @@ def optimize_onnx(source, *, rules=None, options: OptimizeOptions | None = None,
 def _keep_symbolic_dims(out: OnnxOptimization) -> None:
     """The chosen candidate with the input's symbolic dims, checked at two sizes; else
     the original, with the reason in ``notes``."""
-    result, dyn = out.result, out.dynamic
+    result, dyn = out.result, out.source.dynamic
     if out.chosen == "re-export":
         written = write_symbolic(dyn, dyn.graph)
     else:
@@ -99,7 +94,7 @@ def _keep_symbolic_dims(out: OnnxOptimization) -> None:
     if written.model is None:
         out.notes.append(f"result: the input is written instead of the {out.chosen}, which cannot be written "
                          f"with the input's symbolic dims: {written.why}")
-        out.model, out.chosen = out.original, "original"
+        out.model, out.chosen = out.source.original, "original"
         return
     out.notes.append("check: written with the input's symbolic dims, its outputs equal the input's in "
                      f"onnxruntime within {at_sizes(written.errors)} (relative)")
