@@ -21,7 +21,9 @@ import numpy as np
 import onnx
 
 from taso_egg import decide, timing, zoo
+from taso_egg.executor import random_feeds
 from taso_egg.onnx_io.exporter import export_onnx
+from taso_egg.onnx_io.symbolic import input_types, interface
 
 DIMS = {"batch": 1, "sequence": 64, "samples": 16000}
 
@@ -42,23 +44,8 @@ def models(names: list[str]):
 
 
 def feeds(model, dims: dict[str, int]) -> dict[str, np.ndarray]:
-    """Random inputs as ``executor.random_inputs`` makes them, symbolic dims from ``dims``."""
-    rng = np.random.default_rng(0)
-    initializers = {t.name for t in model.graph.initializer}
-    out = {}
-    for vi in model.graph.input:
-        if vi.name in initializers:
-            continue
-        t = vi.type.tensor_type
-        shape = [d.dim_value if d.HasField("dim_value") else dims[d.dim_param] for d in t.shape.dim]
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type)
-        if dtype.kind == "f":
-            out[vi.name] = rng.standard_normal(shape).astype(dtype)
-        elif dtype.kind == "b":
-            out[vi.name] = rng.random(shape) < 0.5
-        else:
-            out[vi.name] = rng.integers(0, 2, size=shape).astype(dtype)
-    return out
+    """Random inputs as optimize makes them (``executor.random_feeds``), symbolic dims from ``dims``."""
+    return random_feeds(input_types(interface(model), dims))
 
 
 def main(argv=None) -> int:

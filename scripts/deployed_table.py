@@ -27,6 +27,9 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
+from taso_egg.onnx_io.symbolic import input_types
+from taso_egg.onnx_io.symbolic import interface as symbolic_interface
+
 SIZES = ({"batch": 1, "other": 16}, {"batch": 2, "other": 32})  # two sizes of each symbolic dim
 
 
@@ -55,23 +58,20 @@ def file_bytes(path: Path) -> int:
 
 
 def feeds(model, sizes: dict, rng) -> dict:
-    inits = {t.name for t in model.graph.initializer}
+    """Inputs as a deployed model gets them, each symbolic dim that leads an input at
+    ``sizes["batch"]``, the others at ``sizes["other"]``: floats N(0, 1); token ids
+    from a range every vocabulary holds, masks all ones, other integers (token types)
+    0 or 1 (independent of optimize's own random feeds, which are 0 or 1 throughout)."""
+    iface = symbolic_interface(model)
+    leading = {dims[0] for dims in iface.dims.values() if dims and isinstance(dims[0], str)}
+    at = {s: sizes["batch"] if s in leading else sizes["other"] for s in iface.symbols}
     out = {}
-    for v in model.graph.input:
-        if v.name in inits:
-            continue
-        tt = v.type.tensor_type
-        shape = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0
-                 else (sizes["batch"] if axis == 0 else sizes["other"])
-                 for axis, d in enumerate(tt.shape.dim)]
-        dtype = helper.tensor_dtype_to_np_dtype(tt.elem_type)
+    for name, shape, dtype in input_types(iface, at):
         if np.issubdtype(dtype, np.integer):
-            # token ids from a range every vocabulary holds; masks all ones; other ids
-            # (token types) 0 or 1
-            out[v.name] = (np.ones(shape, dtype) if "mask" in v.name else
-                           rng.integers(0, 100 if "input_ids" in v.name else 2, shape).astype(dtype))
+            out[name] = (np.ones(shape, dtype) if "mask" in name else
+                         rng.integers(0, 100 if "input_ids" in name else 2, shape).astype(dtype))
         else:
-            out[v.name] = rng.standard_normal(shape).astype(dtype)
+            out[name] = rng.standard_normal(shape).astype(dtype)
     return out
 
 

@@ -34,18 +34,24 @@ def check_feed_fits(name: str, shape, dtype) -> None:
 
 
 def random_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
-    """Random feeds for every graph input (floats ~N(0,1); integers small, >= 0)."""
+    """Random feeds for every graph input (``random_feeds``)."""
+    return random_feeds(((n.params["name"], n.params["shape"], n.params["dtype"]) for n in graph.inputs()), seed)
+
+
+def random_feeds(inputs, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random feeds for ``(name, shape, dtype)`` inputs: floats ~N(0,1), bools fair,
+    integers 0 or 1 (in range as a token id, a token type or a mask)."""
     rng = np.random.default_rng(seed)
     feeds = {}
-    for n in graph.inputs():
-        shape, dtype = n.params["shape"], np.dtype(n.params["dtype"])
-        check_feed_fits(n.params["name"], shape, dtype)
+    for name, shape, dtype in inputs:
+        dtype = np.dtype(dtype)
+        check_feed_fits(name, shape, dtype)
         if is_float(dtype):
-            feeds[n.params["name"]] = rng.standard_normal(shape).astype(dtype)
+            feeds[name] = rng.standard_normal(shape).astype(dtype)
         elif dtype.kind == "b":
-            feeds[n.params["name"]] = rng.random(shape) < 0.5
+            feeds[name] = rng.random(shape) < 0.5
         else:
-            feeds[n.params["name"]] = rng.integers(0, 2, size=shape).astype(dtype)
+            feeds[name] = rng.integers(0, 2, size=shape).astype(dtype)
     return feeds
 
 

@@ -113,17 +113,22 @@ def representative_sizes(iface: Interface, given: Mapping[str, Sequence[int]]) -
     return sizes
 
 
+def input_types(iface: Interface, sizes: Mapping[str, int]):
+    """``(name, shape, dtype)`` of every tensor input with each symbol at ``sizes``."""
+    from onnx import helper
+
+    shapes = iface.shapes(sizes)
+    return [(vi.name, shapes[vi.name], helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type))
+            for vi in iface.inputs if vi.type.HasField("tensor_type")]
+
+
 def check_feeds_fit(iface: Interface, sizes: Mapping[str, int]) -> None:
     """One line (``executor.check_feed_fits``) when an input's random values at ``sizes``
     cannot be made: checked before anything is sized from them (second sizes, imports)."""
-    from onnx import helper
-
     from ..executor import check_feed_fits
 
-    shapes = iface.shapes(sizes)
-    for vi in iface.inputs:
-        if vi.type.HasField("tensor_type"):
-            check_feed_fits(vi.name, shapes[vi.name], helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type))
+    for name, shape, dtype in input_types(iface, sizes):
+        check_feed_fits(name, shape, dtype)
 
 
 def grown_sizes(iface: Interface, sizes: Mapping[str, int],
