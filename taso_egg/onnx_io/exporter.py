@@ -204,15 +204,22 @@ class _Exporter:
         return self._model(outputs, model_name)
 
     def _fold_constants(self, order: list[Node]) -> dict[int, dict]:
-        """Compute every weight-only value that a run-time node (or an output) needs."""
+        """Compute every weight-only value that a run-time node (or an output) needs;
+        the layout views ``_shared_views`` names are left to run (not in the result)."""
         g = self.g
         weight_only = g.weight_only_nodes()
-        needed = {(t.node, t.index) for n in order if n.id not in weight_only
-                  for t in n.inputs if t.node in weight_only}
-        needed |= {(t.node, t.index) for _, t in g.outputs if t.node in weight_only}
+        folds = weight_only - self._shared_views(order, weight_only)
+        needed = {(t.node, t.index) for n in order if n.id not in folds for t in n.inputs if t.node in folds}
+        needed |= {(t.node, t.index) for _, t in g.outputs if t.node in folds}
+        # only what the needed values are computed from (a view left to run may still
+        # feed a fold), so no weight is copied for nothing
+        required = {key[0] for key in needed}
+        for n in reversed(order):
+            if n.id in required:
+                required.update(t.node for t in n.inputs)
         values: dict[tuple[int, int], np.ndarray] = {}
         for n in order:
-            if n.id not in weight_only:
+            if n.id not in required:
                 continue
             if n.op == "weight":
                 outs = [g.weight_array(n)]
@@ -220,10 +227,33 @@ class _Exporter:
                 outs = call_kernel(np, n, [values[(t.node, t.index)] for t in n.inputs])
             for i, v in enumerate(outs):
                 values[(n.id, i)] = v
-        folded: dict[int, dict] = {nid: {} for nid in weight_only}
+        folded: dict[int, dict] = {nid: {} for nid in folds}
         for key in needed:
             folded[key[0]][key] = values[key]
         return folded
+
+    def _shared_views(self, order: list[Node], weight_only: set[int]) -> set[int]:
+        """Weight-only layout views (transpose, reshape, split) written as operators on
+        the weight they view instead of folded into a copy of it, where that weight is
+        written anyway (read at run time, or viewed for run time more than once): a
+        tied weight (GPT-2's LM head reads the token embedding transposed) is then
+        written once; onnxruntime folds the view when it loads the model."""
+        g = self.g
+        view = lambda nid: nid in weight_only and OPS[g.nodes[nid].op].is_view  # noqa: E731
+        runtime_reads = [(t.node, t.index) for n in order if n.id not in weight_only for t in n.inputs]
+        runtime_reads += [(t.node, t.index) for _, t in g.outputs]
+        chains: dict[tuple[int, int], list[set[int]]] = {}  # a viewed tensor -> the chains of views on it
+        for key in dict.fromkeys(runtime_reads):
+            chain = set()
+            while view(key[0]):
+                chain.add(key[0])
+                src = g.nodes[key[0]].inputs[0]
+                key = (src.node, src.index)
+            if chain and key[0] in weight_only:
+                chains.setdefault(key, []).append(chain)
+        read = set(runtime_reads)
+        return {nid for key, found in chains.items() if key in read or len(found) > 1
+                for chain in found for nid in chain}
 
     def _model(self, outputs, model_name):
         from onnx import helper
