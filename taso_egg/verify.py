@@ -985,19 +985,23 @@ def onnx_outputs(model, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray
     weights are fed with the inputs (onnxruntime reads NumPy feeds in place)."""
     import onnxruntime as ort
 
-    from .onnx_io.fed import session_parts
+    from .onnx_io.fed import weights_as_inputs
 
     if isinstance(model, tuple):
         model, weights = model
         feeds = {**feeds, **weights}
+    if not isinstance(model, (bytes, str)):
+        # the large weights fed as inputs, which onnxruntime reads in place (it copies
+        # initializers into each session: a second copy of every weight while it runs)
+        model, weights = weights_as_inputs(model)
+        feeds = {**feeds, **weights}
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3
-    data, names, values = (model, [], []) if isinstance(model, (bytes, str)) else session_parts(model)
-    if names:
-        options.add_external_initializers(names, values)
-    session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
-    del data  # onnxruntime holds what it needs (the arrays of ``values`` it reads in place)
+    # no prepacked copy of the weights, for models read from a file too: a run or two
+    # does not pay for it, and fed weights, being inputs, are not prepacked either
+    options.add_session_config_entry("session.disable_prepacking", "1")
+    session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     return dict(zip(names, session.run(None, dict(feeds))))
 

@@ -170,3 +170,33 @@ def test_tied_weight_is_written_once(tmp_path, capsys):
     feeds = {"ids": RNG.integers(0, 300, (2, 5)).astype(np.int64)}
     assert np.allclose(onnx_outputs(original, feeds)["logits"], onnx_outputs(written, feeds)["logits"],
                        rtol=1e-5, atol=1e-5)
+
+
+def test_check_runs_read_the_weights_in_place(tmp_path, monkeypatch):
+    """The check's onnxruntime runs get a fed model's weights as inputs, the arrays
+    themselves, never as initializers (onnxruntime copies those into every session: on
+    main each check run held a second copy of every weight), and compute the same."""
+    import onnxruntime as ort
+
+    from taso_egg.onnx_io.importer import read_model_file
+    from taso_egg.verify import onnx_outputs
+
+    path = tmp_path / "model.onnx"
+    _mlp(path, external=False)
+    model, _ = read_model_file(path, fed=True)
+    given, fed = [], []
+    monkeypatch.setattr(ort.SessionOptions, "add_external_initializers",
+                        lambda self, names, values: given.extend(names))
+    run = ort.InferenceSession.run
+
+    def recorded(self, names, feeds, *args, **kwargs):
+        fed.extend(a for a in feeds.values())
+        return run(self, names, feeds, *args, **kwargs)
+
+    monkeypatch.setattr(ort.InferenceSession, "run", recorded)
+    feeds = {"x": RNG.standard_normal((3, 64)).astype(np.float32)}
+    got = onnx_outputs(model, feeds)["y"]
+    assert given == []
+    assert all(any(a is w for a in fed) for w in model.arrays.values())
+    monkeypatch.undo()
+    assert np.array_equal(got, onnx_outputs(str(path), feeds)["y"])

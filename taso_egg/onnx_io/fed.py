@@ -180,6 +180,26 @@ def session_parts(model) -> tuple[bytes, list[str], list]:
     return fed.model.SerializeToString(), names, values
 
 
+def weights_as_inputs(model) -> tuple[bytes, dict[str, np.ndarray]]:
+    """``model`` (a ModelProto or a FedModel) serialized with its large weights as graph
+    inputs, and the arrays to feed them: for a run without graph optimizations, where
+    this computes what the model computes. onnxruntime copies every initializer it is
+    given (``session_parts``) into each session; inputs it reads in place."""
+    import onnx
+    from onnx import helper
+
+    fed = feed(model)
+    out = onnx.ModelProto()
+    out.CopyFrom(fed.model)
+    kept = [t for t in out.graph.initializer if not is_stub(t)]
+    declared = {vi.name for vi in out.graph.input}
+    out.graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                           for t in out.graph.initializer if is_stub(t) and t.name not in declared)
+    del out.graph.initializer[:]
+    out.graph.initializer.extend(kept)
+    return out.SerializeToString(), fed.arrays
+
+
 def save_inline(model: FedModel, path: str) -> None:
     """Write ``model`` with every weight inside the file, streamed tensor by tensor:
     the bytes protobuf would write for the whole model (fields in number order, each
