@@ -208,6 +208,9 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
     extraction, decision_options, seed = options.extraction, options.decision, options.check.seed
     model = options.costs.model or load_cost_model(options.costs.profile)
     graph.validate()
+    if options.costs.calibration == "runtime":
+        phase("calibrating the costs on one onnxruntime profile of the input")
+        model = runtime_calibrated(graph, model, seed)
     t0 = time.perf_counter()
     rules = tuple(load_corpus() if rules is None else rules)
     limits = options.limits
@@ -281,6 +284,19 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
     cost_after = after if decision.graph is ext.graph else before
     return OptimizeResult(decision.graph, graph, before, cost_after, getattr(model, "name", "cost model"),
                           stats, sat, checked, ext.classes)
+
+
+def runtime_calibrated(graph: Graph, model: CostModel, seed: int = 0) -> CostModel:
+    """``model`` calibrated on one onnxruntime profile of ``graph`` (``calibrate``);
+    ``model`` itself where onnxruntime cannot run the graph (the guard, which times the
+    same, then keeps the input)."""
+    from .calibrate import calibrated_cost
+    from .executor import random_inputs
+
+    try:
+        return calibrated_cost(graph, model, random_inputs(graph, seed))
+    except Exception:  # onnxruntime raises its own exception types; export, ours
+        return model
 
 
 def _check_numerically(graph: Graph, sat: Saturation, ext: Extraction, seed: int, phase,

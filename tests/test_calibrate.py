@@ -1,0 +1,125 @@
+"""Calibrating the cost model on one onnxruntime profile of the input (``taso_egg.calibrate``,
+``cost.calibrated``): the arithmetic on a synthetic profile, and the profiler's table of a
+tiny model. No timings are asserted: measured seconds are whatever this machine took."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import taso_egg
+from taso_egg.calibrate import kernel_units, runtime_profile, seconds_per_run
+from taso_egg.cost import CalibratedCost, OpConfig, load_cost_model, node_config
+from taso_egg.cost.calibrated import spread
+from taso_egg.executor import random_inputs
+from taso_egg.onnx_io.exporter import export_fed_named
+from taso_egg.ops import OPS, TensorType
+from taso_egg.timing import node_events
+
+
+def _tiny_model():
+    """x -> Conv -> Relu -> Add x (a residual) -> MatMul by a weight -> Add a bias."""
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+               for name, shape in (("w", (4, 4, 3, 3)), ("b", (4,)), ("m", (8, 8)), ("mb", (8,)))]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Add", ["r", "x"], ["s"]),
+             helper.make_node("MatMul", ["s", "m"], ["mm"]),
+             helper.make_node("Add", ["mm", "mb"], ["y"])]
+    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _runtime_nodes(graph):
+    """The graph's run-time nodes (not folded, not leaves) and their configurations."""
+    folded = graph.weight_only_nodes()
+    return {n.id: node_config(n, [t.node in folded for t in n.inputs])
+            for n in graph.nodes.values() if n.id not in folded and not OPS[n.op].is_leaf}
+
+
+def test_spread_shares_a_kernel_by_predicted_cost():
+    measured, unattributed = spread([(3.0, [1, 2]), (0.5, [3]), (0.25, [])], {1: 2.0, 2: 1.0, 3: 0.0, 4: 5.0})
+    assert measured == {1: 2.0, 2: 1.0, 3: 0.0, 4: 0.0}  # 4: computed by no kernel (fused away)
+    assert unattributed == 0.75  # the kernels of nothing priced
+
+
+def test_scales_fall_back_from_configuration_to_operator_to_overall():
+    class Flat:  # every configuration predicted 1 s
+        def cost(self, config):
+            return 1.0
+
+    a = OpConfig.of("relu", {}, [TensorType((4,), "float32")])
+    b = OpConfig.of("relu", {}, [TensorType((8,), "float32")])
+    c = OpConfig.of("ewadd", {}, [TensorType((4,), "float32")] * 2)
+    cal = CalibratedCost.fit(Flat(), [(a, 0.5), (a, 1.5), (b, 0.0), (c, 4.0)])
+    assert cal.cost(a) == 1.0                         # its own configuration: 2 s measured over 2 s predicted
+    assert cal.cost(b) == 0.0                         # fused away in the input: free
+    assert cal.cost(OpConfig.of("relu", {}, [TensorType((2,), "float32")])) == 2.0 / 3  # relu's: 2 s over 3
+    assert cal.cost(OpConfig.of("ewmul", {}, [TensorType((4,), "float32")] * 2)) == 6.0 / 4  # overall
+
+
+def test_synthetic_profile_maps_to_the_graph_nodes():
+    """onnxruntime's profile json, made up, with what its fusions do to names: a conv
+    with its activation and residual in NCHWc layout named after the tensor it computes,
+    with reorders between; a MatMul and bias fused into a Gemm between two reshapes of
+    its own; a copy of the output, which computes nothing new (its time the Gemm's); a
+    kernel that reads only the input and computes nothing priced."""
+    graph = taso_egg.load_onnx(_tiny_model())
+    _, names = export_fed_named(graph)
+    tensor = {graph.nodes[nid].op: onnx_name for onnx_name, (nid, _) in names.items()}  # one per op but ewadd
+    residual = next(onnx_name for onnx_name, (nid, _) in names.items()  # the add the MatMul reads
+                    if graph.nodes[nid].op == "ewadd" and graph.nodes[nid].inputs[0].node != graph.outputs[0][1].node
+                    and graph.nodes[graph.nodes[nid].inputs[0].node].op == "relu")
+    output = graph.outputs[0][0]
+    ran = [("ReorderInput", ["x"], ["reorder_token_0"]),
+           (f"{residual}_nchwc", ["reorder_token_0", "reorder_w", "b", "reorder_token_0"], ["reorder_token_1"]),
+           ("ReorderOutput", ["reorder_token_1"], [residual]),
+           ("gemm_input_reshape", [residual, "shape"], ["gemm_in"]),
+           ("MatMulAddFusion", ["gemm_in", "m", "mb"], ["gemm_out"]),
+           ("gemm_output_reshape", ["gemm_out", "shape2"], [output]),
+           ("Copy", [output], ["unused"]),
+           ("Cast", ["x"], ["x_copy"])]
+    durations = {"ReorderInput": 10, f"{residual}_nchwc": 70, "ReorderOutput": 20, "gemm_input_reshape": 1,
+                 "MatMulAddFusion": 28, "gemm_output_reshape": 1, "Copy": 5, "Cast": 2}
+    events = [{"cat": "Session", "name": "model_run", "dur": 999}]
+    for _ in range(3):  # a warm-up run, then two
+        events += [{"cat": "Node", "name": f"{n}_kernel_time", "dur": d, "args": {"op_name": "X"}}
+                   for n, d in durations.items()]
+    seconds = seconds_per_run(node_events(events, runs=2), runs=2)
+    assert seconds[f"{residual}_nchwc"] == pytest.approx(70e-6)
+    units = kernel_units(graph, ran, names, seconds)
+    assert [round(s * 1e6) for s, _ in units] == [100, 35, 2]
+    assert [sorted(graph.nodes[n].op for n in nodes) for _, nodes in units] == \
+        [["conv2d", "ewadd", "relu"], ["ewadd", "matmul"], []]
+    assert names[tensor["conv2d"]][0] in units[0][1]
+    configs = _runtime_nodes(graph)
+    base = load_cost_model()
+    predicted = {nid: base.cost(c) for nid, c in configs.items()}
+    measured, unattributed = spread(units, predicted)
+    assert unattributed == pytest.approx(2e-6)
+    assert sum(measured.values()) == pytest.approx(135e-6)
+    cal = CalibratedCost.fit(base, [(configs[n], measured[n]) for n in configs], unattributed)
+    # the input priced by the calibrated model is what its kernels took
+    assert sum(cal.cost(c) for c in configs.values()) == pytest.approx(135e-6)
+    conv = next(c for c in configs.values() if c.op == "conv2d")
+    assert cal.cost(conv) == pytest.approx(measured[next(n for n, c in configs.items() if c is conv)])
+
+
+def test_onnxruntime_profile_of_a_tiny_model_is_a_per_node_table():
+    graph = taso_egg.load_onnx(_tiny_model())
+    profile = runtime_profile(graph, random_inputs(graph), runs=2)
+    configs = _runtime_nodes(graph)
+    covered = [n for _, nodes in profile.units for n in nodes]
+    assert len(covered) == len(set(covered))  # no node computed twice
+    assert set(configs) <= set(covered)       # every run-time node computed by some kernel
+    assert all(seconds >= 0 for seconds, _ in profile.units)
+    assert profile.kernel_seconds == pytest.approx(sum(s for s, _ in profile.units))
+    base = load_cost_model()
+    predicted = {nid: base.cost(c) for nid, c in configs.items()}
+    measured, _ = spread(profile.units, predicted)
+    cal = CalibratedCost.fit(base, [(configs[n], measured[n]) for n in configs])
+    assert {c.op for c in configs.values()} == set(cal.by_op)
+    assert sum(cal.cost(c) for c in configs.values()) == pytest.approx(sum(measured.values()))
