@@ -160,7 +160,9 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
     how, stage by stage: ``limits`` bound saturation; ``extraction`` names the extractor
     and its time limit; ``costs`` give the cost model (``model``, an object) or
     ``profile`` (a shipped profile's name, a profile path, or "analytic"; see
-    ``taso_egg.cost.load_cost_model``); ``decision`` says how many runs to time
+    ``taso_egg.cost.load_cost_model``) and its ``calibration`` (by default, where the
+    decision is timed, scaled by one onnxruntime profile of ``graph``: ``calibrate``;
+    where onnxruntime cannot run it, not); ``decision`` says how many runs to time
     (``measure``) and, without timing, the predicted gain that must be passed
     (``min_gain``); ``check`` whether to check (``verify``) and the random inputs' seed.
     ``rules`` default to the proved corpus. Without measurement the result replaces the
@@ -208,11 +210,12 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
     extraction, decision_options, seed = options.extraction, options.decision, options.check.seed
     model = options.costs.model or load_cost_model(options.costs.profile)
     graph.validate()
-    if options.costs.calibration == "runtime":
-        phase("calibrating the costs on one onnxruntime profile of the input")
-        model = runtime_calibrated(graph, model, seed)
     t0 = time.perf_counter()
     rules = tuple(load_corpus() if rules is None else rules)
+    form = runtime_form(graph, rules, model)  # the input as the runtime runs it: what a gain is over
+    if options.costs.calibration == "runtime" or (options.costs.calibration == "auto" and decision_options.measure):
+        phase("calibrating the costs on one onnxruntime profile of the input")
+        model = runtime_calibrated(form, model, seed)
     limits = options.limits
     phase(f"saturating with {len(rules)} rules (limits: {limits.nodes} e-nodes, {limits.iterations} iterations, "
           f"{limits.seconds:g} s, multi-pattern iterations {limits.multi_iterations})")
@@ -221,7 +224,7 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
                    count_classes=progress is not None)
     phase(f"extracting ({extraction.extractor}, time limit {extraction.time_limit:g} s)")
     ext = extract_graph(sat, extraction.extractor, model, extraction.time_limit)
-    before, after = runtime_cost(graph, rules, model), graph_cost(ext.graph, model)
+    before, after = graph_cost(form, model), graph_cost(ext.graph, model)
     # Decide first, check what is returned: a result that is not returned needs no
     # check (timing an unchecked candidate writes nothing).
     decision = decide(graph, ext.graph, before, after, decision_options.min_gain, decision_options.measure,
@@ -287,9 +290,10 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
 
 
 def runtime_calibrated(graph: Graph, model: CostModel, seed: int = 0) -> CostModel:
-    """``model`` calibrated on one onnxruntime profile of ``graph`` (``calibrate``);
-    ``model`` itself where onnxruntime cannot run the graph (the guard, which times the
-    same, then keeps the input)."""
+    """``model`` calibrated on one onnxruntime profile of ``graph`` (``calibrate``; the
+    input in its runtime form, so that the fused configurations the extractor picks are
+    measured ones); ``model`` itself where onnxruntime cannot run the graph (the guard,
+    which times the same, then keeps the input)."""
     from .calibrate import calibrated_cost
     from .executor import random_inputs
 

@@ -179,7 +179,7 @@ def _onnx_table(args) -> int:
     if not files:
         print(f"error: {args.onnx}: no *.onnx files", file=sys.stderr)
         return 2
-    print(f"{'model':<28}{'corpus':<10}{'nodes':>6}{'opaque':>8}{'optimize s':>11}{'predicted':>10}{'result':>21}"
+    print(f"{'model':<28}{'corpus':<10}{'nodes':>6}{'opaque':>8}{'optimize s':>11}{'predicted':>10}{'result':>21}{'error':>8}"
           f"{'1 thread':>21}{'2 threads':>21}{'max rel err':>12}{'RSS MB':>8}  written", flush=True)
     context = multiprocessing.get_context("spawn")
     peer_rows = []
@@ -195,7 +195,8 @@ def _onnx_table(args) -> int:
             peer_rows.append((path.name, label, row["peers"]))
         err = "-" if row["error"] is None else f"{row['error']:.1e}"
         print(f"{path.name:<28}{label:<10}{row['nodes']:>6}{row['opaque']:>8}{row['seconds']:>11.1f}"
-              f"{row['predicted']:>9.3f}x{_ratio(row['result'], 21)}{_ratio(row['speedup1'], 21, 'same')}"
+              f"{row['predicted']:>9.3f}x{_ratio(row['result'], 21)}{_prediction_error(row['predicted'], row['result'])}"
+              f"{_ratio(row['speedup1'], 21, 'same')}"
               f"{_ratio(row['speedup2'], 21, 'same')}{err:>12}{row['rss_mb']:>8.0f}  {row['chosen']}", flush=True)
         if row["shares"]:
             print("    kernel time of the original by operator: " + ", ".join(
@@ -204,7 +205,9 @@ def _onnx_table(args) -> int:
           f"cost model's speedup of the extracted result over the input as a runtime runs it (what "
           f"optimize's decision weighs); result = its speedup as optimize's guard measured it "
           f"(onnxruntime, one thread, CPU time, paired interleaved rounds, at most {measure}: "
-          f"Hodges-Lehmann ratio (95 % interval); - when it computes what the input does); 1/2 "
+          f"Hodges-Lehmann ratio (95 % interval); - when it computes what the input does); error = "
+          f"predicted over result, less 1 (the cost model's, costs calibrated on one onnxruntime profile "
+          f"of the input unless --calibration none); 1/2 "
           f"threads = the written model against the original file by the same guard, onnxruntime "
           f"ORT_ENABLE_ALL (2 threads: wall time; same: the original was written); written = the "
           f"candidate optimize wrote (original, re-export or result); max "
@@ -410,6 +413,13 @@ def _peak_rss_mb() -> float:
 def _ratio(c, width: int, missing: str = "-") -> str:
     """A guard's ``Comparison`` as ``1.031x(1.012-1.049)``."""
     text = f"{c.ratio:.3f}x({c.low:.3f}-{c.high:.3f})" if c is not None else missing
+    return format(text, f">{width}")
+
+
+def _prediction_error(predicted: float, measured, width: int = 8) -> str:
+    """How far the predicted speedup is from the guard's measured one (a ``Comparison``),
+    in percent of the measured: ``+9.4%`` predicted too fast."""
+    text = f"{100 * (predicted / measured.ratio - 1):+.1f}%" if measured is not None else "-"
     return format(text, f">{width}")
 
 

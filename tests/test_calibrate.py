@@ -61,6 +61,18 @@ def test_scales_fall_back_from_configuration_to_operator_to_overall():
     assert cal.cost(OpConfig.of("ewmul", {}, [TensorType((4,), "float32")] * 2)) == 6.0 / 4  # overall
 
 
+def test_a_conv_with_an_activation_takes_its_bare_twins_scale():
+    class Flat:
+        def cost(self, config):
+            return 1.0
+
+    x, w = TensorType((1, 4, 8, 8), "float32"), TensorType((4, 4, 3, 3), "float32")
+    conv = lambda activation, **kw: OpConfig.of("conv2d", {"activation": activation, **kw}, [x, w], constant=[False, True])  # noqa: E731
+    cal = CalibratedCost.fit(Flat(), [(conv("NONE"), 3.0), (conv("NONE", strides=(2, 2)), 1.0)])
+    assert cal.cost(conv("RELU")) == 3.0                 # the same conv, measured
+    assert cal.cost(conv("RELU", padding="VALID")) == 2.0  # unmeasured: the operator's scale
+
+
 def test_synthetic_profile_maps_to_the_graph_nodes():
     """onnxruntime's profile json, made up, with what its fusions do to names: a conv
     with its activation and residual in NCHWc layout named after the tensor it computes,

@@ -6,7 +6,8 @@ to nothing, a layer norm it runs as one kernel costs one kernel's time. Its per-
 profiler says what each of its kernels took; ``spread`` shares each kernel's time among
 the input's nodes it computes (in proportion to their predicted costs), and
 ``CalibratedCost.fit`` turns that into scales, measured over predicted: per operator
-configuration, per operator, and overall, in that order of preference. A candidate's
+configuration (a conv with a bias or an activation: its bare twin's, as
+``ProfiledCost`` borrows), per operator, and overall, in that order of preference. A candidate's
 node costs its base cost times the finest scale the input measured for it: a node of a
 kind onnxruntime fuses away in the input costs what it cost there (next to nothing).
 
@@ -19,7 +20,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 
 from .config import OpConfig
-from .model import CostModel
+from .model import CostModel, without_epilogue
 
 
 def spread(kernels: Iterable[tuple[float, Sequence]], predicted: Mapping) -> tuple[dict, float]:
@@ -84,9 +85,11 @@ class CalibratedCost:
         except TypeError:  # unhashable parameter values
             key = config.key
         scale = self.by_key.get(key)
-        if scale is None:
-            scale = self.by_op.get(config.op, self.overall)
-        return scale
+        for sibling in without_epilogue(config) if scale is None else ():
+            scale = self.by_key.get(sibling.key)  # a conv's bias or activation: its bare twin's
+            if scale is not None:
+                break
+        return self.by_op.get(config.op, self.overall) if scale is None else scale
 
     def cost(self, config: OpConfig) -> float:
         predicted = self.base.cost(config)
