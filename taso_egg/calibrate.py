@@ -14,14 +14,16 @@ from __future__ import annotations
 import tempfile
 from dataclasses import dataclass
 
+import numpy as np
+
 from .cost import CalibratedCost, CostModel, node_config
 from .cost.calibrated import spread
 from .graph import Graph
 from .ops import OPS
 
-# Profiled runs after the warm-up: per-node times are shares within one profile, and a
-# few runs steady them at a few seconds' cost on the largest exports measured.
-PROFILE_RUNS = 3
+# Profiled runs after the warm-up: each kernel's median over them is its time; five
+# cost a few seconds on the largest exports measured.
+PROFILE_RUNS = 5
 # onnxruntime's NchwcTransformer names a node it moves to the NCHWc layout after the
 # tensor it computes, with this suffix.
 NCHWC_SUFFIX = "_nchwc"
@@ -54,10 +56,16 @@ def runtime_profile(graph: Graph, feeds, runs: int = PROFILE_RUNS) -> RuntimePro
 
 
 def seconds_per_run(events: list[dict], runs: int) -> dict[str, float]:
-    """Each kernel's seconds per run (``timing.kernel_times``' events of ``runs`` runs)."""
-    seconds: dict[str, float] = {}
+    """Each kernel's seconds in a run (``timing.kernel_times``' events of ``runs`` runs):
+    the median over the runs, so that a burst of load during one run does not make its
+    kernels look dear (the extractor would take that for a property of theirs)."""
+    durations: dict[str, list[float]] = {}
     for event in events:
-        seconds[event["name"]] = seconds.get(event["name"], 0.0) + event["us"] * 1e-6 / runs
+        durations.setdefault(event["name"], []).append(event["us"] * 1e-6)
+    seconds = {}
+    for name, times in durations.items():
+        per = max(1, len(times) // runs)  # a kernel run more than once a run: its runs' sums
+        seconds[name] = float(np.median([sum(times[i:i + per]) for i in range(0, per * runs, per)]))
     return seconds
 
 

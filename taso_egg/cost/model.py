@@ -68,7 +68,7 @@ class AnalyticCost:
 
 class ProfiledCost:
     """Measured per-configuration times, falling back to a profiled sibling for a conv
-    whose bias or activation makes it unprofiled (``without_epilogue``), then to an
+    whose bias or activation makes it unprofiled (``_without_epilogue``), then to an
     AnalyticCost calibrated to the same device. ``lookups()`` says how many costs were
     measured, borrowed and estimated."""
 
@@ -82,7 +82,7 @@ class ProfiledCost:
                      f"other unprofiled ones estimated from its measured peak)")
         self.measured: Counter = Counter()   # key -> lookups
         self.estimated: Counter = Counter()
-        self.borrowed: Counter = Counter()   # priced as a profiled sibling (without_epilogue)
+        self.borrowed: Counter = Counter()   # priced as a profiled sibling (_without_epilogue)
         self._keys: dict[OpConfig, str] = {}  # the text key is the costly part of a lookup
 
     def cost(self, config: OpConfig) -> float:
@@ -98,7 +98,7 @@ class ProfiledCost:
         if entry is not None:
             self.measured[key] += 1
             return entry["seconds"]
-        for sibling in without_epilogue(config):
+        for sibling in _without_epilogue(config):
             entry = self.profile.entries.get(sibling.key)
             if entry is not None:
                 self.borrowed[key] += 1
@@ -118,7 +118,7 @@ class ProfiledCost:
         self.borrowed.clear()
 
 
-def without_epilogue(config: OpConfig) -> list[OpConfig]:
+def _without_epilogue(config: OpConfig) -> list[OpConfig]:
     """For an unprofiled conv with a bias or an activation, the same conv without its
     bias, then without its activation as well: what it borrows its time from. The bias
     add and activation run in the conv's epilogue, a small part of its time, while the
