@@ -215,7 +215,7 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
     form = runtime_form(graph, rules, model)  # the input as the runtime runs it: what a gain is over
     if options.costs.calibration == "runtime" or (options.costs.calibration == "auto" and decision_options.measure):
         phase("calibrating the costs on one onnxruntime profile of the input")
-        model = runtime_calibrated(form, model, seed)
+        model = runtime_calibrated(form, model, seed, phase)
     limits = options.limits
     phase(f"saturating with {len(rules)} rules (limits: {limits.nodes} e-nodes, {limits.iterations} iterations, "
           f"{limits.seconds:g} s, multi-pattern iterations {limits.multi_iterations})")
@@ -289,17 +289,19 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
                           stats, sat, checked, ext.classes)
 
 
-def runtime_calibrated(graph: Graph, model: CostModel, seed: int = 0) -> CostModel:
-    """``model`` calibrated on one onnxruntime profile of ``graph`` (``calibrate``; the
-    input in its runtime form, so that the fused configurations the extractor picks are
-    measured ones); ``model`` itself where onnxruntime cannot run the graph (the guard,
-    which times the same, then keeps the input)."""
+def runtime_calibrated(graph: Graph, model: CostModel, seed: int = 0, phase=None) -> CostModel:
+    """``model`` calibrated on one onnxruntime profile of ``graph`` (``calibrate``; for
+    ``optimize``, the input in its runtime form, whose cost is what a gain is over);
+    ``model`` itself, with a note to ``phase``, where the graph cannot be exported or
+    onnxruntime cannot run it (the guard, which times the same, then keeps the input)."""
     from .calibrate import calibrated_cost
     from .executor import random_inputs
 
     try:
         return calibrated_cost(graph, model, random_inputs(graph, seed))
-    except Exception:  # onnxruntime raises its own exception types; export, ours
+    except Exception as e:  # onnxruntime raises its own exception types; export, ours
+        if phase is not None:
+            phase(f"note: costs not calibrated: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
         return model
 
 

@@ -33,7 +33,8 @@ NCHWC_SUFFIX = "_nchwc"
 class RuntimeProfile:
     """What one profiled run of a graph says of its nodes."""
 
-    units: list[tuple[float, list[int]]]   # (seconds per run, graph nodes it computes)
+    # (seconds per run, graph nodes it computes, its dearest kernel's operator type)
+    units: list[tuple[float, list[int], str]]
     kernel_seconds: float                  # per run, every kernel
 
 
@@ -51,7 +52,7 @@ def runtime_profile(graph: Graph, feeds, runs: int = PROFILE_RUNS) -> RuntimePro
         events = kernel_times(model, feeds, runs, optimized_path=path)
         ran = onnx.load(path, load_external_data=False).graph
     seconds = seconds_per_run(events, runs)
-    nodes = [(n.name, list(n.input), list(n.output)) for n in ran.node]
+    nodes = [(n.name, list(n.input), list(n.output), n.op_type) for n in ran.node]
     return RuntimeProfile(kernel_units(graph, nodes, names, seconds), sum(seconds.values()))
 
 
@@ -69,12 +70,13 @@ def seconds_per_run(events: list[dict], runs: int) -> dict[str, float]:
     return seconds
 
 
-def kernel_units(graph: Graph, nodes, names: dict, seconds: dict[str, float]) -> list[tuple[float, list[int]]]:
-    """The runtime's kernels (``nodes``: name, input and output tensor names, in the
-    order it runs them) grouped into units joined by tensors ``names`` does not know
-    (ONNX name -> (graph node, output)), each unit with its ``seconds`` and the graph
-    nodes it computes. A node already computed by an earlier unit is not computed again;
-    a unit that computes no node adds its time to the unit that wrote what it reads."""
+def kernel_units(graph: Graph, nodes, names: dict, seconds: dict[str, float]) -> list[tuple[float, list[int], str]]:
+    """The runtime's kernels (``nodes``: name, input and output tensor names and
+    operator type, in the order it runs them) grouped into units joined by tensors
+    ``names`` does not know (ONNX name -> (graph node, output)), each unit with its
+    ``seconds``, the graph nodes it computes and the operator type of its dearest
+    kernel. A node already computed by an earlier unit is not computed again; a unit
+    that computes no node adds its time to the unit that wrote what it reads."""
     nodes = _nchwc_named(nodes, names)
     parent = list(range(len(nodes)))
 
@@ -85,10 +87,10 @@ def kernel_units(graph: Graph, nodes, names: dict, seconds: dict[str, float]) ->
         return i
 
     producer: dict[str, int] = {}
-    for i, (_, _, outs) in enumerate(nodes):
+    for i, (_, _, outs, _) in enumerate(nodes):
         for t in outs:
             producer[t] = i
-    for i, (_, ins, _) in enumerate(nodes):
+    for i, (_, ins, _, _) in enumerate(nodes):
         for t in ins:
             if t and t not in names and t in producer:  # the runtime's own tensor
                 parent[find(i)] = find(producer[t])
@@ -97,7 +99,7 @@ def kernel_units(graph: Graph, nodes, names: dict, seconds: dict[str, float]) ->
         units.setdefault(find(i), []).append(i)
     folded = graph.weight_only_nodes()
     done: set[int] = set()
-    result: list[tuple[float, list[int]]] = []
+    result: list[tuple[float, list[int], str]] = []
     written: dict[str, int] = {}  # tensor -> the unit of ``result`` that computed it
     for members in sorted(units.values(), key=min):  # the runtime's order
         outs = {t for i in members for t in nodes[i][2]}
@@ -117,10 +119,11 @@ def kernel_units(graph: Graph, nodes, names: dict, seconds: dict[str, float]) ->
         if not covered and source is not None:
             # it computes nothing new (a reorder back out of NCHWc, a copy): the work
             # of the unit that computed what it reads
-            result[source] = (result[source][0] + seconds_of_unit, result[source][1])
+            result[source] = (result[source][0] + seconds_of_unit, *result[source][1:])
             continue
         written.update(dict.fromkeys(outs, len(result)))
-        result.append((seconds_of_unit, covered))
+        dearest = max(members, key=lambda i: (seconds.get(nodes[i][0], 0.0), -i))
+        result.append((seconds_of_unit, covered, nodes[dearest][3]))
     return result
 
 
@@ -130,11 +133,11 @@ def _nchwc_named(nodes, names: dict):
     (``t12_0_nchwc``) and writes a tensor of its own (``reorder_token_5``); the rest
     of the layout reads that. Without this, a convnet's body is one unit."""
     alias = {}
-    for name, _, outs in nodes:
+    for name, _, outs, _ in nodes:
         computed = name.removesuffix(NCHWC_SUFFIX)
         if name.endswith(NCHWC_SUFFIX) and computed in names and len(outs) == 1 and outs[0] not in names:
             alias[outs[0]] = computed
-    return [(name, [alias.get(t, t) for t in ins], [alias.get(t, t) for t in outs]) for name, ins, outs in nodes]
+    return [(name, [alias.get(t, t) for t in ins], [alias.get(t, t) for t in outs], op) for name, ins, outs, op in nodes]
 
 
 def calibrated_cost(graph: Graph, model: CostModel, feeds, runs: int = PROFILE_RUNS) -> CalibratedCost:
@@ -144,5 +147,6 @@ def calibrated_cost(graph: Graph, model: CostModel, feeds, runs: int = PROFILE_R
     configs = {n.id: node_config(n, [t.node in folded for t in n.inputs])
                for n in graph.nodes.values() if n.id not in folded and not OPS[n.op].is_leaf}
     predicted = {nid: model.cost(c) for nid, c in configs.items()}
-    measured, unattributed = spread(profile.units, predicted)
-    return CalibratedCost.fit(model, [(configs[nid], measured[nid]) for nid in configs], unattributed)
+    measured, _ = spread(profile.units, predicted)
+    kind = {nid: op_type for _, nodes, op_type in profile.units for nid in nodes}
+    return CalibratedCost.fit(model, [(configs[nid], measured[nid], kind.get(nid, "")) for nid in configs])
