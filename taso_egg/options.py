@@ -127,16 +127,17 @@ class CostOptions:
                           "'analytic' (default {default})")
     # onnxruntime fuses and re-lays-out what it runs, so a sum of per-operator costs
     # misprices it (a ConvNeXt predicted 1.143x measured 1.045x); one profiled run of
-    # the input (a few seconds) scales each cost by what that kind of node measured
-    # there (``taso_egg.calibrate``). It reads the clock, so 'auto' calibrates only
+    # the input (a few seconds) scales each operator's costs by what the kind of kernel
+    # that runs it measured there (``taso_egg.calibrate``). It reads the clock, so 'auto' calibrates only
     # where the decision is timed anyway (measure > 0): with measure=0 the same input
     # gives the same graph.
     calibration: str = option(CALIBRATION, "--calibration",
                               "'runtime': scale the profile's costs by one onnxruntime profile of the "
-                              "input, per operator configuration, operator and overall, so that fused "
-                              "and re-laid-out work is priced as it runs (a few seconds; costs then vary "
-                              "a little from run to run); 'none': the profile's costs as they are; "
-                              "'auto': runtime unless --measure is 0 (default {default})",
+                              "input, each operator by measured over predicted time of the kind of "
+                              "kernel that runs it, so that fused and re-laid-out work is priced as it "
+                              "runs (a few seconds; costs then vary a little from run to run); 'none': "
+                              "the profile's costs as they are; 'auto': runtime unless --measure is 0 "
+                              "(default {default})",
                               choices=CALIBRATIONS)
     # A cost model object (``taso_egg.cost.CostModel``) used instead of ``profile``: for
     # the Python API only (studies with a model of one's own).
