@@ -15,6 +15,10 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .check.onnx_precision import check_precision_kept
+from .check.regions import LocalCheck, check_locally
+from .check.runtime import check_float32_proves_nothing, check_onnx_model
+from .check.whole_graph import check_graphs_equivalent, share_weights
 from .cost import CostModel, graph_cost, load_cost_model
 from .decide import Decision, GuardReport, decide
 from .egraph.convert import build_graph
@@ -26,8 +30,6 @@ from .options import ExtractionOptions, Hooks, Limits, OptimizeOptions
 from .onnx_io.exporter import export_fed, export_for_check, fed_from_check
 from .onnx_io.fed import FedModel, array_of, feed, inline
 from .rules.corpus import load_corpus
-from .verify import (LocalCheck, check_float32_proves_nothing, check_graphs_equivalent, check_locally,
-                     check_onnx_model, check_precision_kept, share_weights)
 
 if TYPE_CHECKING:
     import onnx
@@ -41,7 +43,7 @@ class Extraction:
     status: str
     picks: list[str] = field(default_factory=list)  # the chosen e-node ids (for pictures)
     # the e-class each tensor of ``graph`` was built from, ``(node id, output index) ->
-    # class id`` (what verify.check_locally compares with the input's tensors)
+    # class id`` (what check.regions.check_locally compares with the input's tensors)
     classes: dict | None = None
     cpu_seconds: float = 0.0  # this process's CPU time: pricing, the extractor, the rebuild
 
@@ -186,13 +188,13 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
     and run in onnxruntime (float32) against ``reference`` (the ONNX model ``graph`` was
     read from; ``graph`` exported when None); the exported model is
     ``OptimizeResult.exported``. Where that proves nothing (float32 outputs not finite
-    or all zero, round-off past ``verify.MAX_RTOL``, or onnxruntime cannot run the
+    or all zero, round-off past ``check.tolerance.MAX_RTOL``, or onnxruntime cannot run the
     input: ``check_skipped``) a returned result is checked in our executor instead
     (float64, tracked exponents), only its changed regions, each on the input's own
-    tensors at its boundary (``verify.check_locally``). The check's tolerance follows
-    each output's dtype and the quantization on its path (``verify.rounding_steps``),
+    tensors at its boundary (``check.regions.check_locally``). The check's tolerance follows
+    each output's dtype and the quantization on its path (``check.onnx_precision.rounding_steps``),
     and what is written may not change the model's precision
-    (``verify.check_precision_kept``). A candidate no check can run on (a re-export
+    (``check.onnx_precision.check_precision_kept``). A candidate no check can run on (a re-export
     onnxruntime's comparison proves nothing for; a result whose input neither
     onnxruntime nor our executor can run, ``errors.CannotRun``) gives way to the
     original, and ``kept_input`` says why; where onnxruntime cannot run the input,
@@ -300,7 +302,7 @@ def _check_numerically(graph: Graph, sat: Saturation, ext: Extraction, seed: int
 def _check_in_onnxruntime(graph: Graph, result: Graph, reference, phase, exported=None, seed: int = 0):
     """The returned graph's check (``exported``: its ONNX, when already made) against
     ``reference`` (or ``graph`` exported) in onnxruntime, float32, on random inputs:
-    a ``verify.OnnxCheck`` (skipped, with the reason, where it would prove nothing),
+    a ``check.runtime.OnnxCheck`` (skipped, with the reason, where it would prove nothing),
     and what was run: ``exported``, else the ``export_for_check`` pair."""
     phase("checking the written model in onnxruntime against the input")
     share_weights(graph, result)  # stand-in weights are made once, not again for the result

@@ -293,10 +293,10 @@ def _peer_candidates(source, out, corpus: str, options, feeds) -> dict[str, _Pee
 
     import onnx
 
+    from .check.runtime import onnx_outputs
     from .onnx_io.fed import inline
     from .onnx_optimize import OnnxInput, optimize_onnx
     from .peers import run_peers
-    from .verify import onnx_outputs
 
     cells = {TASO_EGG: _PeerCell(out.model) if out.chosen != "original" else _PeerCell(why="original written")}
     for name, peer in run_peers(inline(source.original)).items():  # a plain ModelProto, as a user has
@@ -324,7 +324,8 @@ def _peer_candidates(source, out, corpus: str, options, feeds) -> dict[str, _Pee
 def _check_peer(cell: _PeerCell, expected, feeds) -> None:
     """The cell's max relative error against the original's outputs; a model that does
     not run, or computes other outputs, is not timed (the reason in ``why``)."""
-    from .verify import onnx_outputs, relative_errors
+    from .check.runtime import onnx_outputs
+    from .check.tolerance import relative_errors
 
     try:
         cell.error = max(relative_errors(expected, onnx_outputs(cell.model, feeds), "its model").values(),
@@ -335,7 +336,7 @@ def _check_peer(cell: _PeerCell, expected, feeds) -> None:
 
 
 def _peers_table(rows, measure: int) -> None:
-    from .verify import RTOL
+    from .check.tolerance import RTOL
 
     names = [TASO_EGG, "onnxsim", "onnxslim", "ort-transformers", AFTER_SLIM]
     print(f"\npeers: speedup over the original at 1 / 2 threads by optimize's guard (Hodges-Lehmann ratio and "

@@ -70,6 +70,9 @@ def _cmd_inspect(args) -> int:
 def _cmd_convert(args) -> int:
     """Load, export, and check that onnxruntime computes the same on both files."""
 
+    from .check.onnx_precision import check_precision_kept
+    from .check.runtime import onnx_outputs
+    from .check.tolerance import compare_outputs
     from .dynamic import DynamicModel, write_symbolic
     from .executor import random_inputs
     from .files import check_writable
@@ -77,7 +80,6 @@ def _cmd_convert(args) -> int:
     from .onnx_io.exporter import export_onnx, save_atomically
     from .onnx_io.importer import read_model_file, upgraded
     from .onnx_optimize import at_sizes
-    from .verify import check_precision_kept, compare_outputs, onnx_outputs
 
     shapes = parse_input_shapes(args.input_shape)
     check_writable(args.output, ExportError, inputs=[args.model])

@@ -36,7 +36,7 @@ def test_no_model_is_serialized_with_its_weights(tmp_path, monkeypatch, capsys):
     """Timing, the check at two sizes and writing give onnxruntime and protobuf the
     model without its large weights: every SerializeToString of a ModelProto is far
     smaller than the weights (on main, each session got the model serialized whole)."""
-    from taso_egg.verify import onnx_outputs
+    from taso_egg.check.runtime import onnx_outputs
 
     src = tmp_path / "in" / "model.onnx"
     src.parent.mkdir()
