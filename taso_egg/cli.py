@@ -36,7 +36,7 @@ def _add_fix_shapes(p) -> None:
 def _cmd_inspect(args) -> int:
     from .dynamic import DynamicModel
     from .onnx_io.counts import describe
-    from .onnx_io.importer import read_model, upgraded
+    from .onnx_io.reading import read_model, upgraded
     from .onnx_io.symbolic import describe_sizes
 
     original = read_model(args.model)
@@ -78,7 +78,7 @@ def _cmd_convert(args) -> int:
     from .files import check_writable
     from .onnx_io.counts import describe
     from .onnx_io.exporter import export_onnx, save_atomically
-    from .onnx_io.importer import read_model_file, upgraded
+    from .onnx_io.reading import read_model_file, upgraded
     from .onnx_optimize import at_sizes
 
     shapes = parse_input_shapes(args.input_shape)
@@ -150,7 +150,7 @@ def _cmd_optimize(args) -> int:
 def _write_unchanged(path, output, why) -> int:
     from .onnx_io.counts import describe
     from .onnx_io.exporter import save_atomically
-    from .onnx_io.importer import read_model_file
+    from .onnx_io.reading import read_model_file
 
     model, external = read_model_file(path, validate=False)
     _stderr_line(f"note: {why}: the input is written unchanged")

@@ -19,7 +19,7 @@ from .api import OptimizeResult, optimize
 from .dynamic import DynamicModel, write_symbolic
 from .egraph.saturate import tensor_classes
 from .onnx_io.counts import describe
-from .onnx_io.importer import read_model_file, upgraded
+from .onnx_io.reading import read_model_file, upgraded
 from .onnx_io.symbolic import describe_sizes
 from .options import Hooks, OptimizeOptions
 
