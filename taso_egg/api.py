@@ -139,7 +139,7 @@ def extract_graph(saturation: Saturation, extractor: str = ExtractionOptions.ext
     every e-node, run the extractor (``time_limit`` seconds; the ILP's default when
     None), build the chosen graph."""
     from .extract import EXTRACTORS
-    from .extract.check import used_classes
+    from .extract.choice_check import used_classes
 
     if extractor not in EXTRACTORS:
         raise ExtractionError(f"unknown extractor {extractor!r}; choose from {sorted(EXTRACTORS)}")

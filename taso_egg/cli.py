@@ -271,11 +271,11 @@ def _cmd_zoo(args) -> int:
 # Subcommands that live beside the code they drive: (name, module, help). Each module
 # has add_arguments(parser) and run(args) -> exit code.
 PLUGGED_COMMANDS = [
-    ("extract", "taso_egg.extract.cli", "run an extractor on a serialized e-graph (JSON)"),
-    ("profile", "taso_egg.profiling.cli", "time each operator configuration of models into a profile"),
-    ("search", "taso_egg.search.cli", "TASO's backtracking search (same rules and cost model)"),
+    ("extract", "taso_egg.extract.extract_command", "run an extractor on a serialized e-graph (JSON)"),
+    ("profile", "taso_egg.profiling.profile_command", "time each operator configuration of models into a profile"),
+    ("search", "taso_egg.search.search_command", "TASO's backtracking search (same rules and cost model)"),
     ("compare", "taso_egg.compare", "equality saturation vs backtracking search on the zoo, measured"),
-    ("rules", "taso_egg.generator.cli", "generate rewrite rules, prove them, report (TASO's generator)"),
+    ("rules", "taso_egg.generator.rules_command", "generate rewrite rules, prove them, report (TASO's generator)"),
 ]
 
 
