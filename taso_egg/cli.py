@@ -173,8 +173,8 @@ def _print_summary(result) -> None:
         _print_guard(st.guard, st.chosen, predicted, result.cost_model)
     else:
         print(f"speedup: not measured; predicted {predicted:.3f}x ({result.cost_model})")
-    if st.not_measured:
-        print(f"note: not measured: {', '.join(st.not_measured)} (the re-exported input, "
+    if st.decision.not_measured:
+        print(f"note: not measured: {', '.join(st.decision.not_measured)} (the re-exported input, "
               f"the importer's clean-up, may run faster than the original; --measure N times it)")
     if kept:
         print(f"result: {_CANDIDATE_NAMES[st.chosen]} is written: {kept}; the extracted graph was "
@@ -182,23 +182,24 @@ def _print_summary(result) -> None:
     else:
         print(f"result: the extracted graph replaces the input (predicted "
               f"{extracted * 1e3:.4g} ms against {before * 1e3:.4g} ms)")
-    print(f"e-graph: {st.enodes} e-nodes, {st.eclasses} e-classes after {st.iterations} "
-          f"iterations; stopped: {st.stop_reason}")
-    print(f"time: saturation {st.saturation_seconds:.2f} s, extraction ({st.extractor}, "
-          f"{st.extractor_status}) {st.extraction_seconds:.2f} s, check "
-          f"{st.check_seconds:.2f} s, total {st.total_seconds:.2f} s")
-    if st.check == "onnxruntime":
-        print(f"check: the written model's outputs equal the input's within {st.ort_check_error:.2g} "
+    sat, ext = st.saturation, st.extraction
+    print(f"e-graph: {sat.enodes} e-nodes, {st.eclasses} e-classes after {len(sat.iterations)} "
+          f"iterations; stopped: {sat.stop_reason}")
+    print(f"time: saturation {sat.seconds:.2f} s, extraction ({ext.extractor}, "
+          f"{ext.status}) {ext.seconds:.2f} s, check "
+          f"{st.check.seconds:.2f} s, total {st.total_seconds:.2f} s")
+    if st.check.kind == "onnxruntime":
+        print(f"check: the written model's outputs equal the input's within {st.check.ort_error:.2g} "
               f"relative in onnxruntime (float32, random inputs)")
-    elif st.check == "regions":
-        lc = st.local_check
-        print(f"check: {st.check_skipped}, so the extracted graph was checked in our executor (float64, "
+    elif st.check.kind == "regions":
+        lc = st.check.local
+        print(f"check: {st.check.skipped}, so the extracted graph was checked in our executor (float64, "
               f"tracked exponents) region by region: {lc.recomputed} of its {lc.nodes} nodes in "
               f"{lc.regions} changed region(s), recomputed from the input's own tensors, equal the "
-              f"input's within {st.check_error:.2g} relative")
-    elif st.check == "whole":
-        print(f"check: {st.check_skipped}, so the extracted graph was checked in our executor (float64, "
-              f"tracked exponents): its outputs equal the input's within {st.check_error:.2g} relative")
+              f"input's within {st.check.error:.2g} relative")
+    elif st.check.kind == "whole":
+        print(f"check: {st.check.skipped}, so the extracted graph was checked in our executor (float64, "
+              f"tracked exponents): its outputs equal the input's within {st.check.error:.2g} relative")
     elif st.chosen == "original":
         print("check: none needed (the input is written; the extracted graph, not written, was not checked)")
 

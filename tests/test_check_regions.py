@@ -228,13 +228,13 @@ def _overflowing_bert():
 def test_where_float32_proves_nothing_optimize_checks_the_changed_regions_in_float64():
     r = optimize(_overflowing_bert(), options=OptimizeOptions().replace(measure=0))
     st = r.stats
-    assert r.graph is not r.original and st.check == "regions"
+    assert r.graph is not r.original and st.check.kind == "regions"
     # the written model ran first and overflowed; the input was not run in onnxruntime,
     # since its outputs (computed by the region check) lie beyond float32's range
-    assert st.check_skipped.startswith("the written model's float32 output 'y' is not finite")
-    assert st.local_check.outputs_beyond_float32
-    assert st.ort_check_error is None and st.check_error < 1e-12
-    assert 0 < st.local_check.recomputed < st.local_check.nodes
+    assert st.check.skipped.startswith("the written model's float32 output 'y' is not finite")
+    assert st.check.local.outputs_beyond_float32
+    assert st.check.ort_error is None and st.check.error < 1e-12
+    assert 0 < st.check.local.recomputed < st.check.local.nodes
 
 
 def test_a_written_model_that_overflows_where_the_input_does_not_fails():
@@ -261,8 +261,8 @@ def test_optimize_rejects_a_wrong_result_in_the_region_check(monkeypatch):
 def test_where_float32_is_finite_onnxruntime_is_the_only_check():
     r = optimize(zoo.nasrnn(steps=1, hidden=32), options=OptimizeOptions().replace(extractor="greedy-dag", limits=Limits(multi_iterations=2), measure=0))
     st = r.stats
-    assert r.graph is not r.original and st.check == "onnxruntime"
-    assert st.ort_check_error < RTOL and st.check_error is None and st.local_check is None
+    assert r.graph is not r.original and st.check.kind == "onnxruntime"
+    assert st.check.ort_error < RTOL and st.check.error is None and st.check.local is None
 
 
 # --- onnxruntime's tolerance --------------------------------------------------------------
