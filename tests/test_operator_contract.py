@@ -52,6 +52,7 @@ EXAMPLES: dict[str, Example] = {
     "sigmoid": Example((M,)),
     "tanh": Example((M,)),
     "erf": Example((M,)),
+    "hardswish": Example((X4,)),
     # below opset 20 exported as onnxruntime's contrib FastGelu, which imports opaque
     "gelu": Example((M,), {"approximate": "tanh"}, opset=20),
     "pow": Example((M,), {"exponent": 3.0}),
