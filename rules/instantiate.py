@@ -263,8 +263,8 @@ def check_rule_numerically(rule: Rule, seed: int = 0, rtol: float = 1e-5,
     """Run both sides of ``rule`` on random data (``seed``) and compare ``lhs[i]``
     with ``rhs[i]``; VerificationError on a mismatch (values or shapes). Returns the
     worst relative error."""
+    from taso_egg.check.tolerance import compare_outputs
     from taso_egg.executor import random_inputs, run
-    from taso_egg.verify import compare_outputs
 
     g, lhs, rhs = instantiate(rule, bindings, seed)
     out = run(g, random_inputs(g, seed))

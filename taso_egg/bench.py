@@ -165,11 +165,12 @@ def _zoo_row(name: str, kwargs: dict, extractor: str, corpus: str, options: dict
     r = optimize(g, rules=rules, options=_optimize_options(options, extractor=extractor, measure=0))
     total, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     st = r.stats
-    return {"rules": len(rules), "nodes": len(g.nodes), "enodes": st.enodes, "iterations": st.iterations, "load": load,
-            "sat": st.saturation_seconds, "ext": st.extraction_seconds, "check": st.check_seconds,
-            "check_kind": st.check, "check_error": _error(st), "total": total, "stop": st.stop_reason,
+    sat, ext = st.saturation, st.extraction
+    return {"rules": len(rules), "nodes": len(g.nodes), "enodes": sat.enodes, "iterations": len(sat.iterations),
+            "load": load, "sat": sat.seconds, "ext": ext.seconds, "check": st.check.seconds,
+            "check_kind": st.check.kind, "check_error": _error(st.check), "total": total, "stop": sat.stop_reason,
             "speedup": r.speedup, "cost_model": r.cost_model, "weights_mb": weights / MB,
-            "rss_mb": _peak_rss_mb(), "cpu": cpu, "sat_ext_cpu": st.saturation_cpu + st.extraction_cpu}
+            "rss_mb": _peak_rss_mb(), "cpu": cpu, "sat_ext_cpu": sat.cpu_seconds + ext.cpu_seconds}
 
 
 # --- real exports --------------------------------------------------------------------------
@@ -249,7 +250,7 @@ def _onnx_row(path: str, corpus: str, options: dict) -> dict:
     return {"nodes": len(reference.graph.node), "opaque": st.ops_before.get(OPAQUE.name, 0),
             "seconds": seconds, "predicted": r.cost_before / st.extracted_cost if st.extracted_cost else 1.0,
             "result": st.guard.comparisons.get("result") if st.guard else None,
-            "speedup1": speedups[1].get(TASO_EGG), "speedup2": speedups[2].get(TASO_EGG), "error": _error(st),
+            "speedup1": speedups[1].get(TASO_EGG), "speedup2": speedups[2].get(TASO_EGG), "error": _error(st.check),
             "chosen": out.chosen, "rss_mb": _peak_rss_mb(),
             "shares": _kernel_shares(reference, feeds) if options["kernel_shares"] else [],
             "peers": {name: cell.shown() for name, cell in peers.items()}}
@@ -294,10 +295,10 @@ def _peer_candidates(source, out, corpus: str, options, feeds) -> dict[str, _Pee
 
     import onnx
 
+    from .check.runtime import onnx_outputs
     from .onnx_io.fed import inline
     from .onnx_optimize import OnnxInput, optimize_onnx
     from .peers import run_peers
-    from .verify import onnx_outputs
 
     cells = {TASO_EGG: _PeerCell(out.model) if out.chosen != "original" else _PeerCell(why="original written")}
     for name, peer in run_peers(inline(source.original)).items():  # a plain ModelProto, as a user has
@@ -325,7 +326,8 @@ def _peer_candidates(source, out, corpus: str, options, feeds) -> dict[str, _Pee
 def _check_peer(cell: _PeerCell, expected, feeds) -> None:
     """The cell's max relative error against the original's outputs; a model that does
     not run, or computes other outputs, is not timed (the reason in ``why``)."""
-    from .verify import onnx_outputs, relative_errors
+    from .check.runtime import onnx_outputs
+    from .check.tolerance import relative_errors
 
     try:
         cell.error = max(relative_errors(expected, onnx_outputs(cell.model, feeds), "its model").values(),
@@ -336,7 +338,7 @@ def _check_peer(cell: _PeerCell, expected, feeds) -> None:
 
 
 def _peers_table(rows, measure: int) -> None:
-    from .verify import RTOL
+    from .check.tolerance import RTOL
 
     names = [TASO_EGG, "onnxsim", "onnxslim", "ort-transformers", AFTER_SLIM]
     print(f"\npeers: speedup over the original at 1 / 2 threads by optimize's guard (Hodges-Lehmann ratio and "
@@ -398,9 +400,9 @@ def _optimize_options(parsed: dict, extractor: str | None = None, measure: int |
     return options
 
 
-def _error(stats) -> float | None:
+def _error(check) -> float | None:
     """The relative error of the check that ran (onnxruntime's or our executor's)."""
-    errors = [e for e in (stats.check_error, stats.ort_check_error) if e is not None]
+    errors = [e for e in (check.error, check.ort_error) if e is not None]
     return max(errors) if errors else None
 
 

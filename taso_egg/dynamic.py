@@ -77,8 +77,8 @@ def _runs(reference, graph: Graph) -> bool:
     """Whether the model runs at the sizes ``graph`` was imported at: no tensor is
     empty, and, where an opaque node's types came from ONNX's shape inference (which
     lets a window outlast its input), onnxruntime runs it."""
+    from .check.runtime import onnx_outputs
     from .executor import random_inputs
-    from .verify import onnx_outputs
 
     if any(0 in t.shape for n in graph.nodes.values() for t in n.outputs):
         return False
@@ -130,7 +130,7 @@ def check_at_sizes(dyn: DynamicModel, model, seed: int = 0) -> dict[str, float]:
     """``model`` against the input in onnxruntime at the first and the second sizes: the
     worst relative error at each; VerificationError where they differ, NotSymbolic
     where the comparison would prove nothing."""
-    from .verify import check_onnx_model
+    from .check.runtime import check_onnx_model
 
     errors = {}
     for sizes, graph in ((dyn.first, dyn.graph), (dyn.second, dyn.second_graph())):

@@ -148,7 +148,7 @@ class SearchOptions:
 
 # Predicted gains at or below this fraction are not acted on without measurement: on
 # the zoo the cpu-ort profile's predicted speedups missed the measured ones by up to
-# 5.5 % (python -m taso_egg.profiling.bench), and gains of 0-1.4 % measured 2-4.5 % slower.
+# 5.5 % (python -m taso_egg.profiling.latency_bench), and gains of 0-1.4 % measured 2-4.5 % slower.
 MIN_GAIN = 0.05
 # ``measure`` is the most paired rounds the guard (``decide``) may time. The fewest
 # rounds before its first look: with ten, the exact signed-rank interval can exclude no

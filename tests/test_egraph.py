@@ -12,13 +12,13 @@ import pytest
 
 from taso_egg import zoo
 from taso_egg.api import extract_graph
+from taso_egg.check.whole_graph import check_graphs_equivalent
 from taso_egg.egraph.saturate import Limits, rules_egraph, saturate
 from taso_egg.errors import LimitError
 from taso_egg.graph import new_graph
 from taso_egg.ops import OPS
 from taso_egg.rules.corpus import load_corpus
 from taso_egg.rules.syntax import parse_rules
-from taso_egg.verify import check_graphs_equivalent
 
 # --- one small graph per operator configuration -------------------------------------------
 

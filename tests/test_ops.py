@@ -13,8 +13,8 @@ import pytest
 
 import taso_egg
 from taso_egg import ExportError, ShapeError
+from taso_egg.check.runtime import onnx_outputs
 from taso_egg.ops import OPS
-from taso_egg.verify import onnx_outputs
 
 from conftest import assert_close, check_against_ort, rel_err
 

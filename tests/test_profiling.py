@@ -418,7 +418,7 @@ def test_profile_cli_only_the_named_operators(tmp_path, capsys):
 
 
 def test_bench_predicts_from_a_same_run_profile_too(capsys):
-    from taso_egg.profiling import bench
+    from taso_egg.profiling import latency_bench as bench
 
     assert bench.main(["--models", "nasrnn-small", "--repeats", "1", "--skip-numpy", "--same-run",
                        "--min-gain", "0"]) == 0

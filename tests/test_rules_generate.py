@@ -223,7 +223,7 @@ def test_default_generated_corpus_is_the_size3_one_without_derivable_rules():
     generated = load_corpus(["generated"])
     study = load_corpus(["generated-constants"])
     assert all(r.proof.found_by == "generator-3" for r in generated + study)
-    from taso_egg.generator.cli import SHIPPED_GENERATED, constants_path, split_texts, stats_path
+    from taso_egg.generator.rules_command import SHIPPED_GENERATED, constants_path, split_texts, stats_path
 
     stats = json.loads(stats_path(SHIPPED_GENERATED).read_text())
     assert stats["size"] == 3 and stats["pruned"]["derivable"] > 0

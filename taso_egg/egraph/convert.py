@@ -293,7 +293,7 @@ def add_fused_convs(eg: TensorEGraph) -> TensorEGraph:
 def build_graph(eg: TensorEGraph, picks: list[tuple[str, str]], source: Graph,
                 opaque: dict[str, Node], classes: dict | None = None) -> Graph:
     """Rebuild a Graph from an extraction: (class, chosen node id) pairs, children
-    before parents (as ``extract.check.used_classes`` orders a validated choice).
+    before parents (as ``extract.choice_check.used_classes`` orders a validated choice).
     ``classes``, when given, is filled with the e-class each tensor of the returned
     graph was built from, ``(node id, output index) -> class id`` (the check compares
     them with the input's tensors of the same class)."""
