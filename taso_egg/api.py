@@ -29,7 +29,7 @@ from .graph import Graph
 from .options import ExtractionOptions, Hooks, Limits, OptimizeOptions
 from .onnx_io.exporter import export_fed, export_for_check, fed_from_check
 from .onnx_io.fed import FedModel, array_of, feed, inline
-from .rules.corpus import load_corpus
+from .rules.corpus import FUSIONS, RuleFamily, load_corpus
 
 if TYPE_CHECKING:
     import onnx
@@ -338,16 +338,15 @@ def _check_in_onnxruntime(graph: Graph, result: Graph, reference, phase, exporte
     return check, written
 
 
-def runtime_form(graph: Graph, rules, model: CostModel) -> Graph:
-    """``graph`` as a runtime runs it: with the corpus's fusion rules (named
-    ``*-fusion``) applied and nothing else; ``graph`` itself when none applies or
-    pays. cuDNN and onnxruntime fuse activations and residual adds into convolutions
+def runtime_form(graph: Graph, rules, model: CostModel, fusions: RuleFamily = FUSIONS) -> Graph:
+    """``graph`` as a runtime runs it: with the ``fusions`` among ``rules`` applied
+    and nothing else; ``graph`` itself when none applies or pays. cuDNN and onnxruntime fuse activations and residual adds into convolutions
     by themselves, so a predicted gain must be measured from there, not from every
     operator priced alone."""
-    fusions = [r for r in rules if r.name.endswith("-fusion")]
-    if not fusions:
+    fused_by_runtime = fusions.of(rules)
+    if not fused_by_runtime:
         return graph
-    sat = saturate(graph, rules=fusions, limits=Limits(iterations=4, multi_iterations=0),
+    sat = saturate(graph, rules=fused_by_runtime, limits=Limits(iterations=4, multi_iterations=0),
                    count_classes=False)
     fused = extract_graph(sat, "greedy-dag", model).graph
     return fused if graph_cost(fused, model) < graph_cost(graph, model) else graph

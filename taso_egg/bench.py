@@ -30,6 +30,7 @@ from pathlib import Path
 
 from .cli_args import CommandParser
 from .errors import TasoEggError
+from .ops import OPAQUE
 
 # Tensat's search seconds for TASO's models (Yang et al. 2021, Table 2; V100 host).
 TENSAT_SECONDS = {"bert": 1.4, "resnext50": 0.7, "nasnet-a": 10.6, "nasrnn": 0.5,
@@ -249,7 +250,7 @@ def _onnx_row(path: str, corpus: str, options: dict) -> dict:
     for name, cell in peers.items():
         if cell.timed:
             cell.speedup1, cell.speedup2 = speedups[1][name], speedups[2][name]
-    return {"nodes": len(reference.graph.node), "opaque": st.ops_before.get("opaque", 0),
+    return {"nodes": len(reference.graph.node), "opaque": st.ops_before.get(OPAQUE.name, 0),
             "seconds": seconds, "predicted": r.cost_before / st.extracted_cost if st.extracted_cost else 1.0,
             "result": st.guard.comparisons.get("result") if st.guard else None,
             "speedup1": speedups[1].get(TASO_EGG), "speedup2": speedups[2].get(TASO_EGG), "error": _error(st.check),

@@ -13,6 +13,7 @@ import sys
 from .cli_args import (CommandParser, add_input_shape_argument, add_optimize_arguments, optimize_options_from_args,
                        parse_input_shapes)
 from .errors import ExportError, NotModelled, TasoEggError
+from .ops import OPAQUE
 from .onnx_io.symbolic import DEFAULT_LEADING, DEFAULT_OTHER
 from .options import Hooks
 
@@ -57,10 +58,10 @@ def _cmd_inspect(args) -> int:
           f"(shape arithmetic folded, weight-only work counted out)")
     for op, count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
         extra = ""
-        if op == "opaque":
+        if op == OPAQUE.name:
             kinds = {}
             for n in g.nodes.values():
-                if n.op == "opaque":
+                if n.op == OPAQUE.name:
                     kinds[n.params["op_type"]] = kinds.get(n.params["op_type"], 0) + 1
             extra = "  (" + ", ".join(f"{k} x{v}" for k, v in sorted(kinds.items())) + ")"
         print(f"  {op:<15} {count:>5}{extra}")

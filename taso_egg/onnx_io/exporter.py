@@ -17,7 +17,7 @@ from ..errors import ExportError, TasoEggError
 from ..executor import call_kernel
 from ..files import write_atomically
 from ..graph import Graph, Node, claim_unique_name
-from ..ops import OPS
+from ..ops import INPUT, OPS, WEIGHT
 from ..versions import ir_version_for
 from .fed import FedModel, save_external, save_inline, stub
 
@@ -188,7 +188,7 @@ class _Exporter:
             out_names.setdefault((t.node, t.index), name)
         read = {(t.node, t.index) for n in order for t in n.inputs} | {(t.node, t.index) for _, t in outputs}
         for n in order:
-            if n.op == "input":
+            if n.op == INPUT.name:
                 continue
             if n.id in constant:
                 for i in range(len(n.outputs)):
@@ -225,7 +225,7 @@ class _Exporter:
         for n in order:
             if n.id not in weight_only:
                 continue
-            if n.op == "weight":
+            if n.op == WEIGHT.name:
                 outs = [g.weight_array(n)]
             else:
                 outs = call_kernel(np, n, [values[(t.node, t.index)] for t in n.inputs])
