@@ -178,7 +178,7 @@ def test_check_runs_read_the_weights_in_place(tmp_path, monkeypatch):
     main each check run held a second copy of every weight), and compute the same."""
     import onnxruntime as ort
 
-    from taso_egg.onnx_io.importer import read_model_file
+    from taso_egg.onnx_io.reading import read_model_file
     from taso_egg.check.runtime import onnx_outputs
 
     path = tmp_path / "model.onnx"
