@@ -177,3 +177,64 @@ def test_the_time_limit_is_checked_within_an_iteration():
     assert len(sat.iterations) == 1 and not sat.iterations[0].matches
     assert sat.enodes == sat.initial.enodes
     assert sat.stop_reason.startswith("time limit (1e-06 s), reached within iteration 1")
+
+
+class _SlowMachine:
+    """A machine where egglog runs take the seconds ``cost(schedule, e-nodes)`` on a
+    clock of its own (``sat_mod.time.perf_counter``), whatever they take here."""
+
+    def __init__(self, monkeypatch, cost):
+        import time
+        self.now, self.started = 0.0, []   # (schedule, when it started)
+        run, sizes = sat_mod._run, sat_mod._sizes
+
+        def slow_run(egraph, schedule):
+            self.started.append((schedule, self.now))
+            self.now += cost(schedule, sizes(egraph))
+            return run(egraph, schedule)
+
+        monkeypatch.setattr(sat_mod, "_run", slow_run)
+        monkeypatch.setattr(sat_mod, "time", type("Clock", (), {
+            "perf_counter": lambda: self.now, "process_time": time.process_time}))
+
+
+def test_a_step_predicted_to_end_past_the_deadline_is_not_started(monkeypatch):
+    # the multi-pattern probe's seconds grow with the square of the e-graph (a join):
+    # iteration 2's would end past the deadline, so it does not start, and saturation
+    # ends by the deadline; checking the deadline only between egglog runs, it started
+    # with time left and ended past it (issue 34: 2.07 s over a 3 s limit, loaded)
+    machine = _SlowMachine(monkeypatch, lambda schedule, enodes:
+                           1e-4 * enodes ** 2 if schedule == "(run probe-multi)" else 0.01)
+    limits = Limits(seconds=0.5)
+    sat = saturate(_shared_input_matmuls(4), limits=limits, count_classes=False)
+    probes = [when for schedule, when in machine.started if schedule == "(run probe-multi)"]
+    assert len(probes) == 1 and len(sat.iterations) == 2  # iteration 2 ran its rewrites only
+    assert sat.iterations[1].matches  # its rewrites applied
+    assert sat.seconds <= limits.seconds
+    assert sat.stop_reason.startswith("time limit (0.5 s), reached within iteration 2, before all")
+
+
+def test_the_rest_of_a_step_is_not_started_when_its_probe_leaves_too_little_time(monkeypatch):
+    # iteration 1's multi-pattern probe ends with less time left than the rules' own
+    # run is predicted to take (twice the probe): nothing of that step is applied
+    machine = _SlowMachine(monkeypatch, lambda schedule, enodes:
+                           0.3 if schedule == "(run probe-multi)" else 0.01)
+    sat = saturate(_shared_input_matmuls(4), limits=Limits(seconds=0.5), count_classes=False)
+    assert "(run multi)" not in [schedule for schedule, _ in machine.started]
+    assert sat.seconds <= 0.5 and len(sat.iterations) == 1
+    assert not any(rule.startswith("merge") for rule in sat.iterations[0].matches)
+
+
+def test_pace_predicts_probes_from_the_last_and_the_rest_from_the_probe():
+    pace = sat_mod._Pace()
+    assert pace.probe_seconds("multi", 1000) == 0.0  # never run: no prediction
+    pace.timed_probe("rewrites", 100, 0.5)
+    pace.timed_probe("multi", 100, 0.5)
+    assert pace.probe_seconds("rewrites", 400) == pytest.approx(2.0)   # linear in the e-nodes
+    assert pace.probe_seconds("multi", 400) == pytest.approx(8.0)      # a join: their square
+    assert pace.probe_seconds("multi", 50) == pytest.approx(0.5)       # never below the last
+    assert pace.rest_seconds(1.0) == pytest.approx(pace.FOLLOW)
+    pace.timed_rest(0.001, 1.0)                                        # too short to time: ignored
+    assert pace.rest_seconds(1.0) == pytest.approx(pace.FOLLOW)
+    pace.timed_rest(0.5, 2.5)                                          # the rest took 5 times its probe
+    assert pace.rest_seconds(1.0) == pytest.approx(5.0)

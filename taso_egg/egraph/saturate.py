@@ -12,6 +12,10 @@ Analyses and unions never add e-nodes.
 
 A rule is compiled into egglog only before the first step whose e-graph could match
 it (``admit.Admission``), which gives the same matches as compiling the corpus up front.
+
+The time limit holds within an iteration too: egglog cannot stop a run once started,
+so no egglog run of a step starts that :class:`_Pace` predicts would end past the
+deadline (see there); the analyses of what was applied always run.
 """
 
 from __future__ import annotations
@@ -182,11 +186,60 @@ class _Step:
     updated: bool
     held_back: dict[str, int] = field(default_factory=dict)  # counted, not applied
     worst: int = 0                      # the most e-nodes all the counted matches could add
-    timed_out: bool = False             # the deadline passed before the rules were applied
+    timed_out: bool = False             # the deadline passed, or would have, before the rules were applied
+    probe_seconds: float = 0.0          # the probe's egglog run
+
+
+class _Pace:
+    """The deadline, and the seconds of a step's egglog runs predicted from the runs
+    this saturation has timed (on this machine, under its present load), so that a run
+    that would end past the deadline is not started: egglog cannot stop a run, and
+    its scheduler's match limit bans a rule only after its search. One multi-pattern
+    probe can take seconds (30 MatMuls of one input: 0.01 s in iteration 1, 1 to 2.5 s
+    in iteration 2, loaded).
+
+    - A step's probe searches every rule of its ruleset; predicted from that
+      ruleset's last probe, scaled by the e-graph's growth since: linearly for
+      rewrites, by its square for multi-pattern rules, whose patterns join (the
+      MatMuls' probe grew 100- to 230-fold for 26 times the e-nodes). A ruleset's
+      first probe, and the admission of rules before a probe, are not predicted.
+    - The rest of a step (a recount, the rules' own run) searches the same matches
+      again and applies them: predicted as its probe's seconds times the largest
+      ratio seen in a step whose probe took long enough to time (``TIMED``), and
+      never less than ``FOLLOW``."""
+
+    FOLLOW = 2.0   # the rest of a step against its probe, measured: 1.9 to 2.5 for the runs
+    TIMED = 0.01   # seconds below which a probe's ratio is noise
+
+    def __init__(self, deadline: float = math.inf):
+        self.deadline = deadline
+        self.probes: dict[str, tuple[int, float]] = {}  # ruleset -> (e-nodes, seconds) of its last probe
+        self.follow = self.FOLLOW
+
+    def allows(self, seconds: float) -> bool:
+        """Whether work predicted to take ``seconds`` ends by the deadline."""
+        return time.perf_counter() + seconds <= self.deadline
+
+    def probe_seconds(self, ruleset: str, enodes: int) -> float:
+        if ruleset not in self.probes:
+            return 0.0
+        then, seconds = self.probes[ruleset]
+        growth = max(1.0, enodes / max(then, 1))
+        return seconds * growth ** (2 if ruleset == "multi" else 1)
+
+    def rest_seconds(self, probe_seconds: float) -> float:
+        return probe_seconds * self.follow
+
+    def timed_probe(self, ruleset: str, enodes: int, seconds: float) -> None:
+        self.probes[ruleset] = (enodes, seconds)
+
+    def timed_rest(self, probe_seconds: float, seconds: float) -> None:
+        if probe_seconds >= self.TIMED:
+            self.follow = max(self.follow, seconds / probe_seconds)
 
 
 def _step(egraph, ruleset: str, rules: dict, per_match: dict[str, int], room: int,
-          deadline: float = math.inf) -> _Step:
+          pace: _Pace | None = None) -> _Step:
     """Run ``ruleset`` once if that cannot add more than ``room`` e-nodes, else only
     the rules with the fewest matches that fit (then ``held_back`` names the others).
 
@@ -201,33 +254,43 @@ def _step(egraph, ruleset: str, rules: dict, per_match: dict[str, int], room: in
        with at most a cut-off's matches and none of the others'. The cut-off is the
        largest whose rules fit.
 
-    Past ``deadline`` (``time.perf_counter()``), checked between these egglog runs,
+    No egglog run starts that ``pace`` predicts would end past its deadline: then
     nothing more runs and nothing is applied (``timed_out``)."""
+    pace = pace or _Pace()
+    started = time.perf_counter()
     probe = _run(egraph, f"(run {_PROBE}{ruleset})")
+    probed = time.perf_counter()
+    probe_seconds = probed - started
     counts = {name[len(_PROBE):]: n for name, n in probe.num_matches_per_rule.items() if n}
-    if time.perf_counter() > deadline:
-        return _Step({}, False, timed_out=True)
+
+    def timed(step: _Step) -> _Step:
+        pace.timed_rest(probe_seconds, time.perf_counter() - probed)
+        step.probe_seconds = probe_seconds
+        return step
+
+    if not pace.allows(pace.rest_seconds(probe_seconds)):
+        return _Step({}, False, timed_out=True, probe_seconds=probe_seconds)
     if sum(n * per_match[r] for r, n in counts.items()) <= max(room, 0):
         report = _run(egraph, f"(run {ruleset})")
-        return _Step({k: v for k, v in report.num_matches_per_rule.items() if v}, report.updated)
+        return timed(_Step({k: v for k, v in report.num_matches_per_rule.items() if v}, report.updated))
 
     every, worst = _recount(egraph, [r for r in counts if per_match[r]], rules, per_match)
-    if time.perf_counter() > deadline:
-        return _Step({}, False, timed_out=True)
+    if not pace.allows(pace.rest_seconds(probe_seconds)):
+        return _Step({}, False, timed_out=True, probe_seconds=probe_seconds)
     total = sum(worst.values())
     if total <= max(room, 0):
         report = _run(egraph, f"(run {ruleset})")
-        return _Step({k: v for k, v in report.num_matches_per_rule.items() if v}, report.updated)
+        return timed(_Step({k: v for k, v in report.num_matches_per_rule.items() if v}, report.updated))
 
     cutoff = _cutoff(every, worst, room)
     held = {r: counts[r] for r in every if every[r] > cutoff}
     if len(held) == len(every):
-        return _Step({}, False, held, total)
+        return _Step({}, False, held, total, probe_seconds=probe_seconds)
     report = _run(egraph, f"(let-scheduler cut (back-off :match-limit {cutoff})) (run-with cut {ruleset})")
     applied = {k: v for k, v in report.num_matches_per_rule.items() if v}
     if any(every[r] > cutoff for r in applied if r in every):
         raise RuntimeError(f"saturation applied a rule it held back: {sorted(set(applied) & set(held))}")
-    return _Step({r: counts[r] for r in applied if r in counts}, report.updated, held, total)
+    return timed(_Step({r: counts[r] for r in applied if r in counts}, report.updated, held, total))
 
 
 def _recount(egraph, growing: list, rules: dict, per_match: dict) -> tuple[dict, dict]:
@@ -285,7 +348,7 @@ def saturate(graph: Graph, rules=None, limits: Limits | None = None, progress=No
     limits = limits or Limits()
     rules = tuple(load_corpus() if rules is None else rules)
     start, cpu_start = time.perf_counter(), time.process_time()
-    deadline = start + limits.seconds  # also checked between the egglog runs of an iteration
+    pace = _Pace(start + limits.seconds)  # no egglog run starts that it predicts would end past this
     program = graph_to_program(graph)
     given = egraph is not None
     if not given:
@@ -318,13 +381,14 @@ def saturate(graph: Graph, rules=None, limits: Limits | None = None, progress=No
         deferred: dict[str, int] = {}
         updated, cut, passed, timed_out = False, None, None, False
         for ruleset in ("rewrites", "multi") if use_multi else ("rewrites",):
-            if time.perf_counter() > deadline:
+            if not pace.allows(pace.probe_seconds(ruleset, enodes)):
                 timed_out = True
                 break
             admission.admit(ruleset, lambda: _table_sizes(egraph), enodes, serialized)
             room = ceiling - enodes
             growth = min(room, int(limits.multi_growth * enodes)) if ruleset == "multi" and it > 1 else room
-            step = _step(egraph, ruleset, by_name, per_match, growth, deadline=deadline)
+            step = _step(egraph, ruleset, by_name, per_match, growth, pace=pace)
+            pace.timed_probe(ruleset, enodes, step.probe_seconds)
             if step.timed_out:
                 timed_out = True
                 break
@@ -360,7 +424,8 @@ def saturate(graph: Graph, rules=None, limits: Limits | None = None, progress=No
             break
         if timed_out:  # before "saturated": the rules left were not run, not matchless
             sat.stop_reason = (f"time limit ({limits.seconds:g} s), reached within iteration {it}, "
-                               f"before {'any' if not matches else 'all'} of its rules were applied")
+                               f"before {'any' if not matches else 'all'} of its rules were applied "
+                               f"(no egglog run starts that is predicted to end past it)")
             break
         if not updated and enodes == before:
             sat.stop_reason = _saturated(limits, deferred_ever)
