@@ -225,16 +225,40 @@ def test_the_rest_of_a_step_is_not_started_when_its_probe_leaves_too_little_time
     assert not any(rule.startswith("merge") for rule in sat.iterations[0].matches)
 
 
-def test_pace_predicts_probes_from_the_last_and_the_rest_from_the_probe():
+def test_pace_predicts_each_kind_of_work_from_its_last_and_the_rest_from_the_probe():
     pace = sat_mod._Pace()
-    assert pace.probe_seconds("multi", 1000) == 0.0  # never run: no prediction
-    pace.timed_probe("rewrites", 100, 0.5)
-    pace.timed_probe("multi", 100, 0.5)
-    assert pace.probe_seconds("rewrites", 400) == pytest.approx(2.0)   # linear in the e-nodes
-    assert pace.probe_seconds("multi", 400) == pytest.approx(8.0)      # a join: their square
-    assert pace.probe_seconds("multi", 50) == pytest.approx(0.5)       # never below the last
+    assert pace.predict("probe multi", 1000) == 0.0  # never timed: no prediction
+    pace.timed("probe rewrites", 100, 0.5)
+    pace.timed("probe multi", 100, 0.5)
+    assert pace.predict("probe rewrites", 400) == pytest.approx(2.0)   # linear in its size
+    assert pace.predict("probe multi", 50) == pytest.approx(0.5)       # never below the last
     assert pace.rest_seconds(1.0) == pytest.approx(pace.FOLLOW)
     pace.timed_rest(0.001, 1.0)                                        # too short to time: ignored
     assert pace.rest_seconds(1.0) == pytest.approx(pace.FOLLOW)
     pace.timed_rest(0.5, 2.5)                                          # the rest took 5 times its probe
     assert pace.rest_seconds(1.0) == pytest.approx(5.0)
+    # a step: its admission, probe and rest, and the iteration's tail after it
+    pace.timed("admit multi", 100, 0.1)
+    pace.timed("tail", 200, 0.2)
+    # its probe: what is not any rule's search by the e-nodes, each rule's search by its join bound
+    pace.timed("rule merge", 900, 0.3)
+    assert pace.step_seconds("multi", 400, {"merge": 9000, "untimed": 10 ** 6}) == pytest.approx(
+        0.4 + (2.0 + 3.0) * 6 + 0.4)
+
+
+def test_a_multi_pattern_probe_is_sized_by_the_pairs_its_patterns_could_join():
+    from taso_egg.rules.corpus import load_corpus
+    merge = next(r for r in load_corpus() if r.name == "merge-matmul-shared-input")
+    assert sat_mod._join_bound(merge, {"Matmul": 30, "Relu": 30}) == 30 * 30
+
+
+def test_no_step_starts_whose_analyses_after_it_would_end_past_the_deadline(monkeypatch):
+    # the analyses after a step always run (what was applied needs its shapes), so a
+    # step starts only when they fit too: timed on the initial e-graph, they leave
+    # no room for iteration 1 here, and an iteration that applied nothing skips them
+    machine = _SlowMachine(monkeypatch, lambda schedule, enodes:
+                           0.3 if schedule == "(saturate (run analysis))" else 0.01)
+    sat = saturate(_shared_input_matmuls(4), limits=Limits(seconds=0.5), count_classes=False)
+    assert [schedule for schedule, _ in machine.started] == ["(saturate (run analysis))"]
+    assert sat.seconds <= 0.5 and sat.enodes == sat.initial.enodes
+    assert sat.stop_reason.startswith("time limit (0.5 s), reached within iteration 1, before any")
