@@ -180,18 +180,31 @@ def test_the_time_limit_is_checked_within_an_iteration():
 
 
 class _SlowMachine:
-    """A machine where egglog runs take the seconds ``cost(schedule, e-nodes)`` on a
-    clock of its own (``sat_mod.time.perf_counter``), whatever they take here."""
+    """A machine where egglog runs take the seconds ``cost(schedule, table sizes)`` on
+    a clock of its own (``sat_mod.time.perf_counter``), whatever they take here; a
+    probe's seconds are its busiest rule's search, as egglog would time it."""
 
     def __init__(self, monkeypatch, cost):
         import time
+        from datetime import timedelta
         self.now, self.started = 0.0, []   # (schedule, when it started)
-        run, sizes = sat_mod._run, sat_mod._sizes
+        run, sizes = sat_mod._run, sat_mod._table_sizes
+
+        class Report:
+            def __init__(self, report, seconds):
+                self.report, self.search_and_apply_time_per_rule = report, {}
+                if report.num_matches_per_rule:
+                    busiest = max(report.num_matches_per_rule, key=report.num_matches_per_rule.get)
+                    self.search_and_apply_time_per_rule = {busiest: timedelta(seconds=seconds)}
+
+            def __getattr__(self, name):
+                return getattr(self.report, name)
 
         def slow_run(egraph, schedule):
             self.started.append((schedule, self.now))
-            self.now += cost(schedule, sizes(egraph))
-            return run(egraph, schedule)
+            seconds = cost(schedule, sizes(egraph))
+            self.now += seconds
+            return Report(run(egraph, schedule), seconds)
 
         monkeypatch.setattr(sat_mod, "_run", slow_run)
         monkeypatch.setattr(sat_mod, "time", type("Clock", (), {
@@ -199,25 +212,25 @@ class _SlowMachine:
 
 
 def test_a_step_predicted_to_end_past_the_deadline_is_not_started(monkeypatch):
-    # the multi-pattern probe's seconds grow with the square of the e-graph (a join):
-    # iteration 2's would end past the deadline, so it does not start, and saturation
-    # ends by the deadline; checking the deadline only between egglog runs, it started
-    # with time left and ended past it (issue 34: 2.07 s over a 3 s limit, loaded)
-    machine = _SlowMachine(monkeypatch, lambda schedule, enodes:
-                           1e-4 * enodes ** 2 if schedule == "(run probe-multi)" else 0.01)
-    limits = Limits(seconds=0.5)
-    sat = saturate(_shared_input_matmuls(4), limits=limits, count_classes=False)
+    # merging matmuls of one input searches every pair of them: iteration 2's probe,
+    # with many more matmuls, would end past the deadline, so it does not start, and
+    # saturation ends by the deadline; checking the deadline only between egglog runs,
+    # it started with time left and ended past it (issue 34: 2.07 s over a 3 s limit)
+    machine = _SlowMachine(monkeypatch, lambda schedule, sizes:
+                           1e-5 * sizes.get("Matmul", 0) ** 2 if schedule == "(run probe-multi)" else 0.01)
+    limits = Limits(seconds=1.0)
+    sat = saturate(_shared_input_matmuls(30), limits=limits, count_classes=False)
     probes = [when for schedule, when in machine.started if schedule == "(run probe-multi)"]
     assert len(probes) == 1 and len(sat.iterations) == 2  # iteration 2 ran its rewrites only
     assert sat.iterations[1].matches  # its rewrites applied
     assert sat.seconds <= limits.seconds
-    assert sat.stop_reason.startswith("time limit (0.5 s), reached within iteration 2, before all")
+    assert sat.stop_reason.startswith("time limit (1 s), reached within iteration 2, before all")
 
 
 def test_the_rest_of_a_step_is_not_started_when_its_probe_leaves_too_little_time(monkeypatch):
     # iteration 1's multi-pattern probe ends with less time left than the rules' own
     # run is predicted to take (twice the probe): nothing of that step is applied
-    machine = _SlowMachine(monkeypatch, lambda schedule, enodes:
+    machine = _SlowMachine(monkeypatch, lambda schedule, sizes:
                            0.3 if schedule == "(run probe-multi)" else 0.01)
     sat = saturate(_shared_input_matmuls(4), limits=Limits(seconds=0.5), count_classes=False)
     assert "(run multi)" not in [schedule for schedule, _ in machine.started]
@@ -227,22 +240,26 @@ def test_the_rest_of_a_step_is_not_started_when_its_probe_leaves_too_little_time
 
 def test_pace_predicts_each_kind_of_work_from_its_last_and_the_rest_from_the_probe():
     pace = sat_mod._Pace()
-    assert pace.predict("probe multi", 1000) == 0.0  # never timed: no prediction
-    pace.timed("probe rewrites", 100, 0.5)
-    pace.timed("probe multi", 100, 0.5)
-    assert pace.predict("probe rewrites", 400) == pytest.approx(2.0)   # linear in its size
-    assert pace.predict("probe multi", 50) == pytest.approx(0.5)       # never below the last
+    big = pace.FIXED  # sizes from which a timing scales linearly
+    assert pace.predict("probe multi", 1000 * big) == 0.0  # never timed: no prediction
+    pace.timed("probe rewrites", big, 0.5)
+    assert pace.predict("probe rewrites", 4 * big) == pytest.approx(2.0)   # linear in its size
+    assert pace.predict("probe rewrites", big // 2) == pytest.approx(0.5)  # never below the last
+    pace.timed("probe rewrites", big // 10, 0.5)                           # mostly fixed cost
+    assert pace.predict("probe rewrites", 4 * big) == pytest.approx(2.0)   # scaled from FIXED
     assert pace.rest_seconds(1.0) == pytest.approx(pace.FOLLOW)
-    pace.timed_rest(0.001, 1.0)                                        # too short to time: ignored
+    pace.timed_rest(0.001, 1.0)                                            # too short to time: ignored
     assert pace.rest_seconds(1.0) == pytest.approx(pace.FOLLOW)
-    pace.timed_rest(0.5, 2.5)                                          # the rest took 5 times its probe
+    pace.timed_rest(0.5, 2.5)                                              # the rest took 5 times its probe
     assert pace.rest_seconds(1.0) == pytest.approx(5.0)
-    # a step: its admission, probe and rest, and the iteration's tail after it
-    pace.timed("admit multi", 100, 0.1)
-    pace.timed("tail", 200, 0.2)
-    # its probe: what is not any rule's search by the e-nodes, each rule's search by its join bound
-    pace.timed("rule merge", 900, 0.3)
-    assert pace.step_seconds("multi", 400, {"merge": 9000, "untimed": 10 ** 6}) == pytest.approx(
+    # a step: its admission, probe and rest, and the iteration's tail after it; its
+    # probe: what is not any rule's search by the e-nodes, each rule's search by its
+    # join bound (a rule never timed: not predicted)
+    pace.timed("probe multi", big, 0.5)
+    pace.timed("admit multi", big, 0.1)
+    pace.timed("tail", 2 * big, 0.2)
+    pace.timed("rule merge", 10 * big, 0.3)
+    assert pace.step_seconds("multi", 4 * big, {"merge": 100 * big, "untimed": 10 ** 9}) == pytest.approx(
         0.4 + (2.0 + 3.0) * 6 + 0.4)
 
 
@@ -256,7 +273,7 @@ def test_no_step_starts_whose_analyses_after_it_would_end_past_the_deadline(monk
     # the analyses after a step always run (what was applied needs its shapes), so a
     # step starts only when they fit too: timed on the initial e-graph, they leave
     # no room for iteration 1 here, and an iteration that applied nothing skips them
-    machine = _SlowMachine(monkeypatch, lambda schedule, enodes:
+    machine = _SlowMachine(monkeypatch, lambda schedule, sizes:
                            0.3 if schedule == "(saturate (run analysis))" else 0.01)
     sat = saturate(_shared_input_matmuls(4), limits=Limits(seconds=0.5), count_classes=False)
     assert [schedule for schedule, _ in machine.started] == ["(saturate (run analysis))"]
