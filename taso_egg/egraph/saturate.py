@@ -14,8 +14,9 @@ A rule is compiled into egglog only before the first step whose e-graph could ma
 it (``admit.Admission``), which gives the same matches as compiling the corpus up front.
 
 The time limit holds within an iteration too: egglog cannot stop a run once started,
-so no egglog run of a step starts that :class:`_Pace` predicts would end past the
-deadline (see there); the analyses of what was applied always run.
+so no step starts (its rules' admission, probe and run, with the analyses after it)
+that :class:`_Pace` predicts would end past the deadline, and no run after a probe;
+the analyses of what was applied always run.
 """
 
 from __future__ import annotations
