@@ -14,6 +14,10 @@ from taso_egg import new_graph, zoo
 from taso_egg.egraph.saturate import Limits, saturate
 from taso_egg.options import MIN_HEADROOM
 
+# a time limit these node-limit tests never reach: the deadline stops a step predicted
+# to pass it, and a loaded machine's predictions could otherwise come near 30 s
+UNTIMED = 3600.0
+
 
 def _shared_input_matmuls(n: int):
     """n matmuls of one input, summed by a chain of adds: merge-matmul-shared-input
@@ -71,7 +75,7 @@ def test_ceiling_is_twice_the_limit_with_a_floor():
 @pytest.mark.parametrize("n, nodes", [(30, 3_000), (200, 20_000)])
 def test_shared_input_matmuls_stay_under_the_ceiling(sizes, n, nodes):
     seen, _ = sizes
-    limits = Limits(nodes=nodes)
+    limits = Limits(nodes=nodes, seconds=UNTIMED)
     sat = saturate(_shared_input_matmuls(n), limits=limits, count_classes=False)
     assert max(seen) <= limits.ceiling, (max(seen), limits.ceiling)
     assert sat.enodes <= limits.ceiling
@@ -88,7 +92,7 @@ def test_shared_input_matmuls_stay_under_the_ceiling(sizes, n, nodes):
 
 def test_a_cut_applies_the_rules_that_fit(sizes):
     seen, schedules = sizes
-    limits = Limits(nodes=5_000)
+    limits = Limits(nodes=5_000, seconds=UNTIMED)
     sat = saturate(_long_sum(8), limits=limits, count_classes=False)
     assert max(seen) <= limits.ceiling
     assert sat.stop_reason.startswith("node limit (5000): iteration"), sat.stop_reason
@@ -104,11 +108,12 @@ def test_a_recount_lets_a_step_that_fits_run_whole(sizes):
     would without a ceiling."""
     seen, schedules = sizes
     g = _long_sum(8)
-    sat = saturate(g, limits=Limits(nodes=8_000), count_classes=False)
+    sat = saturate(g, limits=Limits(nodes=8_000, seconds=UNTIMED), count_classes=False)
     assert any("recount" in s for s in schedules)
     assert sat.stop_reason == "node limit (8000)"
     assert all(not s.held_back for s in sat.iterations)
-    free = saturate(g, limits=Limits(nodes=100_000, iterations=len(sat.iterations)), count_classes=False)
+    free = saturate(g, limits=Limits(nodes=100_000, iterations=len(sat.iterations), seconds=UNTIMED),
+                    count_classes=False)
     assert [s.enodes for s in sat.iterations] == [s.enodes for s in free.iterations]
     assert [s.matches for s in sat.iterations] == [s.matches for s in free.iterations]
 
@@ -117,7 +122,7 @@ def test_a_recount_bounds_what_a_step_adds_and_leaves_the_egraph_as_it_was():
     """The recount records each rule's matches as rows of the variables its built terms
     read and looks each term up from a row, between (push) and (pop): the e-graph's
     tables are as before, and a step adds at most what the rows lacking a term say."""
-    sat = saturate(_long_sum(6), limits=Limits(nodes=100_000, iterations=2), count_classes=False)
+    sat = saturate(_long_sum(6), limits=Limits(nodes=100_000, iterations=2, seconds=UNTIMED), count_classes=False)
     by_name = {r.name: r for r in sat.rules}
     per_match = sat_mod._PerMatch(by_name)
     growing = sorted(r for s in sat.iterations for r in s.matches if per_match[r])
@@ -163,7 +168,7 @@ def test_a_step_that_outgrows_its_count_stops_saturation_without_failing(monkeyp
     step = sat_mod._step
     monkeypatch.setattr(sat_mod, "_step", lambda egraph, ruleset, rules, per_match, room, **kw:
                         step(egraph, ruleset, rules, per_match, 10 ** 9, **kw))  # as if every count fit
-    limits = Limits(nodes=3_000)
+    limits = Limits(nodes=3_000, seconds=UNTIMED)
     sat = saturate(_shared_input_matmuls(30), limits=limits, count_classes=False)
     assert sat.enodes > limits.ceiling
     assert sat.stop_reason.startswith(f"node limit ({limits.nodes}): the e-graph passed its ceiling of "
