@@ -127,6 +127,33 @@ def test_loader_indexes_children_by_class():
     assert g.n_nodes == 6 and g.n_classes == 4
 
 
+def _lean_egg(nodes: dict, roots: list) -> dict:
+    """An e-graph as extraction-gym's lean-egg files write it: egg names a node
+    CLASS.INDEX after the class it was added to, the roots are the goal's two sides,
+    every node has ``subsumed`` and ``class_data`` is empty."""
+    return {"nodes": {nid: {"op": op, "children": children, "eclass": eclass, "cost": 1.0, "subsumed": False}
+                      for nid, (op, children, eclass) in nodes.items()},
+            "root_eclasses": roots, "class_data": {}}
+
+
+def test_a_root_named_by_a_merged_class_is_its_canonical_class():
+    # issue 34: two of lean-egg's e-graphs list a side's class as it was when added
+    # ('33'), which egg later merged into another ('29'): "root e-class '33' has no nodes"
+    g = load_egraph(_lean_egg({
+        "1.0": ("Nat", [], "1"),
+        "29.0": ("const", ["1.0"], "29"),
+        "33.0": ("app", ["29.0", "1.0"], "29"),  # added to class 33, merged into 29
+        "33.1": ("=", ["1.0", "1.0"], "29"),
+    }, ["29", "33"]))
+    assert g.roots == (g.class_index["29"],) * 2
+    assert extract(g, "ilp").dag_cost == pytest.approx(2.0)  # const(Nat)
+    # nodes named after the root in several classes say nothing of where it went
+    with pytest.raises(ExtractionError, match=r"root e-class '33' has no nodes \(its nodes 33\.\* are in "
+                                              r"several classes: \['1', '29'\]\)"):
+        load_egraph(_lean_egg({"1.0": ("Nat", [], "1"), "33.0": ("app", ["1.0"], "29"),
+                               "33.1": ("lit", [], "1")}, ["33"]))
+
+
 # --- validator ------------------------------------------------------------------------
 
 def test_check_choice_rejects_cycles_missing_and_foreign_nodes():

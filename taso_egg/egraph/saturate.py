@@ -12,6 +12,11 @@ Analyses and unions never add e-nodes.
 
 A rule is compiled into egglog only before the first step whose e-graph could match
 it (``admit.Admission``), which gives the same matches as compiling the corpus up front.
+
+The time limit holds within an iteration too: egglog cannot stop a run once started,
+so no step starts (its rules' admission, probe and run, with the analyses after it)
+that :class:`_Pace` predicts would end past the deadline, and no run after a probe;
+the analyses of what was applied always run.
 """
 
 from __future__ import annotations
@@ -25,11 +30,12 @@ from itertools import count
 from ..errors import ExtractionError
 from ..graph import Graph
 from ..options import Limits
+from ..rules.ast import App, Proj
 from .admit import Admission, present_ops
 from .bindings import bindings
 from .convert import GraphProgram, TensorEGraph, add_fused_convs, graph_to_program, read_serialized
-from .language import (MULTI, REWRITES, STEPS, Ruleset, base_declarations, declarations, probe_name, probed_rule,
-                       ruleset_of)
+from .language import (MULTI, REWRITES, STEPS, Ruleset, base_declarations, constructor, declarations, probe_name,
+                       probed_rule, ruleset_of)
 from .rule_compiler import compile_match_recorder, compile_probe, compile_rules
 
 # Functions that are analyses, not e-nodes of the tensor language.
@@ -121,8 +127,6 @@ def built_terms(rule) -> list:
     right-hand sides, innermost first. Applying one match of the rule adds at most one
     e-node for each (a new row of its constructor's table), and none for those the
     e-graph already has; equal subterms are one e-node."""
-    from ..rules.ast import App, Proj
-
     seen: list = []
 
     def walk(p):
@@ -182,11 +186,86 @@ class _Step:
     updated: bool
     held_back: dict[str, int] = field(default_factory=dict)  # counted, not applied
     worst: int = 0                      # the most e-nodes all the counted matches could add
-    timed_out: bool = False             # the deadline passed before the rules were applied
+    timed_out: bool = False             # the deadline passed, or would have, before the rules were applied
+    probe_seconds: float = 0.0          # the probe's egglog run
+    rule_seconds: dict[str, float] = field(default_factory=dict)  # each rule's search in it, as egglog timed it
+
+
+class _Pace:
+    """The deadline, and the seconds of saturation's next pieces of work predicted
+    from the same pieces timed earlier in this saturation (on this machine, under its
+    present load), so that work that would end past the deadline is not started:
+    egglog cannot stop a run, and its scheduler's match limit bans a rule only after
+    its search. One multi-pattern probe can take seconds (30 MatMuls of one input:
+    0.01 s in iteration 1, 1 to 2.5 s in iteration 2, loaded).
+
+    - Each kind of work (a ruleset's admission, its probe, an iteration's tail: the
+      analyses, the counts) is predicted from its last, scaled linearly by the growth
+      of its size since: the e-graph's e-nodes, but for each rule's search within a
+      probe (egglog times it) the matches its patterns could join
+      (:func:`_join_bound`): the MatMuls' merge search grew 100- to 230-fold for 26
+      times the e-nodes. A kind not yet timed is not predicted (a rule's first
+      search, for one); the initial e-graph's analyses and counts time the tail.
+    - The rest of a step (a recount, the rules' own run) searches the probe's matches
+      again and applies them: predicted as its probe's seconds times the largest
+      ratio seen in a step whose probe took long enough to time (``TIMED``), and
+      never less than ``FOLLOW``.
+    - Nothing that applies rules starts unless the tail after it fits too (the
+      analyses of what was applied always run)."""
+
+    FOLLOW = 2.0   # the rest of a step against its probe, measured: 1.9 to 2.5 for the runs
+    TIMED = 0.01   # seconds below which a probe's ratio is noise
+    # Sizes up to which a timing is mostly fixed cost, so it is scaled from no less: the
+    # initial analyses and counts of 120 e-nodes (0.05-0.1 s, loaded) scaled to 4,585
+    # predicted 2-4 s for what took 0.2-0.4 s.
+    FIXED = 1_000
+
+    def __init__(self, deadline: float = math.inf):
+        self.deadline = deadline
+        self.last: dict[str, tuple[int, float]] = {}  # kind -> (size, seconds) when last timed
+        self.follow = self.FOLLOW
+
+    def allows(self, seconds: float) -> bool:
+        """Whether work predicted to take ``seconds`` ends by the deadline."""
+        return time.perf_counter() + seconds <= self.deadline
+
+    def predict(self, kind: str, size: int) -> float:
+        if kind not in self.last:
+            return 0.0
+        then, seconds = self.last[kind]
+        return seconds * max(1.0, size / max(then, self.FIXED))
+
+    def step_seconds(self, ruleset: str, enodes: int, bounds: dict[str, int]) -> float:
+        """A whole step of the ruleset named ``ruleset`` (``bounds``: its rules' join bounds now) and the
+        iteration's tail after it."""
+        probe = self.predict(f"probe {ruleset}", enodes) + sum(
+            self.predict(f"rule {rule}", n) for rule, n in bounds.items())
+        return (self.predict(f"admit {ruleset}", enodes) + probe + self.rest_seconds(probe)
+                + self.predict("tail", enodes))
+
+    def rest_seconds(self, probe_seconds: float) -> float:
+        return probe_seconds * self.follow
+
+    def timed(self, kind: str, size: int, seconds: float) -> None:
+        self.last[kind] = (size, seconds)
+
+    def timed_rest(self, probe_seconds: float, seconds: float) -> None:
+        if probe_seconds >= self.TIMED:
+            self.follow = max(self.follow, seconds / probe_seconds)
+
+
+def _join_bound(rule, sizes: dict[str, int]) -> int:
+    """The most matches ``rule``'s left side could have: the product of the rows of
+    each pattern's operator (``sizes``: egglog's table sizes)."""
+    pairs = 1
+    for pattern in rule.lhs:
+        pairs *= sizes.get(constructor((pattern.pattern if isinstance(pattern, Proj) else pattern).op), 0) \
+            if isinstance(pattern, (App, Proj)) else sum(sizes.values())
+    return pairs
 
 
 def _step(egraph, ruleset: Ruleset, rules: dict, per_match: dict[str, int], room: int,
-          deadline: float = math.inf) -> _Step:
+          pace: _Pace | None = None, enodes: int = 0) -> _Step:
     """Run ``ruleset`` once if that cannot add more than ``room`` e-nodes, else only
     the rules with the fewest matches that fit (then ``held_back`` names the others).
 
@@ -201,33 +280,47 @@ def _step(egraph, ruleset: Ruleset, rules: dict, per_match: dict[str, int], room
        with at most a cut-off's matches and none of the others'. The cut-off is the
        largest whose rules fit.
 
-    Past ``deadline`` (``time.perf_counter()``), checked between these egglog runs,
-    nothing more runs and nothing is applied (``timed_out``)."""
+    No egglog run starts that ``pace`` predicts would end past its deadline, with
+    the iteration's tail after it (at the e-nodes the step could reach from
+    ``enodes``): then nothing more runs and nothing is applied (``timed_out``)."""
+    pace = pace or _Pace()
+    started = time.perf_counter()
     probe = _run(egraph, ruleset.probes.run())
+    probed = time.perf_counter()
+    probe_seconds = probed - started
     counts = {probed_rule(name): n for name, n in probe.num_matches_per_rule.items() if n}
-    if time.perf_counter() > deadline:
-        return _Step({}, False, timed_out=True)
+    searched = {probed_rule(name): t.total_seconds() for name, t in probe.search_and_apply_time_per_rule.items()}
+    reach = enodes + min(max(room, 0), sum(n * per_match[r] for r, n in counts.items()))
+    rest = pace.rest_seconds(probe_seconds) + pace.predict("tail", reach)
+
+    def timed(step: _Step) -> _Step:
+        pace.timed_rest(probe_seconds, time.perf_counter() - probed)
+        step.probe_seconds, step.rule_seconds = probe_seconds, searched
+        return step
+
+    if not pace.allows(rest):
+        return _Step({}, False, timed_out=True, probe_seconds=probe_seconds, rule_seconds=searched)
     if sum(n * per_match[r] for r, n in counts.items()) <= max(room, 0):
         report = _run(egraph, ruleset.run())
-        return _Step({k: v for k, v in report.num_matches_per_rule.items() if v}, report.updated)
+        return timed(_Step({k: v for k, v in report.num_matches_per_rule.items() if v}, report.updated))
 
     every, worst = _recount(egraph, [r for r in counts if per_match[r]], rules, per_match)
-    if time.perf_counter() > deadline:
-        return _Step({}, False, timed_out=True)
+    if not pace.allows(rest):
+        return _Step({}, False, timed_out=True, probe_seconds=probe_seconds, rule_seconds=searched)
     total = sum(worst.values())
     if total <= max(room, 0):
         report = _run(egraph, ruleset.run())
-        return _Step({k: v for k, v in report.num_matches_per_rule.items() if v}, report.updated)
+        return timed(_Step({k: v for k, v in report.num_matches_per_rule.items() if v}, report.updated))
 
     cutoff = _cutoff(every, worst, room)
     held = {r: counts[r] for r in every if every[r] > cutoff}
     if len(held) == len(every):
-        return _Step({}, False, held, total)
+        return _Step({}, False, held, total, probe_seconds=probe_seconds, rule_seconds=searched)
     report = _run(egraph, ruleset.run_with(f"(back-off :match-limit {cutoff})"))
     applied = {k: v for k, v in report.num_matches_per_rule.items() if v}
     if any(every[r] > cutoff for r in applied if r in every):
         raise RuntimeError(f"saturation applied a rule it held back: {sorted(set(applied) & set(held))}")
-    return _Step({r: counts[r] for r in applied if r in counts}, report.updated, held, total)
+    return timed(_Step({r: counts[r] for r in applied if r in counts}, report.updated, held, total))
 
 
 def _recount(egraph, growing: list, rules: dict, per_match: dict) -> tuple[dict, dict]:
@@ -286,7 +379,7 @@ def saturate(graph: Graph, rules=None, limits: Limits | None = None, progress=No
     limits = limits or Limits()
     rules = tuple(load_corpus() if rules is None else rules)
     start, cpu_start = time.perf_counter(), time.process_time()
-    deadline = start + limits.seconds  # also checked between the egglog runs of an iteration
+    pace = _Pace(start + limits.seconds)  # no egglog run starts that it predicts would end past this
     program = graph_to_program(graph)
     given = egraph is not None
     if not given:
@@ -295,12 +388,15 @@ def saturate(graph: Graph, rules=None, limits: Limits | None = None, progress=No
     admission = Admission(egraph, rules, compiled=given)
     egraph.parse_and_run_program(program.text)
     admission.analyses(present_ops(_table_sizes(egraph)))
+    tail = time.perf_counter()
     _run(egraph, "(saturate (run analysis))")
     sat = Saturation(graph, egraph, program, "saturated", rules=rules)
     sat.initial = IterationStats(0, _sizes(egraph), _eclasses(egraph, program) if count_classes else 0,
                                  time.perf_counter() - start, {}, False)
+    pace.timed("tail", sat.initial.enodes, time.perf_counter() - tail)
     sat.admission = admission
-    has_multi = any(r.multi for r in rules)
+    rulesets = {step: [r for r in rules if ruleset_of(r) == step] for step in STEPS}
+    has_multi = bool(rulesets[MULTI])
     by_name = {r.name: r for r in rules}
     per_match = _PerMatch(by_name)
     ceiling = limits.ceiling
@@ -319,13 +415,21 @@ def saturate(graph: Graph, rules=None, limits: Limits | None = None, progress=No
         deferred: dict[str, int] = {}
         updated, cut, passed, timed_out = False, None, None, False
         for ruleset in STEPS if use_multi else (REWRITES,):
-            if time.perf_counter() > deadline:
+            sizes = _table_sizes(egraph)
+            bounds = {r.name: _join_bound(r, sizes) for r in rulesets[ruleset]}
+            if not pace.allows(pace.step_seconds(ruleset.name, enodes, bounds)):
                 timed_out = True
                 break
+            admitting = time.perf_counter()
             admission.admit(ruleset, lambda: _table_sizes(egraph), enodes, serialized)
+            pace.timed(f"admit {ruleset.name}", enodes, time.perf_counter() - admitting)
             room = ceiling - enodes
             growth = min(room, int(limits.multi_growth * enodes)) if ruleset == MULTI and it > 1 else room
-            step = _step(egraph, ruleset, by_name, per_match, growth, deadline=deadline)
+            step = _step(egraph, ruleset, by_name, per_match, growth, pace=pace, enodes=enodes)
+            pace.timed(f"probe {ruleset.name}", enodes, max(0.0, step.probe_seconds - sum(step.rule_seconds.values())))
+            for rule, seconds in step.rule_seconds.items():
+                if rule in bounds:  # every probe is named after its rule (probe_name)
+                    pace.timed(f"rule {rule}", bounds[rule], seconds)
             if step.timed_out:
                 timed_out = True
                 break
@@ -344,10 +448,15 @@ def saturate(graph: Graph, rules=None, limits: Limits | None = None, progress=No
                 break
             deferred.update(step.held_back)  # held back by the growth bound alone
         deferred_ever.update(deferred)
-        _run(egraph, "(saturate (run analysis))")
-        enodes = _sizes(egraph)
-        stats = IterationStats(it, enodes, _eclasses(egraph, program) if count_classes else 0,
-                               time.perf_counter() - t0, matches, use_multi,
+        if timed_out and not matches and not updated:  # nothing applied: as the last tail left it
+            eclasses = (sat.iterations[-1] if sat.iterations else sat.initial).eclasses
+        else:
+            tail = time.perf_counter()
+            _run(egraph, "(saturate (run analysis))")
+            enodes = _sizes(egraph)
+            eclasses = _eclasses(egraph, program) if count_classes else 0
+            pace.timed("tail", enodes, time.perf_counter() - tail)
+        stats = IterationStats(it, enodes, eclasses, time.perf_counter() - t0, matches, use_multi,
                                dict(cut.held_back) if cut else {}, deferred)
         sat.iterations.append(stats)
         if progress:
@@ -361,7 +470,8 @@ def saturate(graph: Graph, rules=None, limits: Limits | None = None, progress=No
             break
         if timed_out:  # before "saturated": the rules left were not run, not matchless
             sat.stop_reason = (f"time limit ({limits.seconds:g} s), reached within iteration {it}, "
-                               f"before {'any' if not matches else 'all'} of its rules were applied")
+                               f"before {'any' if not matches else 'all'} of its rules were applied "
+                               f"(no egglog run starts that is predicted to end past it)")
             break
         if not updated and enodes == before:
             sat.stop_reason = _saturated(limits, deferred_ever)
