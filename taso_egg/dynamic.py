@@ -252,42 +252,4 @@ def _reshaped(target, before, after) -> tuple[int, ...]:
     rest = math.prod(out[i] for i in range(len(out)) if i not in free[:1])
     if math.prod(out) != math.prod(after) and len(free) == 1 and rest and math.prod(after) % rest == 0:
         out[free[0]] = math.prod(after) // rest
-    if math.prod(out) != math.prod(after):
-        out = _grown_within_groups(target, before, after) or out
     return tuple(out)
-
-
-def _grown_within_groups(target, before, after) -> list[int] | None:
-    """``target`` at the sizes ``after`` where a dim that changed is merged with others
-    (heads split off a batch of one: (197, 1, 768) -> (197, 12, 64)): the two shapes
-    are cut into groups of dims of equal products (row-major, so a group of one shape
-    holds the same elements as its twin), and each dim of ``before`` that changed
-    scales the dim of its group in ``target`` that holds it whole (the outermost where
-    several do). None where that does not give the element count."""
-    if len(before) != len(after) or 0 in before or 0 in target:
-        return None
-    out, i, j = list(target), 0, 0
-    while i < len(before) and j < len(target):
-        b, t = [i], [j]
-        pb, pt = before[i], target[j]
-        i, j = i + 1, j + 1
-        while pb != pt:
-            if pb < pt and i < len(before):
-                pb, i = pb * before[i], i + 1
-                b.append(i - 1)
-            elif pt < pb and j < len(target):
-                pt, j = pt * target[j], j + 1
-                t.append(j - 1)
-            else:
-                return None
-        for p in b:
-            if after[p] == before[p]:
-                continue
-            lo = math.prod(before[q] for q in b if q < p)
-            hi = lo * before[p]
-            holders = [k for k in t if math.prod(target[m] for m in t if m < k) <= lo
-                       and hi <= math.prod(target[m] for m in t if m <= k)]
-            if not holders:
-                return None
-            out[holders[0]] = out[holders[0]] // before[p] * after[p]
-    return out if math.prod(out) == math.prod(after) else None

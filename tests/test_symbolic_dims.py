@@ -286,18 +286,3 @@ def test_last_position_kept_counted_from_the_end(tmp_path, capsys, select):
     assert "check: written with the input's symbolic dims" in cap.out, cap.out
     _assert_interface_kept(onnx.load(path), onnx.load(out))
     _assert_same_outputs(path, out, [(1, 64, 16), (2, 5, 16), (3, 100, 16)])
-
-
-@pytest.mark.parametrize("target, before, after, want", [
-    # torch's MultiheadAttention (ViT): heads split off (sequence, batch, width) with a batch of one
-    ((197, 12, 64), (197, 1, 768), (197, 3, 768), (197, 36, 64)),
-    ((1, 197, 12, 64), (1, 197, 768), (3, 197, 768), (3, 197, 12, 64)),
-    ((64, 768), (1, 64, 768), (3, 67, 768), (201, 768)),  # batch and positions merged
-])
-def test_reshape_of_a_tensor_the_input_lacks_follows_the_sizes(target, before, after, want):
-    """A reshape the rules made (no tensor of the input equals it) takes its target at
-    the second sizes from where each changed dim sits in it: on main a dim that merges
-    with others kept its first size (ViT's result failed the check at batch 3)."""
-    from taso_egg.dynamic import _reshaped
-
-    assert _reshaped(target, before, after) == want
