@@ -25,8 +25,8 @@ from __future__ import annotations
 import json
 
 from ..rules.ast import Lit, Proj, Var, operators
-from .language import OP_OF_CONSTRUCTOR, SORTS, analysis_rules, egraph_params, encode, encode_param
-from .rule_compiler import compile_probe, compile_rule
+from .language import OP_OF_CONSTRUCTOR, RULESETS, SORTS, analysis_rules, egraph_params, encode, encode_param
+from .rule_compiler import compile_probe, compile_rule, ruleset_of
 
 # E-nodes up to which the e-graph is decoded to match left sides structurally; above,
 # decoding would cost about what compiling the rules it leaves out costs.
@@ -198,11 +198,11 @@ class Admission:
         self.everything = compiled
         self.admitted: list[str] = [r.name for r in rules] if compiled else []
         self._lhs_ops = {r.name: _lhs_operators(r) for r in rules}
-        self._waiting = {"rewrites": [], "multi": []}
+        self._waiting = {name: [] for name in RULESETS}
         self._analysed: set[str] = set()
         if not compiled:
             for r in rules:
-                self._waiting["multi" if r.multi else "rewrites"].append(r)
+                self._waiting[ruleset_of(r)].append(r)
 
     def analyses(self, ops) -> None:
         """Compile the analysis rules of ``ops`` not compiled yet."""

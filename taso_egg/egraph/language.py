@@ -26,6 +26,9 @@ from ..ops import OPS
 from ..ops.base import Param
 from ..ops.shapes import Case, Cond, Fn, In, Num, OutIndex, P
 
+# The rulesets of rewrites (rule_compiler.ruleset_of says which a rule is in).
+RULESETS = ("rewrites", "select", "multi")
+
 # Egglog sort of each parameter kind (ops.base.PARAM_KINDS); "data" never enters.
 SORTS = {"int": "i64", "float": "f64", "symbol": "String", "activation": "String",
          "dtype": "String", "ints": "IVec", "dims": "IVec", "padding": "IVec"}
@@ -141,8 +144,7 @@ def base_declarations() -> str:
         "(function whi (T) i64 :merge (max old new))",
         "(relation pending (T T))",
         "(ruleset analysis)",
-        "(ruleset rewrites)",
-        "(ruleset multi)",
+        *(f"(ruleset {name})" for name in RULESETS),
         # A rewrite's result joins the class it replaces only with the same shape and dtype.
         _rule(["(pending a b)", "(= s (shape a))", "(= s (shape b))",
                "(= d (dtype a))", "(= d (dtype b))"], ["(union a b)"]),

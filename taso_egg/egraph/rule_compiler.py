@@ -112,7 +112,7 @@ class _Compiler:
     def compile(self) -> str:
         facts, roots, news = self.parts()
         actions = [f"(pending {root} {new})" for root, new in zip(roots, news)]
-        ruleset = "multi" if self.rule.multi else "rewrites"
+        ruleset = ruleset_of(self.rule)
         return (f"(rule ({' '.join(facts)})\n      ({' '.join(actions)})\n"
                 f"      :ruleset {ruleset} :name \"{self.rule.name}\")")
 
@@ -141,6 +141,13 @@ _EGGLOG = semantics.backend("egglog", param_fns={
 
 def _ident(name: str) -> str:
     return "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in name.lstrip("?"))
+
+
+def ruleset_of(rule: Rule) -> str:
+    """The ruleset saturation runs ``rule`` in: ``multi`` (two patterns), ``select``
+    (it moves a part of a split up one operator: run to a fixpoint in every iteration,
+    so that a select reaches the layers it prunes before the node limit), ``rewrites``."""
+    return "multi" if rule.multi else "select" if rule.moves_a_part_up else "rewrites"
 
 
 def compile_rule(rule: Rule) -> str:

@@ -28,8 +28,8 @@ from ..options import Limits
 from .admit import Admission, present_ops
 from .bindings import bindings
 from .convert import GraphProgram, TensorEGraph, add_fused_convs, graph_to_program, read_serialized
-from .language import base_declarations, declarations
-from .rule_compiler import compile_match_recorder, compile_probe, compile_rules
+from .language import RULESETS, base_declarations, declarations
+from .rule_compiler import compile_match_recorder, compile_probe, compile_rules, ruleset_of
 
 # Functions that are analyses, not e-nodes of the tensor language.
 _ANALYSES = {"shape", "dtype", "wlo", "whi", "pending"}
@@ -148,16 +148,19 @@ class _PerMatch(dict):
         return n
 
 
-_PROBE = "probe-"       # the probe of rule R is rule probe-R of ruleset probe-rewrites or probe-multi
+_PROBE = "probe-"       # the probe of rule R is rule probe-R of ruleset probe-RULESET
 _recounts = count()     # recount rulesets and relations are named apart, for e-graphs that outlive a saturation
 
 
-_PROBE_RULESETS = f"(ruleset {_PROBE}rewrites)\n(ruleset {_PROBE}multi)\n"
+_PROBE_RULESETS = "".join(f"(ruleset {_PROBE}{name})\n" for name in RULESETS)
+# Runs of the select ruleset per iteration at most: each moves every select one operator
+# up, and a 12-layer transformer's last layer is about 30 operators from its head.
+SELECT_RUNS = 64
 
 
 def _probes(rules) -> str:
     return (_PROBE_RULESETS + "\n".join(
-        compile_probe(r, _PROBE + ("multi" if r.multi else "rewrites"), _PROBE + r.name) for r in rules) + "\n")
+        compile_probe(r, _PROBE + ruleset_of(r), _PROBE + r.name) for r in rules) + "\n")
 
 
 def _cutoff(counts: dict[str, int], worst: dict[str, int], room: int) -> int:
@@ -317,10 +320,16 @@ def saturate(graph: Graph, rules=None, limits: Limits | None = None, progress=No
         matches: dict[str, int] = {}
         deferred: dict[str, int] = {}
         updated, cut, passed, timed_out = False, None, None, False
-        for ruleset in ("rewrites", "multi") if use_multi else ("rewrites",):
+        steps = [*["select"] * SELECT_RUNS, "rewrites", *(["multi"] if use_multi else [])]
+        select_done = False
+        for ruleset in steps:
+            if ruleset == "select" and select_done:
+                continue
             if time.perf_counter() > deadline:
                 timed_out = True
                 break
+            if ruleset == "select":  # to a fixpoint: each run on what the last one made, joined to its classes
+                _run(egraph, "(saturate (run analysis))")
             admission.admit(ruleset, lambda: _table_sizes(egraph), enodes, serialized)
             room = ceiling - enodes
             growth = min(room, int(limits.multi_growth * enodes)) if ruleset == "multi" and it > 1 else room
@@ -328,8 +337,11 @@ def saturate(graph: Graph, rules=None, limits: Limits | None = None, progress=No
             if step.timed_out:
                 timed_out = True
                 break
-            matches.update(step.matches)
+            for name, n in step.matches.items():
+                matches[name] = matches.get(name, 0) + n
             updated = updated or step.updated
+            if ruleset == "select":
+                select_done = not step.updated
             enodes = _sizes(egraph)
             if enodes > max(ceiling, before):
                 # The probes counted fewer matches than the rules then applied: egglog's
