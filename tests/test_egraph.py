@@ -208,6 +208,13 @@ def attention_mask(g):
 
 
 @case
+def nan_guard(g):
+    """SDPA's guard after softmax as imported: one float operator (nan_to_zero)."""
+    p = g.add_node("softmax", (_x(g, (1, 2, 4, 4), "scores"),), axis=3)[0]
+    g.mark_output(g.add_node("nan_to_zero", (p,))[0], "y0")
+
+
+@case
 def softmax(g):
     g.mark_output(g.add_node("softmax", (_x(g, (2, 3, 4)),), axis=1)[0], "y0")
 
