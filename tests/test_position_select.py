@@ -279,3 +279,29 @@ def test_the_last_position_of_a_short_sequence_is_part_1_of_two():
     feeds = {"h": rand(1, short, E)}
     ours, _ = check_against_ort(out, feeds, rtol=1e-4)
     assert_close(onnx_outputs(model, feeds), ours, rtol=1e-4)
+
+
+def test_the_select_reaches_the_last_layer_of_a_deep_model_in_two_iterations():
+    """The rules that move a part up one operator run to a fixpoint in every iteration
+    (their own ruleset), so a select crosses a whole layer in one iteration (the second:
+    GELU's formula is recognized in the first), not one operator per iteration, and reaches
+    the last layer before other rules fill the e-graph to its node limit."""
+    from taso_egg.options import Limits
+
+    model = _model(-1, layers=4)
+    sat = saturate(taso_egg.load_onnx(model), rules=_select_rules(), limits=Limits(iterations=2))
+    out = extract_graph(sat, cost_model=AnalyticCost()).graph
+    _assert_last_layer_pruned(out, layers=4)
+    _check_numerics(model, out)
+
+
+def test_the_rules_that_move_a_part_up_are_the_select_steps():
+    """Rule.moves_a_part_up (which puts a rule in the select ruleset) holds for a rule
+    whose right side reads the same part below the operator it moved past, not for one
+    that reads a part back from a concat or joins parts."""
+    by_name = {r.name: r for r in load_corpus()}
+    assert all(by_name[n].moves_a_part_up for n in ("split-matmul", "split-ewadd", "split-nan-to-zero",
+                                                    "split-transpose", "split-linear"))
+    assert not any(by_name[n].moves_a_part_up for n in ("concat-of-split", "matmul-unflatten",
+                                                        "gelu-tanh-from-formula"))
+    assert not any(r.moves_a_part_up for r in by_name.values() if r.name.startswith("gen3-"))
