@@ -41,12 +41,13 @@ def _linear(x, w, b, y, flat, unflat):
             _n("Reshape", [y + "_mm", unflat], [y])]
 
 
-def _block(i, x, causal, flat, nan_guard=False):
+def _block(i, x, causal, flat, nan_guard=False, own_reshape=False):
     """One pre-norm layer as torch exports GPT-2's: a packed q/k/v projection cut by a
     Split, heads split off by Reshape and Transpose, scores divided by sqrt(d), the causal
     mask added, Softmax (``nan_guard``: then SDPA's Where(IsNaN(p), 0, p), as the dynamo
-    exporter writes it), heads merged back, out-projection, residual; an MLP with GELU's
-    tanh formula (Pow by 3, Tanh) and a residual."""
+    exporter writes it), the weighted sum of values (``own_reshape``: then reshaped to its
+    own shape, as TorchScript writes it), heads merged back, out-projection, residual; an
+    MLP with GELU's tanh formula (Pow by 3, Tanh) and a residual."""
     p = f"b{i}_"
     lin = lambda x, w, y: _linear(x, p + "w_" + w, p + "b_" + w, y, flat, "unflat_" + w)  # noqa: E731
     inits = [init(p + "ln1_s", rand(E) + 1), init(p + "ln1_b", rand(E)), init(p + "ln2_s", rand(E) + 1),
@@ -70,8 +71,12 @@ def _block(i, x, causal, flat, nan_guard=False):
     if nan_guard:
         nodes += [_n("IsNaN", [probs], [p + "nan"]), _n("Where", [p + "nan", "zero", probs], [p + "pr0"])]
         probs = p + "pr0"
+    nodes += [_n("MatMul", [probs, p + "v"], [p + "o"])]
+    if own_reshape:
+        nodes += [_n("Reshape", [p + "o", "per_head"], [p + "o0"])]
+    else:
+        nodes += [_n("Identity", [p + "o"], [p + "o0"])]
     nodes += [
-        _n("MatMul", [probs, p + "v"], [p + "o0"]),
         _n("Transpose", [p + "o0"], [p + "o1"], perm=[0, 2, 1, 3]), _n("Reshape", [p + "o1", "merged"], [p + "o2"]),
         *lin(p + "o2", "o", p + "o4"),
         _n("Add", [x, p + "o4"], [p + "r1"]),
@@ -86,13 +91,15 @@ def _block(i, x, causal, flat, nan_guard=False):
     return nodes, inits, p + "r2"
 
 
-def _model(index, select="Gather", causal=True, layers=2, batch=B, flat=False, nan_guard=False, embed=False):
+def _model(index, select="Gather", causal=True, layers=2, batch=B, flat=False, nan_guard=False, embed=False,
+           own_reshape=False):
     """Hidden states [batch, S, E] through ``layers`` layers, the final LayerNorm and a
     head [E, V], read at position ``index`` by a Gather (the axis dropped) or a Slice (kept).
     ``embed``: the input is token ids [batch, S], looked up in an embedding table."""
     i64 = lambda name, v: init(name, np.asarray(v, np.int64))  # noqa: E731
     f32 = lambda name, v: init(name, np.asarray(v, np.float32))  # noqa: E731
     inits = [i64("qkv_sizes", [E, E, E]), i64("heads", [batch, S, H, D]), i64("merged", [batch, S, E]),
+             i64("per_head", [batch, H, S, D]),
              i64("flat", [S, -1]), *(i64("unflat_" + w, [1, S, n]) for w, n in
                                     (("qkv", 3 * E), ("o", E), ("fc", 4 * E), ("pr", E))),
              f32("sqrt_d", math.sqrt(D)), f32("half", 0.5), f32("three", 3.0), f32("cubic", 0.044715),
@@ -104,7 +111,7 @@ def _model(index, select="Gather", causal=True, layers=2, batch=B, flat=False, n
         nodes += [_n("Gather", ["wte", "ids"], ["h"], axis=0)]
         inits += [init("wte", rand(V, E))]
     for i in range(layers):
-        more, more_inits, x = _block(i, x, causal, flat, nan_guard)
+        more, more_inits, x = _block(i, x, causal, flat, nan_guard, own_reshape)
         nodes += more
         inits += more_inits
     nodes += [_n("LayerNormalization", [x, "lnf_s", "lnf_b"], ["f"], axis=-1, epsilon=1e-5),
@@ -121,7 +128,12 @@ def _model(index, select="Gather", causal=True, layers=2, batch=B, flat=False, n
 
 
 def _select_rules():
-    return [r for r in load_corpus() if r.name.startswith(("split-", "gelu-")) or r.name.endswith("-unflatten")]
+    return [r for r in load_corpus() if r.name.startswith(("split-", "gelu-")) or r.name in _RESHAPES_UNDONE]
+
+
+# What the select needs exporters' reshapes undone for: a Gemm's flattening, a reshape to
+# the shape its input has.
+_RESHAPES_UNDONE = ("matmul-unflatten", "bias-unflatten", "reshape-own-shape")
 
 
 def _optimized(model, rules):
@@ -194,13 +206,14 @@ def test_a_batch_flattened_for_gemms_prunes_its_linear_layers():
     _check_numerics(model, out, batch=1)
 
 
-@pytest.mark.parametrize("flat", [False, True], ids=["matmul", "gemm"])
-def test_a_causal_lm_with_the_sdpa_nan_guard_computes_its_head_for_the_last_position(flat):
+@pytest.mark.parametrize("flat, own_reshape", [(False, False), (True, False), (True, True)],
+                         ids=["matmul", "gemm", "gemm-own-reshape"])
+def test_a_causal_lm_with_the_sdpa_nan_guard_computes_its_head_for_the_last_position(flat, own_reshape):
     """A tiny causal LM as the dynamo exporter writes GPT-2: token embedding, a block whose
     attention's softmax is guarded by Where(IsNaN(p), 0, p), the LM head, the last
     position's logits. The guard imports as nan_to_zero and the select moves through it
     into the query side; the result agrees with onnxruntime on the model."""
-    model = _model(-1, batch=1, flat=flat, nan_guard=True, embed=True, layers=1)
+    model = _model(-1, batch=1, flat=flat, nan_guard=True, embed=True, layers=1, own_reshape=own_reshape)
     g, out = _optimized(model, _select_rules())
     assert g.op_counts()["nan_to_zero"] == 1 and "isnan" not in g.op_counts()
     _assert_last_layer_pruned(out, layers=1)
