@@ -71,13 +71,13 @@ def _block(i, x, causal, flat, nan_guard=False, own_reshape=False):
     if nan_guard:
         nodes += [_n("IsNaN", [probs], [p + "nan"]), _n("Where", [p + "nan", "zero", probs], [p + "pr0"])]
         probs = p + "pr0"
-    nodes += [_n("MatMul", [probs, p + "v"], [p + "o"])]
+    nodes += [_n("MatMul", [probs, p + "v"], [p + "o0"])]
+    weighted = p + "o0"
     if own_reshape:
-        nodes += [_n("Reshape", [p + "o", "per_head"], [p + "o0"])]
-    else:
-        nodes += [_n("Identity", [p + "o"], [p + "o0"])]
+        nodes += [_n("Reshape", [weighted, "per_head"], [p + "o0r"])]
+        weighted = p + "o0r"
     nodes += [
-        _n("Transpose", [p + "o0"], [p + "o1"], perm=[0, 2, 1, 3]), _n("Reshape", [p + "o1", "merged"], [p + "o2"]),
+        _n("Transpose", [weighted], [p + "o1"], perm=[0, 2, 1, 3]), _n("Reshape", [p + "o1", "merged"], [p + "o2"]),
         *lin(p + "o2", "o", p + "o4"),
         _n("Add", [x, p + "o4"], [p + "r1"]),
         _n("LayerNormalization", [p + "r1", p + "ln2_s", p + "ln2_b"], [p + "m0"], axis=-1, epsilon=1e-5),
