@@ -1,8 +1,8 @@
 """Extraction: pick one e-node per e-class from a serialized e-graph, minimizing DAG cost."""
 
-from .base import Extractor
-from .check import check_choice
+from .choice_check import check_choice
 from .egraph import EGraph, load_egraph
+from .extractor import Extractor
 from .registry import EXTRACTORS, extract
 from .result import ExtractionResult
 

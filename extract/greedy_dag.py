@@ -18,9 +18,9 @@ import math
 import time
 from collections import deque
 
-from .base import Extractor, Solution
 from .cycles import find_cycle
 from .egraph import EGraph
+from .extractor import Extractor, Solution
 from .result import HEURISTIC
 from .tree import CHECK_EVERY, choice_from_picks, heuristic_costs, past, tree_costs
 

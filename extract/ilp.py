@@ -42,10 +42,10 @@ import highspy
 
 from ..errors import ExtractionError, LimitError
 from ..options import ExtractionOptions
-from .base import Extractor, Solution
+from .choice_check import check_choice, used_classes
 from .bounds import path_bound
-from .check import check_choice, used_classes
 from .egraph import EGraph
+from .extractor import Extractor, Solution
 from .greedy_dag import first_choice
 from .ilp_model import IlpModel
 from .lns import NeighbourhoodSearch

@@ -31,7 +31,7 @@ from collections import Counter
 import highspy
 import numpy as np
 
-from .check import absorbed_classes, used_classes
+from .choice_check import absorbed_classes, used_classes
 from .cycles import strongly_connected
 from .egraph import EGraph
 from .result import OPTIMAL_GAP

@@ -6,8 +6,8 @@ from collections.abc import Iterable
 
 from ..errors import ExtractionError
 from ..options import EXTRACTOR_NAMES, ExtractionOptions
-from .base import Extractor
 from .egraph import EGraph
+from .extractor import Extractor
 from .greedy_dag import GreedyDagExtractor
 from .ilp import IlpExtractor
 from .result import ExtractionResult

@@ -19,8 +19,8 @@ import time
 from collections import deque
 
 from ..errors import ExtractionError
-from .base import Extractor, Solution
 from .egraph import EGraph
+from .extractor import Extractor, Solution
 from .result import HEURISTIC
 
 

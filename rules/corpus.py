@@ -10,6 +10,7 @@ import hashlib
 import os
 import sys
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from taso_egg import cache
@@ -100,6 +101,28 @@ def uses_generated_constant(patterns) -> bool:
 # other too, as the verifier does the axioms: the reverse of ``lhs -> rhs`` is a rule
 # where ``rhs`` can be a left side (an operator, with literal or variable parameters)
 # that binds every variable of the rule, and under the same guards.
+
+@dataclass(frozen=True)
+class RuleFamily:
+    """A named set of rules declared by their names, which callers pass as a value
+    (the egglog rulesets a saturation runs are egraph.language.Ruleset)."""
+
+    name: str
+    members: frozenset[str]
+    doc: str = ""
+
+    def of(self, rules) -> list[Rule]:
+        """The members among ``rules``, in their order."""
+        return [r for r in rules if r.name in self.members]
+
+
+# What a runtime fuses by itself (cuDNN, onnxruntime): a graph's cost is taken after
+# these (api.runtime_form), so a predicted gain is measured from there.
+FUSIONS = RuleFamily("fusions", frozenset({
+    "conv-relu-fusion", "conv-sigmoid-fusion", "conv-tanh-fusion", "conv-relu6-fusion",
+    "conv-sum-fusion", "conv-sum-commuted-fusion", "conv-sum-relu-fusion",
+    "matmul-relu-fusion", "matmul-sigmoid-fusion", "matmul-tanh-fusion", "matmul-relu6-fusion"}),
+    doc="activations and residual adds fused into convolutions and matmuls")
 
 ORIENTATIONS = ("given", "shrinking", "both")  # what load_corpus(orientations=) accepts
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from taso_egg.errors import RuleError, TasoEggError
 from taso_egg.graph import Graph, Tensor
-from taso_egg.ops import OPS
+from taso_egg.ops import CONCAT, OPS
 
 from . import semantics
 from .ast import App, Guard, Lit, ParamOp, Proj, Rule, Var, walk_vars
@@ -137,7 +137,7 @@ class PatternBuilder:
         if p in self.memo:
             return self.memo[p]
         params = {name: self.param(e) for name, e in p.param_dict().items()} \
-            if p.op != "concat" else {"axis": self.param(p.params[0])}
+            if p.op != CONCAT.name else {"axis": self.param(p.params[0])}
         inputs = [self.tensor(t) for t in p.inputs]
         try:
             outs = self.g.add_node(p.op, inputs, **params)
@@ -263,8 +263,8 @@ def check_rule_numerically(rule: Rule, seed: int = 0, rtol: float = 1e-5,
     """Run both sides of ``rule`` on random data (``seed``) and compare ``lhs[i]``
     with ``rhs[i]``; VerificationError on a mismatch (values or shapes). Returns the
     worst relative error."""
+    from taso_egg.check.tolerance import compare_outputs
     from taso_egg.executor import random_inputs, run
-    from taso_egg.verify import compare_outputs
 
     g, lhs, rhs = instantiate(rule, bindings, seed)
     out = run(g, random_inputs(g, seed))

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
 from taso_egg.errors import RuleError
+from taso_egg.ops import OPAQUE, WEIGHT
 
 
 class Undefined(Exception):
@@ -247,9 +248,9 @@ def weight_ranges(order: Iterable) -> dict[int, tuple[int, int]]:
     ``wlo``/``whi`` analyses number weights in the same order."""
     ranges: dict[int, tuple[int, int]] = {}
     for n in order:
-        if n.op == "weight":
+        if n.op == WEIGHT.name:
             ranges[n.id] = (n.id, n.id)
-        elif n.op != "opaque" and n.inputs:
+        elif n.op != OPAQUE.name and n.inputs:
             rs = [ranges.get(t.node) for t in n.inputs]
             if all(r is not None for r in rs):
                 ranges[n.id] = (min(r[0] for r in rs), max(r[1] for r in rs))

@@ -68,7 +68,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from taso_egg.errors import RuleError
-from taso_egg.ops import OPS
+from taso_egg.ops import OPS, SPLIT
 from taso_egg.ops.base import PARAM_KINDS
 
 from . import semantics
@@ -361,7 +361,7 @@ class _RuleParser:
         if not (isinstance(pat, App) and pat.op in MULTI_OUTPUT_OPS):
             raise self.error(inner, f"proj selects an output of a multi-output operator "
                                     f"({', '.join(MULTI_OUTPUT_OPS)}), got {inner}")
-        if pat.op == "split":
+        if pat.op == SPLIT.name:
             sizes = pat.param_dict()["sizes"]
             if isinstance(sizes, Lit) and isinstance(index, int) and index >= len(sizes.value):
                 raise self.error(idx, f"proj index {index} out of range: split has "

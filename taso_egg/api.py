@@ -15,6 +15,10 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .check.onnx_precision import check_precision_kept
+from .check.regions import LocalCheck, check_locally
+from .check.runtime import OnnxCheck, check_float32_proves_nothing, check_onnx_model
+from .check.whole_graph import check_graphs_equivalent, share_weights
 from .cost import CostModel, graph_cost, load_cost_model
 from .decide import Decision, GuardReport, decide
 from .egraph.convert import build_graph
@@ -25,9 +29,7 @@ from .graph import Graph
 from .options import ExtractionOptions, Hooks, Limits, OptimizeOptions
 from .onnx_io.exporter import export_fed, export_for_check, fed_from_check
 from .onnx_io.fed import FedModel, array_of, feed, inline
-from .rules.corpus import load_corpus
-from .verify import (LocalCheck, check_float32_proves_nothing, check_graphs_equivalent, check_locally,
-                     check_onnx_model, check_precision_kept, share_weights)
+from .rules.corpus import FUSIONS, RuleFamily, load_corpus
 
 if TYPE_CHECKING:
     import onnx
@@ -41,58 +43,77 @@ class Extraction:
     status: str
     picks: list[str] = field(default_factory=list)  # the chosen e-node ids (for pictures)
     # the e-class each tensor of ``graph`` was built from, ``(node id, output index) ->
-    # class id`` (what verify.check_locally compares with the input's tensors)
+    # class id`` (what check.regions.check_locally compares with the input's tensors)
     classes: dict | None = None
     cpu_seconds: float = 0.0  # this process's CPU time: pricing, the extractor, the rebuild
 
 
 @dataclass
-class OptimizeStats:
-    """What each stage of ``optimize`` did. Costs in seconds as the cost model predicts."""
+class CheckReport:
+    """The check stage: which check ran on the returned graph, and what it found."""
 
-    saturation_seconds: float
-    extraction_seconds: float
-    check_seconds: float            # the check stage: export, onnxruntime, our executor
-    check_error: float | None       # our executor's (float64) relative error; None: not run
-    total_seconds: float
-    stop_reason: str
-    iterations: int
-    enodes: int
-    eclasses: int
-    extractor: str
-    extractor_status: str
+    # "onnxruntime" (float32, the written model), "regions" (our executor, float64: the
+    # changed regions, ``local``), "whole" (our executor on both whole graphs), ""
+    # (none: the input returned, or verify=False)
+    kind: str = ""
+    seconds: float = 0.0                 # export, onnxruntime, our executor
+    # the returned graph, exported, against the input in onnxruntime (float32); None
+    # when not run (the input returned, verify=False)
+    onnxruntime: OnnxCheck | None = None
+    error: float | None = None           # our executor's (float64) relative error; None: not run
+    local: LocalCheck | None = None      # what the region check compared
+
+    @property
+    def ort_error(self) -> float | None:
+        """onnxruntime's relative error; None when not run or skipped (``skipped``)."""
+        return self.onnxruntime.error if self.onnxruntime is not None else None
+
+    @property
+    def skipped(self) -> str:
+        """Why onnxruntime's comparison would prove nothing; "" when it did not."""
+        return self.onnxruntime.skipped if self.onnxruntime is not None else ""
+
+
+@dataclass
+class OptimizeStats:
+    """What each stage of ``optimize`` did, as the stage's own result, and what the
+    whole run measured. Costs in seconds as the cost model predicts."""
+
+    saturation: Saturation          # the e-graph, its iterations, stop reason and times
+    extraction: Extraction          # the extractor, its status and times, the graph rebuilt
+    decision: Decision              # which candidate is returned and why, the guard's timing
+    check: CheckReport              # the check of what is returned
+    eclasses: int                   # e-classes of the saturated e-graph
     ops_before: dict[str, int]      # operators that run after export
     ops_after: dict[str, int]
-    rules: int                      # rules compiled (those that came to match the e-graph)
     extracted_cost: float           # the extracted graph
     input_cost: float               # the input, every operator priced alone, no fusions
-    kept_input: str                 # why the input is returned; "" when the result is
-    # onnxruntime, median ms of each candidate timed: "original", "re-export", "result"
-    measured_ms: dict[str, float] | None = None
-    # the guard's record when timed: each candidate's ratio to the original with its
-    # interval and decision, the rounds and seconds timed (``decide.GuardReport``)
-    guard: GuardReport | None = None
-    # the returned graph, exported, against the input in onnxruntime (float32); None
-    # when not run (the input returned, verify=False) or skipped (``check_skipped``)
-    ort_check_error: float | None = None
+    total_seconds: float
     cost_lookups: dict[str, int] | None = None    # a profiled model: measured vs estimated
-    # which candidate is returned: "original" (the model as given: ``reference``, or the
-    # input graph when there is none), "re-export" (the input graph exported: the
-    # importer's clean-up) or "result" (the extracted graph)
-    chosen: str = "result"
-    # candidates that differ from the original and were not timed (measure=0)
-    not_measured: tuple[str, ...] = ()
-    # the check that ran on the returned graph: "onnxruntime" (float32, the written
-    # model), "regions" (our executor, float64: the changed regions, ``local_check``),
-    # "whole" (our executor on both whole graphs), "" (none: the input returned, or
-    # verify=False)
-    check: str = ""
-    check_skipped: str = ""          # why onnxruntime's comparison would prove nothing
-    local_check: LocalCheck | None = None
-    # this process's CPU seconds in saturation and in extraction (on a shared machine
-    # steadier than the wall-clock seconds above)
-    saturation_cpu: float | None = None
-    extraction_cpu: float | None = None
+
+    # The decision's record, which most callers read:
+    @property
+    def chosen(self) -> str:
+        """The candidate returned: "original" (the model as given: ``reference``, or
+        the input graph when there is none), "re-export" (the input graph exported: the
+        importer's clean-up) or "result" (the extracted graph)."""
+        return self.decision.chosen
+
+    @property
+    def kept_input(self) -> str:
+        """Why the input is returned; "" when the result is."""
+        return self.decision.kept_input
+
+    @property
+    def measured_ms(self) -> dict[str, float] | None:
+        """onnxruntime, median ms of each candidate timed; None when not timed."""
+        return self.decision.measured_ms
+
+    @property
+    def guard(self) -> GuardReport | None:
+        """The guard's record when timed: each candidate's ratio to the original with
+        its interval and decision, the rounds and seconds timed."""
+        return self.decision.guard
 
 
 @dataclass
@@ -103,12 +124,9 @@ class OptimizeResult:
     cost_after: float
     cost_model: str
     stats: OptimizeStats
-    saturation: Saturation | None = None
     # what was checked in onnxruntime: an ONNX model, or the ``export_for_check`` pair
     # (model, weights fed) that ``exported`` turns into one when it is first read
     checked: tuple | onnx.ModelProto | None = field(default=None, repr=False)
-    # the e-class of each tensor of the extracted graph (``Extraction.classes``)
-    result_classes: dict | None = field(default=None, repr=False)
 
     @property
     def exported(self) -> onnx.ModelProto | None:
@@ -137,7 +155,7 @@ def extract_graph(saturation: Saturation, extractor: str = ExtractionOptions.ext
     every e-node, run the extractor (``time_limit`` seconds; the ILP's default when
     None), build the chosen graph."""
     from .extract import EXTRACTORS
-    from .extract.check import used_classes
+    from .extract.choice_check import used_classes
 
     if extractor not in EXTRACTORS:
         raise ExtractionError(f"unknown extractor {extractor!r}; choose from {sorted(EXTRACTORS)}")
@@ -160,7 +178,9 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
     how, stage by stage: ``limits`` bound saturation; ``extraction`` names the extractor
     and its time limit; ``costs`` give the cost model (``model``, an object) or
     ``profile`` (a shipped profile's name, a profile path, or "analytic"; see
-    ``taso_egg.cost.load_cost_model``); ``decision`` says how many runs to time
+    ``taso_egg.cost.load_cost_model``) and its ``calibration`` (by default, where the
+    decision is timed, scaled by one onnxruntime profile of ``graph``: ``calibrate``;
+    where onnxruntime cannot run it, not); ``decision`` says how many runs to time
     (``measure``) and, without timing, the predicted gain that must be passed
     (``min_gain``); ``check`` whether to check (``verify``) and the random inputs' seed.
     ``rules`` default to the proved corpus. Without measurement the result replaces the
@@ -179,23 +199,23 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
     an earlier one does is left out), and the fastest confirmed faster than the
     original (its ratio's interval above 1 + decide.MARGIN; ``OptimizeStats.guard``)
     is returned, whatever the prediction said; else the original. With ``measure`` = 0 the result is returned on its predicted gain
-    and the re-export is listed in ``OptimizeStats.not_measured``.
+    and the re-export is listed in ``Decision.not_measured`` (``OptimizeStats.decision``).
 
     With ``verify`` (the default) what is returned, and only that, is checked once on
     random inputs (``OptimizeStats.check``): a returned result or re-export is exported
     and run in onnxruntime (float32) against ``reference`` (the ONNX model ``graph`` was
     read from; ``graph`` exported when None); the exported model is
     ``OptimizeResult.exported``. Where that proves nothing (float32 outputs not finite
-    or all zero, round-off past ``verify.MAX_RTOL``, or onnxruntime cannot run the
-    input: ``check_skipped``) a returned result is checked in our executor instead
+    or all zero, round-off past ``check.tolerance.MAX_RTOL``, or onnxruntime cannot run the
+    input: ``CheckReport.skipped``) a returned result is checked in our executor instead
     (float64, tracked exponents), only its changed regions, each on the input's own
-    tensors at its boundary (``verify.check_locally``). The check's tolerance follows
-    each output's dtype and the quantization on its path (``verify.rounding_steps``),
+    tensors at its boundary (``check.regions.check_locally``). The check's tolerance follows
+    each output's dtype and the quantization on its path (``check.onnx_precision.rounding_steps``),
     and what is written may not change the model's precision
-    (``verify.check_precision_kept``). A candidate no check can run on (a re-export
+    (``check.onnx_precision.check_precision_kept``). A candidate no check can run on (a re-export
     onnxruntime's comparison proves nothing for; a result whose input neither
     onnxruntime nor our executor can run, ``errors.CannotRun``) gives way to the
-    original, and ``kept_input`` says why; where onnxruntime cannot run the input,
+    original, and ``OptimizeStats.kept_input`` says why; where onnxruntime cannot run the input,
     nothing is timed.
 
     ``hooks`` (``taso_egg.options.Hooks``) report progress: ``progress(iteration_stats)``
@@ -210,6 +230,10 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
     graph.validate()
     t0 = time.perf_counter()
     rules = tuple(load_corpus() if rules is None else rules)
+    form = runtime_form(graph, rules, model)  # the input as the runtime runs it: what a gain is over
+    if options.costs.calibration == "runtime" or (options.costs.calibration == "auto" and decision_options.measure):
+        phase("calibrating the costs on one onnxruntime profile of the input")
+        model = runtime_calibrated(form, model, seed, phase)
     limits = options.limits
     phase(f"saturating with {len(rules)} rules (limits: {limits.nodes} e-nodes, {limits.iterations} iterations, "
           f"{limits.seconds:g} s, multi-pattern iterations {limits.multi_iterations})")
@@ -218,7 +242,7 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
                    count_classes=progress is not None)
     phase(f"extracting ({extraction.extractor}, time limit {extraction.time_limit:g} s)")
     ext = extract_graph(sat, extraction.extractor, model, extraction.time_limit)
-    before, after = runtime_cost(graph, rules, model), graph_cost(ext.graph, model)
+    before, after = graph_cost(form, model), graph_cost(ext.graph, model)
     # Decide first, check what is returned: a result that is not returned needs no
     # check (timing an unchecked candidate writes nothing).
     decision = decide(graph, ext.graph, before, after, decision_options.min_gain, decision_options.measure,
@@ -249,38 +273,37 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
                                          ort.skipped, seed)
         checked = written if not unchecked else None
     stats = OptimizeStats(
-        saturation_seconds=sat.seconds,
-        extraction_seconds=ext.seconds,
-        check_seconds=time.perf_counter() - t_check,
-        check_error=check_error,
+        check=CheckReport(check, time.perf_counter() - t_check, ort, check_error, local),
         total_seconds=time.perf_counter() - t0,
-        stop_reason=sat.stop_reason,
-        iterations=len(sat.iterations),
-        enodes=sat.enodes,
+        saturation=sat,
+        extraction=ext,
+        decision=decision,
         eclasses=sat.iterations[-1].eclasses if progress is not None else sat.eclasses(),
-        extractor=extraction.extractor,
-        extractor_status=ext.status,
         ops_before=graph.op_counts(runtime_only=True),
         ops_after=decision.graph.op_counts(runtime_only=True),
-        rules=sat.admission.compiled,
         extracted_cost=after,
         input_cost=graph_cost(graph, model),
-        kept_input=decision.kept_input,
-        measured_ms=decision.measured_ms,
-        guard=decision.guard,
-        ort_check_error=ort.error if ort is not None else None,
         cost_lookups=model.lookups() if hasattr(model, "lookups") else None,
-        chosen=decision.chosen,
-        not_measured=decision.not_measured,
-        check=check,
-        check_skipped=ort.skipped if ort is not None else "",
-        local_check=local,
-        saturation_cpu=sat.cpu_seconds,
-        extraction_cpu=ext.cpu_seconds,
     )
     cost_after = after if decision.graph is ext.graph else before
     return OptimizeResult(decision.graph, graph, before, cost_after, getattr(model, "name", "cost model"),
-                          stats, sat, checked, ext.classes)
+                          stats, checked)
+
+
+def runtime_calibrated(graph: Graph, model: CostModel, seed: int = 0, phase=None) -> CostModel:
+    """``model`` calibrated on one onnxruntime profile of ``graph`` (``calibrate``; for
+    ``optimize``, the input in its runtime form, whose cost is what a gain is over);
+    ``model`` itself, with a note to ``phase``, where the graph cannot be exported or
+    onnxruntime cannot run it (the guard, which times the same, then keeps the input)."""
+    from .calibrate import calibrated_cost
+    from .executor import random_inputs
+
+    try:
+        return calibrated_cost(graph, model, random_inputs(graph, seed))
+    except Exception as e:  # onnxruntime raises its own exception types; export, ours
+        if phase is not None:
+            phase(f"note: costs not calibrated: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        return model
 
 
 def _check_numerically(graph: Graph, sat: Saturation, ext: Extraction, seed: int, phase,
@@ -300,7 +323,7 @@ def _check_numerically(graph: Graph, sat: Saturation, ext: Extraction, seed: int
 def _check_in_onnxruntime(graph: Graph, result: Graph, reference, phase, exported=None, seed: int = 0):
     """The returned graph's check (``exported``: its ONNX, when already made) against
     ``reference`` (or ``graph`` exported) in onnxruntime, float32, on random inputs:
-    a ``verify.OnnxCheck`` (skipped, with the reason, where it would prove nothing),
+    a ``check.runtime.OnnxCheck`` (skipped, with the reason, where it would prove nothing),
     and what was run: ``exported``, else the ``export_for_check`` pair."""
     phase("checking the written model in onnxruntime against the input")
     share_weights(graph, result)  # stand-in weights are made once, not again for the result
@@ -315,16 +338,15 @@ def _check_in_onnxruntime(graph: Graph, result: Graph, reference, phase, exporte
     return check, written
 
 
-def runtime_form(graph: Graph, rules, model: CostModel) -> Graph:
-    """``graph`` as a runtime runs it: with the corpus's fusion rules (named
-    ``*-fusion``) applied and nothing else; ``graph`` itself when none applies or
-    pays. cuDNN and onnxruntime fuse activations and residual adds into convolutions
+def runtime_form(graph: Graph, rules, model: CostModel, fusions: RuleFamily = FUSIONS) -> Graph:
+    """``graph`` as a runtime runs it: with the ``fusions`` among ``rules`` applied
+    and nothing else; ``graph`` itself when none applies or pays. cuDNN and onnxruntime fuse activations and residual adds into convolutions
     by themselves, so a predicted gain must be measured from there, not from every
     operator priced alone."""
-    fusions = [r for r in rules if r.name.endswith("-fusion")]
-    if not fusions:
+    fused_by_runtime = fusions.of(rules)
+    if not fused_by_runtime:
         return graph
-    sat = saturate(graph, rules=fusions, limits=Limits(iterations=4, multi_iterations=0),
+    sat = saturate(graph, rules=fused_by_runtime, limits=Limits(iterations=4, multi_iterations=0),
                    count_classes=False)
     fused = extract_graph(sat, "greedy-dag", model).graph
     return fused if graph_cost(fused, model) < graph_cost(graph, model) else graph

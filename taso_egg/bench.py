@@ -30,6 +30,7 @@ from pathlib import Path
 
 from .cli_args import CommandParser
 from .errors import TasoEggError
+from .ops import OPAQUE
 
 # Tensat's search seconds for TASO's models (Yang et al. 2021, Table 2; V100 host).
 TENSAT_SECONDS = {"bert": 1.4, "resnext50": 0.7, "nasnet-a": 10.6, "nasrnn": 0.5,
@@ -164,11 +165,12 @@ def _zoo_row(name: str, kwargs: dict, extractor: str, corpus: str, options: dict
     r = optimize(g, rules=rules, options=_optimize_options(options, extractor=extractor, measure=0))
     total, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     st = r.stats
-    return {"rules": len(rules), "nodes": len(g.nodes), "enodes": st.enodes, "iterations": st.iterations, "load": load,
-            "sat": st.saturation_seconds, "ext": st.extraction_seconds, "check": st.check_seconds,
-            "check_kind": st.check, "check_error": _error(st), "total": total, "stop": st.stop_reason,
+    sat, ext = st.saturation, st.extraction
+    return {"rules": len(rules), "nodes": len(g.nodes), "enodes": sat.enodes, "iterations": len(sat.iterations),
+            "load": load, "sat": sat.seconds, "ext": ext.seconds, "check": st.check.seconds,
+            "check_kind": st.check.kind, "check_error": _error(st.check), "total": total, "stop": sat.stop_reason,
             "speedup": r.speedup, "cost_model": r.cost_model, "weights_mb": weights / MB,
-            "rss_mb": _peak_rss_mb(), "cpu": cpu, "sat_ext_cpu": st.saturation_cpu + st.extraction_cpu}
+            "rss_mb": _peak_rss_mb(), "cpu": cpu, "sat_ext_cpu": sat.cpu_seconds + ext.cpu_seconds}
 
 
 # --- real exports --------------------------------------------------------------------------
@@ -179,7 +181,7 @@ def _onnx_table(args) -> int:
     if not files:
         print(f"error: {args.onnx}: no *.onnx files", file=sys.stderr)
         return 2
-    print(f"{'model':<28}{'corpus':<10}{'nodes':>6}{'opaque':>8}{'optimize s':>11}{'predicted':>10}{'result':>21}"
+    print(f"{'model':<28}{'corpus':<10}{'nodes':>6}{'opaque':>8}{'optimize s':>11}{'predicted':>10}{'result':>21}{'error':>8}"
           f"{'1 thread':>21}{'2 threads':>21}{'max rel err':>12}{'RSS MB':>8}  written", flush=True)
     context = multiprocessing.get_context("spawn")
     peer_rows = []
@@ -195,7 +197,8 @@ def _onnx_table(args) -> int:
             peer_rows.append((path.name, label, row["peers"]))
         err = "-" if row["error"] is None else f"{row['error']:.1e}"
         print(f"{path.name:<28}{label:<10}{row['nodes']:>6}{row['opaque']:>8}{row['seconds']:>11.1f}"
-              f"{row['predicted']:>9.3f}x{_ratio(row['result'], 21)}{_ratio(row['speedup1'], 21, 'same')}"
+              f"{row['predicted']:>9.3f}x{_ratio(row['result'], 21)}{_prediction_error(row['predicted'], row['result'])}"
+              f"{_ratio(row['speedup1'], 21, 'same')}"
               f"{_ratio(row['speedup2'], 21, 'same')}{err:>12}{row['rss_mb']:>8.0f}  {row['chosen']}", flush=True)
         if row["shares"]:
             print("    kernel time of the original by operator: " + ", ".join(
@@ -204,7 +207,9 @@ def _onnx_table(args) -> int:
           f"cost model's speedup of the extracted result over the input as a runtime runs it (what "
           f"optimize's decision weighs); result = its speedup as optimize's guard measured it "
           f"(onnxruntime, one thread, CPU time, paired interleaved rounds, at most {measure}: "
-          f"Hodges-Lehmann ratio (95 % interval); - when it computes what the input does); 1/2 "
+          f"Hodges-Lehmann ratio (95 % interval); - when it computes what the input does); error = "
+          f"predicted over result, less 1 (the cost model's, costs calibrated on one onnxruntime profile "
+          f"of the input unless --calibration none); 1/2 "
           f"threads = the written model against the original file by the same guard, onnxruntime "
           f"ORT_ENABLE_ALL (2 threads: wall time; same: the original was written); written = the "
           f"candidate optimize wrote (original, re-export or result); max "
@@ -245,10 +250,10 @@ def _onnx_row(path: str, corpus: str, options: dict) -> dict:
     for name, cell in peers.items():
         if cell.timed:
             cell.speedup1, cell.speedup2 = speedups[1][name], speedups[2][name]
-    return {"nodes": len(reference.graph.node), "opaque": st.ops_before.get("opaque", 0),
+    return {"nodes": len(reference.graph.node), "opaque": st.ops_before.get(OPAQUE.name, 0),
             "seconds": seconds, "predicted": r.cost_before / st.extracted_cost if st.extracted_cost else 1.0,
             "result": st.guard.comparisons.get("result") if st.guard else None,
-            "speedup1": speedups[1].get(TASO_EGG), "speedup2": speedups[2].get(TASO_EGG), "error": _error(st),
+            "speedup1": speedups[1].get(TASO_EGG), "speedup2": speedups[2].get(TASO_EGG), "error": _error(st.check),
             "chosen": out.chosen, "rss_mb": _peak_rss_mb(),
             "shares": _kernel_shares(reference, feeds) if options["kernel_shares"] else [],
             "peers": {name: cell.shown() for name, cell in peers.items()}}
@@ -293,10 +298,10 @@ def _peer_candidates(source, out, corpus: str, options, feeds) -> dict[str, _Pee
 
     import onnx
 
+    from .check.runtime import onnx_outputs
     from .onnx_io.fed import inline
     from .onnx_optimize import OnnxInput, optimize_onnx
     from .peers import run_peers
-    from .verify import onnx_outputs
 
     cells = {TASO_EGG: _PeerCell(out.model) if out.chosen != "original" else _PeerCell(why="original written")}
     for name, peer in run_peers(inline(source.original)).items():  # a plain ModelProto, as a user has
@@ -324,7 +329,8 @@ def _peer_candidates(source, out, corpus: str, options, feeds) -> dict[str, _Pee
 def _check_peer(cell: _PeerCell, expected, feeds) -> None:
     """The cell's max relative error against the original's outputs; a model that does
     not run, or computes other outputs, is not timed (the reason in ``why``)."""
-    from .verify import onnx_outputs, relative_errors
+    from .check.runtime import onnx_outputs
+    from .check.tolerance import relative_errors
 
     try:
         cell.error = max(relative_errors(expected, onnx_outputs(cell.model, feeds), "its model").values(),
@@ -335,7 +341,7 @@ def _check_peer(cell: _PeerCell, expected, feeds) -> None:
 
 
 def _peers_table(rows, measure: int) -> None:
-    from .verify import RTOL
+    from .check.tolerance import RTOL
 
     names = [TASO_EGG, "onnxsim", "onnxslim", "ort-transformers", AFTER_SLIM]
     print(f"\npeers: speedup over the original at 1 / 2 threads by optimize's guard (Hodges-Lehmann ratio and "
@@ -397,9 +403,9 @@ def _optimize_options(parsed: dict, extractor: str | None = None, measure: int |
     return options
 
 
-def _error(stats) -> float | None:
+def _error(check) -> float | None:
     """The relative error of the check that ran (onnxruntime's or our executor's)."""
-    errors = [e for e in (stats.check_error, stats.ort_check_error) if e is not None]
+    errors = [e for e in (check.error, check.ort_error) if e is not None]
     return max(errors) if errors else None
 
 
@@ -410,6 +416,13 @@ def _peak_rss_mb() -> float:
 def _ratio(c, width: int, missing: str = "-") -> str:
     """A guard's ``Comparison`` as ``1.031x(1.012-1.049)``."""
     text = f"{c.ratio:.3f}x({c.low:.3f}-{c.high:.3f})" if c is not None else missing
+    return format(text, f">{width}")
+
+
+def _prediction_error(predicted: float, measured, width: int = 8) -> str:
+    """How far the predicted speedup is from the guard's measured one (a ``Comparison``),
+    in percent of the measured: ``+9.4%`` predicted too fast."""
+    text = f"{100 * (predicted / measured.ratio - 1):+.1f}%" if measured is not None else "-"
     return format(text, f">{width}")
 
 

@@ -13,6 +13,7 @@ import sys
 from .cli_args import (CommandParser, add_input_shape_argument, add_optimize_arguments, optimize_options_from_args,
                        parse_input_shapes)
 from .errors import ExportError, NotModelled, TasoEggError
+from .ops import OPAQUE
 from .onnx_io.symbolic import DEFAULT_LEADING, DEFAULT_OTHER
 from .options import Hooks
 
@@ -36,7 +37,7 @@ def _add_fix_shapes(p) -> None:
 def _cmd_inspect(args) -> int:
     from .dynamic import DynamicModel
     from .onnx_io.counts import describe
-    from .onnx_io.importer import read_model, upgraded
+    from .onnx_io.reading import read_model, upgraded
     from .onnx_io.symbolic import describe_sizes
 
     original = read_model(args.model)
@@ -57,10 +58,10 @@ def _cmd_inspect(args) -> int:
           f"(shape arithmetic folded, weight-only work counted out)")
     for op, count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
         extra = ""
-        if op == "opaque":
+        if op == OPAQUE.name:
             kinds = {}
             for n in g.nodes.values():
-                if n.op == "opaque":
+                if n.op == OPAQUE.name:
                     kinds[n.params["op_type"]] = kinds.get(n.params["op_type"], 0) + 1
             extra = "  (" + ", ".join(f"{k} x{v}" for k, v in sorted(kinds.items())) + ")"
         print(f"  {op:<15} {count:>5}{extra}")
@@ -70,14 +71,16 @@ def _cmd_inspect(args) -> int:
 def _cmd_convert(args) -> int:
     """Load, export, and check that onnxruntime computes the same on both files."""
 
+    from .check.onnx_precision import check_precision_kept
+    from .check.runtime import onnx_outputs
+    from .check.tolerance import compare_outputs
     from .dynamic import DynamicModel, write_symbolic
     from .executor import random_inputs
     from .files import check_writable
     from .onnx_io.counts import describe
     from .onnx_io.exporter import export_onnx, save_atomically
-    from .onnx_io.importer import read_model_file, upgraded
+    from .onnx_io.reading import read_model_file, upgraded
     from .onnx_optimize import at_sizes
-    from .verify import check_precision_kept, compare_outputs, onnx_outputs
 
     shapes = parse_input_shapes(args.input_shape)
     check_writable(args.output, ExportError, inputs=[args.model])
@@ -148,7 +151,7 @@ def _cmd_optimize(args) -> int:
 def _write_unchanged(path, output, why) -> int:
     from .onnx_io.counts import describe
     from .onnx_io.exporter import save_atomically
-    from .onnx_io.importer import read_model_file
+    from .onnx_io.reading import read_model_file
 
     model, external = read_model_file(path, validate=False)
     _stderr_line(f"note: {why}: the input is written unchanged")
@@ -171,8 +174,8 @@ def _print_summary(result) -> None:
         _print_guard(st.guard, st.chosen, predicted, result.cost_model)
     else:
         print(f"speedup: not measured; predicted {predicted:.3f}x ({result.cost_model})")
-    if st.not_measured:
-        print(f"note: not measured: {', '.join(st.not_measured)} (the re-exported input, "
+    if st.decision.not_measured:
+        print(f"note: not measured: {', '.join(st.decision.not_measured)} (the re-exported input, "
               f"the importer's clean-up, may run faster than the original; --measure N times it)")
     if kept:
         print(f"result: {_CANDIDATE_NAMES[st.chosen]} is written: {kept}; the extracted graph was "
@@ -180,23 +183,24 @@ def _print_summary(result) -> None:
     else:
         print(f"result: the extracted graph replaces the input (predicted "
               f"{extracted * 1e3:.4g} ms against {before * 1e3:.4g} ms)")
-    print(f"e-graph: {st.enodes} e-nodes, {st.eclasses} e-classes after {st.iterations} "
-          f"iterations; stopped: {st.stop_reason}")
-    print(f"time: saturation {st.saturation_seconds:.2f} s, extraction ({st.extractor}, "
-          f"{st.extractor_status}) {st.extraction_seconds:.2f} s, check "
-          f"{st.check_seconds:.2f} s, total {st.total_seconds:.2f} s")
-    if st.check == "onnxruntime":
-        print(f"check: the written model's outputs equal the input's within {st.ort_check_error:.2g} "
+    sat, ext = st.saturation, st.extraction
+    print(f"e-graph: {sat.enodes} e-nodes, {st.eclasses} e-classes after {len(sat.iterations)} "
+          f"iterations; stopped: {sat.stop_reason}")
+    print(f"time: saturation {sat.seconds:.2f} s, extraction ({ext.extractor}, "
+          f"{ext.status}) {ext.seconds:.2f} s, check "
+          f"{st.check.seconds:.2f} s, total {st.total_seconds:.2f} s")
+    if st.check.kind == "onnxruntime":
+        print(f"check: the written model's outputs equal the input's within {st.check.ort_error:.2g} "
               f"relative in onnxruntime (float32, random inputs)")
-    elif st.check == "regions":
-        lc = st.local_check
-        print(f"check: {st.check_skipped}, so the extracted graph was checked in our executor (float64, "
+    elif st.check.kind == "regions":
+        lc = st.check.local
+        print(f"check: {st.check.skipped}, so the extracted graph was checked in our executor (float64, "
               f"tracked exponents) region by region: {lc.recomputed} of its {lc.nodes} nodes in "
               f"{lc.regions} changed region(s), recomputed from the input's own tensors, equal the "
-              f"input's within {st.check_error:.2g} relative")
-    elif st.check == "whole":
-        print(f"check: {st.check_skipped}, so the extracted graph was checked in our executor (float64, "
-              f"tracked exponents): its outputs equal the input's within {st.check_error:.2g} relative")
+              f"input's within {st.check.error:.2g} relative")
+    elif st.check.kind == "whole":
+        print(f"check: {st.check.skipped}, so the extracted graph was checked in our executor (float64, "
+              f"tracked exponents): its outputs equal the input's within {st.check.error:.2g} relative")
     elif st.chosen == "original":
         print("check: none needed (the input is written; the extracted graph, not written, was not checked)")
 
@@ -269,11 +273,11 @@ def _cmd_zoo(args) -> int:
 # Subcommands that live beside the code they drive: (name, module, help). Each module
 # has add_arguments(parser) and run(args) -> exit code.
 PLUGGED_COMMANDS = [
-    ("extract", "taso_egg.extract.cli", "run an extractor on a serialized e-graph (JSON)"),
-    ("profile", "taso_egg.profiling.cli", "time each operator configuration of models into a profile"),
-    ("search", "taso_egg.search.cli", "TASO's backtracking search (same rules and cost model)"),
+    ("extract", "taso_egg.extract.extract_command", "run an extractor on a serialized e-graph (JSON)"),
+    ("profile", "taso_egg.profiling.profile_command", "time each operator configuration of models into a profile"),
+    ("search", "taso_egg.search.search_command", "TASO's backtracking search (same rules and cost model)"),
     ("compare", "taso_egg.compare", "equality saturation vs backtracking search on the zoo, measured"),
-    ("rules", "taso_egg.generator.cli", "generate rewrite rules, prove them, report (TASO's generator)"),
+    ("rules", "taso_egg.generator.rules_command", "generate rewrite rules, prove them, report (TASO's generator)"),
 ]
 
 

@@ -81,9 +81,9 @@ def compare_model(name: str, graph: Graph, cost_model: CostModel, rules=None,
     """Run both methods on ``graph`` and measure their results (``measure_repeats`` = 0
     skips the measurements)."""
     from .api import extract_graph, runtime_cost
+    from .check.whole_graph import check_graphs_equivalent
     from .rules.corpus import load_corpus
     from .search import backtracking_search
-    from .verify import check_graphs_equivalent
 
     rules = tuple(load_corpus() if rules is None else rules)  # the same rules for both methods
     say = progress or (lambda msg: None)

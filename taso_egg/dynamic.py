@@ -22,6 +22,7 @@ from typing import Mapping, Sequence
 from .errors import ShapeError, VerificationError
 from .graph import Graph
 from .onnx_io.importer import OtherSizes, load_onnx, value_types
+from .ops import INPUT, OPAQUE, SPLIT, WEIGHT
 from .onnx_io.symbolic import (Interface, NotSymbolic, check_feeds_fit, describe_sizes, grown_sizes, import_shapes,
                                interface, representative_sizes, second_sizes, symbolize, writable_sizes)
 
@@ -76,12 +77,12 @@ def _runs(reference, graph: Graph) -> bool:
     """Whether the model runs at the sizes ``graph`` was imported at: no tensor is
     empty, and, where an opaque node's types came from ONNX's shape inference (which
     lets a window outlast its input), onnxruntime runs it."""
+    from .check.runtime import onnx_outputs
     from .executor import random_inputs
-    from .verify import onnx_outputs
 
     if any(0 in t.shape for n in graph.nodes.values() for t in n.outputs):
         return False
-    if not any(n.op == "opaque" for n in graph.nodes.values()):
+    if not any(n.op == OPAQUE.name for n in graph.nodes.values()):
         return True
     try:
         onnx_outputs(reference, random_inputs(graph))
@@ -129,7 +130,7 @@ def check_at_sizes(dyn: DynamicModel, model, seed: int = 0) -> dict[str, float]:
     """``model`` against the input in onnxruntime at the first and the second sizes: the
     worst relative error at each; VerificationError where they differ, NotSymbolic
     where the comparison would prove nothing."""
-    from .verify import check_onnx_model
+    from .check.runtime import check_onnx_model
 
     errors = {}
     for sizes, graph in ((dyn.first, dyn.graph), (dyn.second, dyn.second_graph())):
@@ -155,11 +156,11 @@ def retyped(candidate: Graph, candidate_classes: Mapping, input_classes: Mapping
     of_class: dict = {}
     for key, cls in input_classes.items():
         of_class.setdefault(cls, key)
-    leaves = {n.params["name"]: n for n in sized.nodes.values() if n.op in ("input", "weight")}
+    leaves = {n.params["name"]: n for n in sized.nodes.values() if n.op in (INPUT.name, WEIGHT.name)}
     # the input's splits (a select's: a Gather or Slice of one position) by axis length and
     # sizes, with their sizes at the second sizes: a select the rules moved up keeps them
     split_sizes = {(n.inputs[0].shape[n.params["axis"]], n.params["sizes"]): s.params["sizes"]
-                   for n, s in zip(inputs.nodes.values(), sized.nodes.values()) if n.op == "split"}
+                   for n, s in zip(inputs.nodes.values(), sized.nodes.values()) if n.op == SPLIT.name}
 
     def wanted(key):
         source = of_class.get(candidate_classes.get(key))
@@ -170,11 +171,11 @@ def retyped(candidate: Graph, candidate_classes: Mapping, input_classes: Mapping
     made: dict = {}
     for n in candidate.topo_order():
         wants = [wanted((n.id, i)) for i in range(len(n.outputs))]
-        leaf = leaves.get(n.params.get("name")) if n.op in ("input", "weight") else None
+        leaf = leaves.get(n.params.get("name")) if n.op in (INPUT.name, WEIGHT.name) else None
         try:
-            if n.op == "input":
+            if n.op == INPUT.name:
                 outs = [g.new_input(leaf.params["shape"], name=leaf.params["name"], dtype=leaf.params["dtype"])]
-            elif n.op == "weight":
+            elif n.op == WEIGHT.name:
                 data = sized.weight_array(leaf) if leaf is not None else candidate.weight_array(n)
                 outs = [g.new_weight(data.shape, data=data, name=n.params["name"])]
             else:

@@ -9,7 +9,7 @@ import numpy as np
 
 from .errors import ExecutionError, TasoEggError
 from .graph import Graph, Node
-from .ops import OPS
+from .ops import INPUT, OPS, WEIGHT
 from .ops.precision import is_float
 
 
@@ -76,7 +76,7 @@ def run(graph: Graph, inputs: Mapping[str, np.ndarray] | None = None, xp=np,
 
 
 def leaf_value(graph: Graph, node: Node, inputs, xp):
-    if node.op == "input":
+    if node.op == INPUT.name:
         name = node.params["name"]
         if name not in inputs:
             raise ExecutionError(f"input {name!r} ({node.outputs[0]}) was not fed")
@@ -85,7 +85,7 @@ def leaf_value(graph: Graph, node: Node, inputs, xp):
             raise ExecutionError(f"input {name!r}: fed shape {list(arr.shape)}, graph expects "
                                  f"{list(node.outputs[0].shape)}")
         return [arr.astype(node.outputs[0].dtype, copy=False)]
-    if node.op == "weight":
+    if node.op == WEIGHT.name:
         return [xp.asarray(graph.weight_array(node))]
     return None
 

@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .errors import GraphError, ShapeError
-from .ops import OPS, TensorType
+from .ops import INPUT, OPAQUE, OPS, TensorType, WEIGHT
 from .ops.leaves import weight_values
 
 
@@ -98,7 +98,7 @@ class Graph:
         self._next_id += 1
         for i in spec.positive_inputs:  # e.g. a variance: stand-in data must be > 0
             src = self.nodes[inputs[i].node]
-            if src.op == "weight" and src.id not in self.weight_data:
+            if src.op == WEIGHT.name and src.id not in self.weight_data:
                 self.weight_data[src.id] = np.abs(self.weight_array(src)) + np.asarray(0.5, src.params["dtype"])
         return [node.out(i) for i in range(len(out_types))]
 
@@ -245,10 +245,10 @@ class Graph:
         return [(f"output{k}", t) for k, t in enumerate(sinks)]
 
     def inputs(self) -> list[Node]:
-        return [n for n in self.nodes.values() if n.op == "input"]
+        return [n for n in self.nodes.values() if n.op == INPUT.name]
 
     def weights(self) -> list[Node]:
-        return [n for n in self.nodes.values() if n.op == "weight"]
+        return [n for n in self.nodes.values() if n.op == WEIGHT.name]
 
     def weight_array(self, node: Node) -> np.ndarray:
         data = self.weight_data.get(node.id)
@@ -262,7 +262,7 @@ class Graph:
         weight-only work that export folds into constants."""
         folded = self.weight_only_nodes() if runtime_only else set()
         return Counter(n.op for n in self.nodes.values()
-                       if n.op not in ("input", "weight") and n.id not in folded)
+                       if n.op not in (INPUT.name, WEIGHT.name) and n.id not in folded)
 
     def weight_only_nodes(self) -> set[int]:
         """Nodes computed from weights and constants alone: folded into initializers at
@@ -270,7 +270,7 @@ class Graph:
         out: set[int] = set()
         for n in self.topo_order():
             spec = OPS[n.op]
-            if spec.is_constant or (not spec.is_leaf and n.op != "opaque" and n.inputs
+            if spec.is_constant or (not spec.is_leaf and n.op != OPAQUE.name and n.inputs
                                     and all(t.node in out for t in n.inputs)):
                 out.add(n.id)
         return out

@@ -19,7 +19,7 @@ from .api import OptimizeResult, optimize
 from .dynamic import DynamicModel, write_symbolic
 from .egraph.saturate import tensor_classes
 from .onnx_io.counts import describe
-from .onnx_io.importer import read_model_file, upgraded
+from .onnx_io.reading import read_model_file, upgraded
 from .onnx_io.symbolic import describe_sizes
 from .options import Hooks, OptimizeOptions
 
@@ -90,7 +90,8 @@ def _keep_symbolic_dims(out: OnnxOptimization) -> None:
     if out.chosen == "re-export":
         written = write_symbolic(dyn, dyn.graph)
     else:
-        written = write_symbolic(dyn, result.graph, result.result_classes, tensor_classes(result.saturation))
+        written = write_symbolic(dyn, result.graph, result.stats.extraction.classes,
+                                 tensor_classes(result.stats.saturation))
     if written.model is None:
         out.notes.append(f"result: the input is written instead of the {out.chosen}, which cannot be written "
                          f"with the input's symbolic dims: {written.why}")

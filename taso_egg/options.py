@@ -116,6 +116,8 @@ class ExtractionOptions:
 
 # The profile of optimize() on a CPU: onnxruntime is what exported models run in.
 DEFAULT_PROFILE = "cpu-ort"
+CALIBRATIONS = ("auto", "runtime", "none")
+CALIBRATION = "auto"
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,20 @@ class CostOptions:
     profile: str = option(DEFAULT_PROFILE, "--profile",
                           "cost profile: a shipped name (cpu-ort, cpu-numpy), a profile file, or "
                           "'analytic' (default {default})")
+    # onnxruntime fuses and re-lays-out what it runs, so a sum of per-operator costs
+    # misprices it (a ConvNeXt predicted 1.143x measured 1.045x); one profiled run of
+    # the input (a few seconds) scales each operator's costs by what the kind of kernel
+    # that runs it measured there (``taso_egg.calibrate``). It reads the clock, so 'auto' calibrates only
+    # where the decision is timed anyway (measure > 0): with measure=0 the same input
+    # gives the same graph.
+    calibration: str = option(CALIBRATION, "--calibration",
+                              "'runtime': scale the profile's costs by one onnxruntime profile of the "
+                              "input, each operator by measured over predicted time of the kind of "
+                              "kernel that runs it, so that fused and re-laid-out work is priced as it "
+                              "runs (a few seconds; costs then vary a little from run to run); 'none': "
+                              "the profile's costs as they are; 'auto': runtime unless --measure is 0 "
+                              "(default {default})",
+                              choices=CALIBRATIONS)
     # A cost model object (``taso_egg.cost.CostModel``) used instead of ``profile``: for
     # the Python API only (studies with a model of one's own).
     model: Any = None
@@ -148,7 +164,7 @@ class SearchOptions:
 
 # Predicted gains at or below this fraction are not acted on without measurement: on
 # the zoo the cpu-ort profile's predicted speedups missed the measured ones by up to
-# 5.5 % (python -m taso_egg.profiling.bench), and gains of 0-1.4 % measured 2-4.5 % slower.
+# 5.5 % (python -m taso_egg.profiling.latency_bench), and gains of 0-1.4 % measured 2-4.5 % slower.
 MIN_GAIN = 0.05
 # ``measure`` is the most paired rounds the guard (``decide``) may time. The fewest
 # rounds before its first look: with ten, the exact signed-rank interval can exclude no

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 
@@ -37,11 +38,13 @@ def pinned_threads():
         yield
 
 
-def make_session(model, disabled_optimizers=(), profile_prefix: str | None = None, threads: int = 1):
+def make_session(model, disabled_optimizers=(), profile_prefix: str | None = None, threads: int = 1,
+                 optimized_path: str | None = None):
     """An onnxruntime CPU session pinned to ``threads`` intra-op threads (one by
     default), all graph optimizations on (with ``profile_prefix``, onnxruntime's
-    per-node profiler writes there). ``model``: a ModelProto, an ``onnx_io.fed.FedModel``,
-    bytes or a path."""
+    per-node profiler writes there; with ``optimized_path``, the graph it runs, after
+    its fusions, is written there, its weights in a file beside it). ``model``: a
+    ModelProto, an ``onnx_io.fed.FedModel``, bytes or a path."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -53,6 +56,12 @@ def make_session(model, disabled_optimizers=(), profile_prefix: str | None = Non
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3
+    if optimized_path:
+        options.optimized_model_filepath = optimized_path
+        options.add_session_config_entry("session.optimized_model_external_initializers_file_name",
+                                         Path(optimized_path).name + ".data")
+        options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes",
+                                         "1024")
     # the large weights go in as arrays, not serialized (protobuf refuses past 2 GB)
     data, names, values = (model, [], []) if isinstance(model, (bytes, str)) else session_parts(model)
     if names:
@@ -75,10 +84,12 @@ def cannot_build(model) -> str:
     return ""
 
 
-def kernel_times(model, feeds, runs: int, disabled_optimizers=(), threads: int = 1) -> list[dict]:
+def kernel_times(model, feeds, runs: int, disabled_optimizers=(), threads: int = 1,
+                 optimized_path: str | None = None) -> list[dict]:
     """onnxruntime's per-node profile of ``model`` (ORT_ENABLE_ALL): one event per node
     run, ``runs`` runs after a warm-up run that is left out. Each event has the node's
     ``name``, its ``op`` (as onnxruntime runs it, after its own fusions) and ``us``.
+    With ``optimized_path`` the graph it ran is written there (``make_session``).
     Wall-clock node times are inflated by machine load, all nodes alike, so they are
     for shares within one profile, not for timing."""
     import json
@@ -86,11 +97,16 @@ def kernel_times(model, feeds, runs: int, disabled_optimizers=(), threads: int =
 
     with tempfile.TemporaryDirectory() as tmp:
         session = make_session(model, disabled_optimizers, profile_prefix=f"{tmp}/ort-profile",
-                               threads=threads)
+                               threads=threads, optimized_path=optimized_path)
         for _ in range(runs + 1):
             session.run(None, feeds)
         with open(session.end_profiling()) as f:
-            events = json.load(f)
+            return node_events(json.load(f), runs)
+
+
+def node_events(events: list[dict], runs: int) -> list[dict]:
+    """The kernel events of onnxruntime's profile json (``events``: its list, of a
+    warm-up run and ``runs`` more), the warm-up's left out, as ``kernel_times`` gives them."""
     nodes = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
     per_run = len(nodes) // (runs + 1)
     return [{"name": e["name"][:-len("_kernel_time")], "op": e["args"].get("op_name", ""),

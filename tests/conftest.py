@@ -8,7 +8,7 @@ import onnx
 import pytest
 
 import taso_egg
-from taso_egg.verify import onnx_outputs
+from taso_egg.check.runtime import onnx_outputs
 
 RTOL = 1e-5
 

@@ -57,13 +57,23 @@ def test_onnx_folder_table(tmp_path, capsys):
     row = row[1:]
     assert row[2] == "0" and row[4].endswith("x")  # nothing opaque; the predicted speedup
     assert row[-1] in ("original", "re-export", "result")
+    if row[5] == "-":  # the result computes what the input does: no measured speedup, no error
+        assert row[6] == "-"
+    else:  # the prediction's error against the guard's measured speedup of the result
+        predicted, measured = float(row[4].rstrip("x")), _cell(row[5])[0]
+        assert abs(float(row[6].rstrip("%")) - 100 * (predicted / measured - 1)) < 0.06
     if row[-1] == "original":  # the written file is the original: nothing to time against it
-        assert row[6] == row[7] == "same" and row[8] == "-"
+        assert row[7] == row[8] == "same" and row[9] == "-"
     else:
-        for cell in row[6:8]:  # 1.031x(1.012-1.049): the ratio within its interval
-            ratio, low, high = map(float, cell.rstrip(")").replace("x(", "-").split("-"))
+        for cell in row[7:9]:
+            ratio, low, high = _cell(cell)
             assert 0 < low <= ratio <= high
-        assert float(row[8]) >= 0
+        assert float(row[9]) >= 0
+
+
+def _cell(cell: str) -> tuple[float, float, float]:
+    """1.031x(1.012-1.049): the ratio and its interval."""
+    return tuple(map(float, cell.rstrip(")").replace("x(", "-").split("-")))
 
 
 def test_kernel_shares_name_the_operators_the_runtime_runs(tmp_path, capsys):

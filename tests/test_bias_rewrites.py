@@ -13,11 +13,11 @@ import pytest
 from onnx import helper
 
 import taso_egg
+from taso_egg.check.runtime import onnx_outputs
 from taso_egg.cost import AnalyticCost
 from taso_egg.egraph.saturate import Limits, saturate
 from taso_egg.options import OptimizeOptions
 from taso_egg.rules.corpus import load_corpus
-from taso_egg.verify import onnx_outputs
 
 from conftest import assert_close, init, make_model, vi
 

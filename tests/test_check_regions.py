@@ -1,4 +1,4 @@
-"""The region-by-region check (verify.check_locally) and tolerances that follow the
+"""The region-by-region check (check.regions.check_locally) and tolerances that follow the
 conditioning: TASO's BERT passes at 8 and 32 layers when correct, planted wrong
 rewrites fail there, and optimize checks in float64 only where float32 proves nothing."""
 
@@ -9,15 +9,18 @@ import copy
 import numpy as np
 import pytest
 
-from taso_egg import verify, zoo
+from taso_egg import zoo
 from taso_egg.api import extract_graph, optimize
+from taso_egg.check import regions
+from taso_egg.check.regions import check_locally
+from taso_egg.check.runtime import check_float32_proves_nothing, check_onnx_model
+from taso_egg.check.tolerance import RTOL
+from taso_egg.check.whole_graph import check_graphs_equivalent
 from taso_egg.egraph.saturate import Limits, saturate, tensor_classes
 from taso_egg.errors import VerificationError
 from taso_egg.graph import new_graph
 from taso_egg.onnx_io.exporter import export_onnx
 from taso_egg.options import OptimizeOptions
-from taso_egg.verify import (RTOL, check_float32_proves_nothing, check_graphs_equivalent, check_locally,
-                             check_onnx_model)
 
 _CACHE: dict = {}
 
@@ -64,7 +67,7 @@ def test_deep_bert_passes_region_by_region(layers):
 
 
 def _without_cones(monkeypatch):
-    monkeypatch.setattr(verify._Local, "_cone", lambda self, region: False)
+    monkeypatch.setattr(regions._Local, "_cone", lambda self, region: False)
 
 
 def test_on_the_inputs_own_float64_tensors_too(monkeypatch):
@@ -82,14 +85,14 @@ def test_on_the_inputs_own_float64_tensors_too(monkeypatch):
 def test_a_region_failing_from_float32_values_is_checked_again_on_float64_ones(monkeypatch):
     """Where the first way fails (a region that would need its boundary's exact float64
     relations, say), the float64 way decides."""
-    real = verify._Local._evaluate
+    real = regions._Local._evaluate
 
     def evaluate(self, region, values, cones=False):
         if cones:
             raise VerificationError("first way: differs from the original (planted)")
         return real(self, region, values, cones)
 
-    monkeypatch.setattr(verify._Local, "_evaluate", evaluate)
+    monkeypatch.setattr(regions._Local, "_evaluate", evaluate)
     g, result, classes, result_classes = _extracted(8)
     lc = check_locally(g, result, classes, result_classes)
     assert not lc.cones and lc.error < 1e-12 and lc.compared >= lc.regions
@@ -225,13 +228,13 @@ def _overflowing_bert():
 def test_where_float32_proves_nothing_optimize_checks_the_changed_regions_in_float64():
     r = optimize(_overflowing_bert(), options=OptimizeOptions().replace(measure=0))
     st = r.stats
-    assert r.graph is not r.original and st.check == "regions"
+    assert r.graph is not r.original and st.check.kind == "regions"
     # the written model ran first and overflowed; the input was not run in onnxruntime,
     # since its outputs (computed by the region check) lie beyond float32's range
-    assert st.check_skipped.startswith("the written model's float32 output 'y' is not finite")
-    assert st.local_check.outputs_beyond_float32
-    assert st.ort_check_error is None and st.check_error < 1e-12
-    assert 0 < st.local_check.recomputed < st.local_check.nodes
+    assert st.check.skipped.startswith("the written model's float32 output 'y' is not finite")
+    assert st.check.local.outputs_beyond_float32
+    assert st.check.ort_error is None and st.check.error < 1e-12
+    assert 0 < st.check.local.recomputed < st.check.local.nodes
 
 
 def test_a_written_model_that_overflows_where_the_input_does_not_fails():
@@ -258,8 +261,8 @@ def test_optimize_rejects_a_wrong_result_in_the_region_check(monkeypatch):
 def test_where_float32_is_finite_onnxruntime_is_the_only_check():
     r = optimize(zoo.nasrnn(steps=1, hidden=32), options=OptimizeOptions().replace(extractor="greedy-dag", limits=Limits(multi_iterations=2), measure=0))
     st = r.stats
-    assert r.graph is not r.original and st.check == "onnxruntime"
-    assert st.ort_check_error < RTOL and st.check_error is None and st.local_check is None
+    assert r.graph is not r.original and st.check.kind == "onnxruntime"
+    assert st.check.ort_error < RTOL and st.check.error is None and st.check.local is None
 
 
 # --- onnxruntime's tolerance --------------------------------------------------------------

@@ -7,8 +7,8 @@ import onnx
 import pytest
 from onnx import helper
 
+from taso_egg.check.runtime import onnx_outputs
 from taso_egg.cli import main
-from taso_egg.verify import onnx_outputs
 
 from conftest import assert_close, init, make_model, vi
 

@@ -118,7 +118,7 @@ def test_unwritable_output_fails_before_the_work(where, tmp_path, capsys, monkey
 
 
 def test_external_data_is_written_back_as_external_data(tmp_path, capsys):
-    from taso_egg.verify import onnx_outputs
+    from taso_egg.check.runtime import onnx_outputs
 
     src = tmp_path / "in" / "model.onnx"
     src.parent.mkdir()

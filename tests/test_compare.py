@@ -13,11 +13,11 @@ import pytest
 matplotlib.use("Agg")
 
 from taso_egg import zoo  # noqa: E402
+from taso_egg.check.whole_graph import check_graphs_equivalent  # noqa: E402
 from taso_egg.cli import main  # noqa: E402
 from taso_egg.compare import METHODS, compare_model, format_table, save  # noqa: E402
 from taso_egg.cost import AnalyticCost, graph_cost  # noqa: E402
 from taso_egg.errors import TasoEggError  # noqa: E402
-from taso_egg.verify import check_graphs_equivalent  # noqa: E402
 
 COST = AnalyticCost()
 

@@ -12,15 +12,15 @@ import pytest
 
 from taso_egg.errors import ExtractionError, LimitError
 from taso_egg.extract import EXTRACTORS, check_choice, extract, load_egraph
-from taso_egg.extract.bench import SHIPPED_DATA, default_data_dir
-from taso_egg.extract.bench import main as bench_main
-from taso_egg.extract.check import used_classes
-from taso_egg.extract.cli import add_arguments as add_extract_arguments, run as run_extract_command
+from taso_egg.extract.bounds import Necessity, path_bound
+from taso_egg.extract.choice_check import used_classes
+from taso_egg.extract.extract_command import add_arguments as add_extract_arguments, run as run_extract_command
 from taso_egg.extract.greedy_dag import acyclic_choice
+from taso_egg.extract.gym_bench import SHIPPED_DATA, default_data_dir
+from taso_egg.extract.gym_bench import main as bench_main
+from taso_egg.extract.ilp import DEFAULT_GAP_TOLERANCE
 from taso_egg.extract.ilp_model import IlpModel
 from taso_egg.extract.lns import NeighbourhoodSearch
-from taso_egg.extract.bounds import Necessity, path_bound
-from taso_egg.extract.ilp import DEFAULT_GAP_TOLERANCE
 from taso_egg.extract.result import OPTIMAL, PATH_BOUND, SOLVER_BOUND, WITHIN_GAP
 from taso_egg.extract.shrink import shrink
 
@@ -408,7 +408,7 @@ def test_no_sound_answer_means_no_optimality_claim(monkeypatch, caplog):
 
 
 def test_an_extractor_claim_that_disagrees_with_the_checker_is_rejected(caplog):
-    from taso_egg.extract.base import Extractor, Solution
+    from taso_egg.extract.extractor import Extractor, Solution
     from taso_egg.extract.result import REJECTED
 
     class Liar(Extractor):
@@ -418,7 +418,7 @@ def test_an_extractor_claim_that_disagrees_with_the_checker_is_rejected(caplog):
             choice = {c: nodes[0] for c, nodes in enumerate(egraph.class_nodes)}  # costs 6
             return Solution(choice, OPTIMAL, lower_bound=4.0, objective=4.0)
 
-    with caplog.at_level("WARNING", logger="taso_egg.extract.base"):
+    with caplog.at_level("WARNING", logger="taso_egg.extract.extractor"):
         result = Liar().extract(load_egraph(SHARING))
     assert result.dag_cost == 6.0 and result.status == REJECTED and result.lower_bound is None
     assert "reported objective 4" in caplog.text

@@ -36,7 +36,7 @@ def test_no_model_is_serialized_with_its_weights(tmp_path, monkeypatch, capsys):
     """Timing, the check at two sizes and writing give onnxruntime and protobuf the
     model without its large weights: every SerializeToString of a ModelProto is far
     smaller than the weights (on main, each session got the model serialized whole)."""
-    from taso_egg.verify import onnx_outputs
+    from taso_egg.check.runtime import onnx_outputs
 
     src = tmp_path / "in" / "model.onnx"
     src.parent.mkdir()
@@ -72,7 +72,7 @@ def test_imports_share_the_read_weights(tmp_path):
     not copies (on main every import copied every weight out of protobuf)."""
     from taso_egg.dynamic import DynamicModel
     from taso_egg.onnx_io.fed import FedModel
-    from taso_egg.onnx_io.importer import read_model_file
+    from taso_egg.onnx_io.reading import read_model_file
 
     for external in (False, True):
         path = tmp_path / f"model{external}.onnx"
@@ -90,7 +90,7 @@ def test_imports_share_the_read_weights(tmp_path):
 def test_large_models_are_timed_one_session_at_a_time(tmp_path, monkeypatch):
     """Past ``timing.COEXIST_BYTES`` of weights, each round builds, samples and frees
     one session per model: never two alive at once, every model sampled every round."""
-    from taso_egg.onnx_io.importer import read_model_file
+    from taso_egg.onnx_io.reading import read_model_file
 
     path = tmp_path / "model.onnx"
     _mlp(path, external=False)
@@ -122,7 +122,7 @@ def test_fed_model_written_inline_is_the_model(tmp_path):
     protobuf writes for the model with its weights inside: the input's own bytes."""
     from taso_egg.onnx_io.exporter import save_atomically
     from taso_egg.onnx_io.fed import inline
-    from taso_egg.onnx_io.importer import read_model_file
+    from taso_egg.onnx_io.reading import read_model_file
 
     path = tmp_path / "model.onnx"
     _mlp(path, external=False)

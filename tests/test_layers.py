@@ -210,7 +210,7 @@ def walk():
 
 def test_the_walk_covers_every_installed_folder(walk):
     modules, _ = walk
-    assert {"taso_egg.cli", "taso_egg.rules.syntax", "taso_egg.extract.base", "taso_egg.profiles",
+    assert {"taso_egg.cli", "taso_egg.rules.syntax", "taso_egg.extract.extractor", "taso_egg.profiles",
             "taso_egg.cost.model"} <= set(modules)
     assert not any(".rules." in m and not m.startswith("taso_egg.rules.") for m in modules)
 

@@ -14,7 +14,7 @@ from onnx import helper
 
 import taso_egg
 from taso_egg import ExportError, GraphError, OnnxImportError, ShapeError
-from taso_egg.verify import onnx_outputs
+from taso_egg.check.runtime import onnx_outputs
 
 from conftest import assert_close, init, make_model, vi
 

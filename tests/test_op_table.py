@@ -2,8 +2,9 @@
 (``OpSpec.shape``) agree with its Python shape rule (``infer``) in every back end that
 reads them: the Python evaluator, the Z3 verifier's typing facts, and the e-graph's
 egglog analysis. One table-driven pass over every operator, on every operator
-configuration of the zoo models and of every corpus rule's example (the study file's
-included), plus hand-made ones for operators those never hold."""
+configuration of the zoo models, of every corpus rule's example (the study file's
+included) and of every operator's contract example (tests/test_operator_contract.py),
+plus hand-made ones for operators those never hold."""
 
 from __future__ import annotations
 
@@ -71,7 +72,11 @@ def _hand_graph() -> Graph:
 @functools.lru_cache(maxsize=1)
 def examples() -> dict:
     """One node per distinct operator configuration, keyed by op."""
+    from test_operator_contract import BUILT, _graph
+
     nodes = _hand_made()
+    for op in BUILT:  # each operator's contract example row
+        nodes += _graph(op)[0].nodes.values()
     for build in zoo.MODELS.values():
         nodes += build().nodes.values()
     for rule in load_corpus(study=True):  # the study file's constants too

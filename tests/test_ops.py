@@ -1,6 +1,7 @@
-"""Every operator of the table: our kernel against onnxruntime on the exported
-one-op graph (seeded random data, small shapes), plus the algebraic identities of
-TASO's generated constants and weight transforms."""
+"""Operators' kernels against onnxruntime on the exported one-op graph over more
+configurations than their contract's one example row (tests/test_operator_contract.py,
+which every operator has), plus the algebraic identities of TASO's generated
+constants and weight transforms."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import pytest
 
 import taso_egg
 from taso_egg import ExportError, ShapeError
+from taso_egg.check.runtime import onnx_outputs
 from taso_egg.ops import OPS
-from taso_egg.verify import onnx_outputs
 
 from conftest import assert_close, check_against_ort, rel_err
 
@@ -711,66 +712,10 @@ ISSUE_OPS = {
     "const_one", "const_pool", "opaque",
 }
 
-# op name -> the test that exercises its kernel (against onnxruntime where it has an export)
-TESTED = {
-    "input": "test_unary_matches_onnxruntime",
-    "weight": "test_ewadd_with_weight_operand",
-    "conv2d": "test_conv2d_matches_onnxruntime",
-    "conv2d_sum": "test_conv2d_sum_matches_onnxruntime_and_its_parts",
-    "matmul": "test_matmul_matches_onnxruntime",
-    "ewadd": "test_ewadd_ewmul_broadcast",
-    "ewmul": "test_ewadd_ewmul_broadcast",
-    "smul": "test_smul_python_number",
-    "relu": "test_unary_matches_onnxruntime",
-    "sigmoid": "test_unary_matches_onnxruntime",
-    "tanh": "test_unary_matches_onnxruntime",
-    "maxpool2d": "test_maxpool2d_matches_onnxruntime",
-    "avgpool2d": "test_avgpool2d_matches_onnxruntime",
-    "global_avgpool": "test_global_avgpool",
-    "batchnorm": "test_batchnorm",
-    "concat": "test_concat",
-    "bn_factor": "test_bn_factor_and_shift_rebuild_batchnorm",
-    "bn_shift": "test_bn_factor_and_shift_rebuild_batchnorm",
-    "split": "test_split",
-    "reshape": "test_reshape",
-    "transpose": "test_transpose",
-    "enlarge": "test_enlarge_non_weight_exported_as_pad",
-    "merge_gconv": "test_merge_gconv_preserves_conv",
-    "const_iconv": "test_const_iconv_is_identity",
-    "const_imm": "test_const_imm_is_identity",
-    "const_one": "test_const_one_is_identity_for_ewmul",
-    "const_pool": "test_const_pool_conv_equals_avgpool",
-    "opaque": "test_opaque_node_runs_and_exports",
-    "softmax": "test_softmax_matches_onnxruntime",
-    "ewsub": "test_sub_div_erf_match_onnxruntime",
-    "ewdiv": "test_sub_div_erf_match_onnxruntime",
-    "erf": "test_sub_div_erf_match_onnxruntime",
-    "layernorm": "test_layernorm_matches_onnxruntime",
-    "gelu": "test_gelu_relu6_pow_match_onnxruntime",
-    "relu6": "test_gelu_relu6_pow_match_onnxruntime",
-    "pow": "test_gelu_relu6_pow_match_onnxruntime",
-    "isnan": "test_mask_operators_match_onnxruntime",
-    "where": "test_mask_operators_match_onnxruntime",
-    "equal": "test_mask_operators_match_onnxruntime",
-    "logical_and": "test_mask_operators_match_onnxruntime",
-    "cast": "test_mask_operators_match_onnxruntime",
-    "expand": "test_mask_operators_match_onnxruntime",
-    "nan_to_zero": "test_nan_to_zero_matches_onnxruntime",
-    "scalar": "test_scalar_is_its_value_and_folds",
-}
 
 
 def test_table_has_every_issue_operator():
     assert ISSUE_OPS <= set(OPS), f"missing: {sorted(ISSUE_OPS - set(OPS))}"
-
-
-def test_every_operator_is_tested():
-    untested = sorted(set(OPS) - set(TESTED))
-    assert not untested, f"operators without a test: {untested}"
-    exported = {name for name, spec in OPS.items() if spec.export is not None}
-    assert exported <= set(TESTED)
-    for name, test in TESTED.items():
-        assert callable(globals().get(test)), f"{name}: test {test} does not exist"
 
 
 def test_every_spec_is_well_formed():

@@ -11,11 +11,11 @@ import pytest
 
 from taso_egg import zoo
 from taso_egg.api import Extraction, optimize
+from taso_egg.check.whole_graph import check_graphs_equivalent
 from taso_egg.egraph.saturate import Limits
 from taso_egg.errors import VerificationError
 from taso_egg.graph import new_graph
 from taso_egg.options import OptimizeOptions
-from taso_egg.verify import check_graphs_equivalent
 
 
 def _bert1():
@@ -42,8 +42,8 @@ def _run(key):
         _CACHE[key] = (g, optimize(g, options=OptimizeOptions().replace(extractor=extractor, limits=limits, measure=0)))
         r = _CACHE[key][1]
         print(f"{key}: cost {r.cost_before:.4g} -> {r.cost_after:.4g} (x{r.speedup:.3f}), "
-              f"{r.stats.stop_reason}, {r.stats.enodes} e-nodes, "
-              f"{r.stats.extractor_status}, ops {dict(r.stats.ops_after)}")
+              f"{r.stats.saturation.stop_reason}, {r.stats.saturation.enodes} e-nodes, "
+              f"{r.stats.extraction.status}, ops {dict(r.stats.ops_after)}")
     return _CACHE[key]
 
 
@@ -60,7 +60,7 @@ def test_bert_attention_qkv_merge_with_ilp():
     assert r.stats.ops_before == g.op_counts(runtime_only=True)
     assert r.stats.ops_after == r.graph.op_counts(runtime_only=True)
     assert r.stats.ops_after["concat"] == 0 < after["concat"]
-    assert r.stats.extractor == "ilp"
+    assert r.stats.extraction.extractor == "ilp"
     check_graphs_equivalent(g, r.graph)
     check_graphs_equivalent(g, r.graph, seed=7)
 
@@ -81,7 +81,7 @@ def test_greedy_dag_is_sound_and_no_better_than_ilp(model):
     assert greedy.cost_after <= greedy.cost_before
     check_graphs_equivalent(g, greedy.graph)
     # the ILP is optimal on the same e-graph, so it is at least as cheap
-    assert ilp.stats.extractor_status == "optimal"
+    assert ilp.stats.extraction.status == "optimal"
     assert ilp.cost_after <= greedy.cost_after * (1 + 1e-9)
     if model == "nas":
         assert greedy.cost_after < greedy.cost_before
@@ -95,7 +95,7 @@ def test_optimize_is_deterministic(key):
     again = optimize(build(), options=OptimizeOptions().replace(extractor=extractor, limits=limits, measure=0))
     assert again.graph.structural_hash() == first.graph.structural_hash()
     assert again.cost_after == first.cost_after
-    assert again.stats.enodes == first.stats.enodes
+    assert again.stats.saturation.enodes == first.stats.saturation.enodes
 
 
 def test_peak_memory_on_two_layer_models():
@@ -107,7 +107,7 @@ def test_peak_memory_on_two_layer_models():
     if sys.platform == "darwin":  # bytes there
         peak_kb //= 1024
     for name, r in runs.items():
-        print(f"{name}: {r.stats.enodes} e-nodes, {r.stats.stop_reason}, x{r.speedup:.3f}")
+        print(f"{name}: {r.stats.saturation.enodes} e-nodes, {r.stats.saturation.stop_reason}, x{r.speedup:.3f}")
         assert r.cost_after <= r.cost_before
     print(f"peak RSS {peak_kb / 1024:.0f} MiB")
     assert peak_kb < 4 * 1024 * 1024
@@ -157,7 +157,7 @@ def test_optimize_rejects_a_wrong_extraction(monkeypatch, fake_timer):
     # not returned (measured slower), it is not checked: decide first, check what is returned
     fake_timer.ms = {"original": 1.0, "result": 2.0}
     kept = api.optimize(_mlp("relu"), rules=[], options=OptimizeOptions().replace(measure=10))
-    assert kept.stats.chosen == "original" and kept.stats.check_error is None
+    assert kept.stats.chosen == "original" and kept.stats.check.error is None
 
 
 def test_optimize_conv_with_bias():
@@ -237,9 +237,9 @@ def test_without_measurement_the_re_export_is_named_and_not_taken():
     g, model = _cluttered()
     r = optimize(g, reference=model, options=OptimizeOptions().replace(measure=0))
     assert r.graph is g and r.stats.chosen == "original" and r.exported is None
-    assert r.stats.not_measured == ("re-export",) and r.stats.measured_ms is None
+    assert r.stats.decision.not_measured == ("re-export",) and r.stats.measured_ms is None
     # no reference, no re-export: the input graph is the original
-    assert optimize(_cluttered()[0], options=OptimizeOptions().replace(measure=0)).stats.not_measured == ()
+    assert optimize(_cluttered()[0], options=OptimizeOptions().replace(measure=0)).stats.decision.not_measured == ()
 
 
 def test_the_original_measured_fastest_is_returned(fake_timer):
@@ -259,9 +259,9 @@ def test_the_re_export_measured_fastest_is_returned_checked(fake_timer):
     g, model = _cluttered()
     fake_timer.ms = {"original": 1.3, "re-export": 1.0, "result": 1.1}
     r = optimize(g, reference=model, options=OptimizeOptions().replace(measure=10))
-    assert r.graph is g and r.stats.chosen == "re-export" and r.stats.not_measured == ()
+    assert r.graph is g and r.stats.chosen == "re-export" and r.stats.decision.not_measured == ()
     assert [n.op_type for n in r.exported.graph.node] == ["Conv", "Add", "Relu"]
-    assert r.stats.ort_check_error is not None and r.stats.ort_check_error < 1e-5
+    assert r.stats.check.ort_error is not None and r.stats.check.ort_error < 1e-5
     # a re-export that computes something else fails the onnxruntime check
     other = _one_weight_changed(model)
     with pytest.raises(VerificationError, match="onnxruntime"):
@@ -295,7 +295,7 @@ def test_measurement_overrides_the_prediction_both_ways(fake_timer):
     fake_timer.ms = {"original": 1.0, "re-export": 1.0, "result": 0.5}
     faster = optimize(_nas1(), reference=reference, options=OptimizeOptions().replace(extractor="greedy-dag", limits=limits, measure=10, min_gain=0.99))
     assert faster.stats.chosen == "result" and faster.graph is not faster.original
-    assert faster.exported is not None and faster.stats.ort_check_error is not None
+    assert faster.exported is not None and faster.stats.check.ort_error is not None
 
 
 def _noisy(ms: float, ratio: float, rounds: int, seed: int) -> list[float]:
@@ -405,11 +405,11 @@ def test_the_returned_graph_is_checked_in_onnxruntime_for_library_users_too():
     limits = Limits(multi_iterations=2)
     r = optimize(_nas1(), options=OptimizeOptions().replace(extractor="greedy-dag", limits=limits, measure=0))
     assert r.graph is not r.original and r.exported is not None
-    assert r.stats.ort_check_error is not None and r.stats.ort_check_error < 1e-4
+    assert r.stats.check.ort_error is not None and r.stats.check.ort_error < 1e-4
     unchecked = optimize(_nas1(), options=OptimizeOptions().replace(extractor="greedy-dag", limits=limits, verify=False, measure=0))
-    assert unchecked.exported is None and unchecked.stats.check_error is None
+    assert unchecked.exported is None and unchecked.stats.check.error is None
     kept = optimize(_nas1(), options=OptimizeOptions().replace(extractor="greedy-dag", limits=limits, min_gain=0.99, measure=0))
-    assert kept.graph is kept.original and kept.exported is None and kept.stats.ort_check_error is None
+    assert kept.graph is kept.original and kept.exported is None and kept.stats.check.ort_error is None
 
     g = _nas1()
     other = export_onnx(g)  # a reference that computes something else: one weight changed

@@ -30,8 +30,8 @@ def _parsers():
     ones too) and the benchmarks' commands."""
     from taso_egg import bench
     from taso_egg.cli import build_parser
-    from taso_egg.extract import bench as extract_bench
-    from taso_egg.profiling import bench as profiling_bench
+    from taso_egg.extract import gym_bench as extract_bench
+    from taso_egg.profiling import latency_bench as profiling_bench
 
     out = []
 

@@ -11,8 +11,8 @@ import pytest
 from onnx import helper
 
 from taso_egg import bench, peers, timing
+from taso_egg.check.tolerance import RTOL
 from taso_egg.peers import PeerOutput
-from taso_egg.verify import RTOL
 
 from conftest import cluttered_conv_model, init, make_model, vi
 
@@ -62,7 +62,8 @@ def test_ort_transformers_leaves_other_models_alone():
 def test_ort_transformers_runs_on_a_transformer():
     """onnxruntime's transformers optimizer ships inside onnxruntime: no skip. Its model
     computes what the input does (it finds no BERT attention to fuse in this one)."""
-    from taso_egg.verify import compare_outputs, onnx_outputs
+    from taso_egg.check.runtime import onnx_outputs
+    from taso_egg.check.tolerance import compare_outputs
 
     model = _encoder_layer()
     out = peers.ort_transformers(model)

@@ -16,10 +16,10 @@ from onnx import helper
 
 import taso_egg
 from taso_egg.api import extract_graph
+from taso_egg.check.runtime import onnx_outputs
 from taso_egg.cost import AnalyticCost
 from taso_egg.egraph.saturate import saturate
 from taso_egg.rules.corpus import load_corpus
-from taso_egg.verify import onnx_outputs
 from test_onnx_io import rand
 
 from conftest import assert_close, check_against_ort, init, make_model, vi

@@ -11,9 +11,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from taso_egg.check.runtime import onnx_outputs
 from taso_egg.cli import main
 from taso_egg.errors import VerificationError
-from taso_egg.verify import onnx_outputs
 
 from conftest import init, make_model, rel_err, vi
 
@@ -108,7 +108,7 @@ def test_the_nodes_of_a_quantized_operator_stay_between_their_q_and_dq(tmp_path,
 def test_the_precision_guard_refuses_a_de_quantized_model():
     """What main wrote for ResNet-18's QDQ export: DequantizeLinear of every weight
     folded into a float32 initializer."""
-    from taso_egg.verify import check_precision_kept
+    from taso_egg.check.onnx_precision import check_precision_kept
 
     model = qdq_model()
     weights = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
@@ -178,7 +178,8 @@ def test_a_cast_of_an_fp16_weight_is_not_folded_into_float32(tmp_path, capsys):
 
 
 def test_the_tolerance_follows_the_precision_on_each_outputs_path():
-    from taso_egg.verify import output_floor, rounding_steps
+    from taso_egg.check.onnx_precision import rounding_steps
+    from taso_egg.check.tolerance import output_floor
 
     steps = rounding_steps(fp16_mlp())
     assert steps == {"y1": 2.0 ** -10, "y2": 2.0 ** -10}

@@ -418,7 +418,7 @@ def test_profile_cli_only_the_named_operators(tmp_path, capsys):
 
 
 def test_bench_predicts_from_a_same_run_profile_too(capsys):
-    from taso_egg.profiling import bench
+    from taso_egg.profiling import latency_bench as bench
 
     assert bench.main(["--models", "nasrnn-small", "--repeats", "1", "--skip-numpy", "--same-run",
                        "--min-gain", "0"]) == 0
@@ -440,3 +440,18 @@ def test_shipped_profiles_price_what_the_runtime_runs():
     model.reset_counts()
     graph_cost(fused, model)
     assert model.lookups()["estimated"] == 0
+
+
+def test_the_runtime_form_applies_the_rule_family_it_is_given():
+    """Rule families are values: every declared fusion is a corpus rule (a renamed rule
+    cannot drop out unseen), and runtime_form applies the family it is passed."""
+    from taso_egg.api import runtime_form
+    from taso_egg.rules.corpus import FUSIONS, RuleFamily, load_corpus
+
+    rules = load_corpus()
+    assert FUSIONS.members <= {r.name for r in rules}
+    model = load_cost_model("cpu-ort")
+    sums = RuleFamily("sums", frozenset(n for n in FUSIONS.members if "-sum" in n))
+    assert runtime_form(zoo.resnet50(), rules, model, fusions=sums).op_counts()["conv2d_sum"] == 16
+    graph = zoo.resnet50()
+    assert runtime_form(graph, rules, model, fusions=RuleFamily("none", frozenset())) is graph

@@ -15,7 +15,7 @@ import pytest
 
 from taso_egg.cli import main
 from taso_egg.errors import RuleError
-from taso_egg.generator.cli import split_texts
+from taso_egg.generator.rules_command import split_texts
 from taso_egg.generator.enumerate import LeafSpec, Menu, choice
 from taso_egg.generator.pipeline import generate_rules
 from taso_egg.rules import workers

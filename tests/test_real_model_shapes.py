@@ -12,10 +12,10 @@ import pytest
 from onnx import helper
 
 import taso_egg
+from taso_egg.check.runtime import onnx_outputs
 from taso_egg.cli import main
-from taso_egg.onnx_io.importer import upgraded
+from taso_egg.onnx_io.reading import upgraded
 from taso_egg.options import OptimizeOptions
-from taso_egg.verify import onnx_outputs
 
 from conftest import assert_close, init, make_model, vi
 

@@ -223,7 +223,7 @@ def test_default_generated_corpus_is_the_size3_one_without_derivable_rules():
     generated = load_corpus(["generated"])
     study = load_corpus(["generated-constants"])
     assert all(r.proof.found_by == "generator-3" for r in generated + study)
-    from taso_egg.generator.cli import SHIPPED_GENERATED, constants_path, split_texts, stats_path
+    from taso_egg.generator.rules_command import SHIPPED_GENERATED, constants_path, split_texts, stats_path
 
     stats = json.loads(stats_path(SHIPPED_GENERATED).read_text())
     assert stats["size"] == 3 and stats["pruned"]["derivable"] > 0
@@ -387,11 +387,13 @@ def test_check_draw_is_the_same_in_every_process():
 
 
 def _norm_menu():
-    from taso_egg.generator.enumerate import _norm_ops, _norm_params
+    from taso_egg.generator.enumerate import _norm_params
 
     leaves = (LeafSpec("x0", (2, 4), "activation", "x"), LeafSpec("x1", (2, 4), "activation", "x"),
               *_norm_params())
-    return Menu("norms", leaves, (choice("concat", axis=0), choice("concat", axis=1), *_norm_ops()))
+    return Menu("norms", leaves, (choice("concat", axis=0), choice("concat", axis=1),
+                                  choice("layernorm", ("matrix", "=p0", "=p1")),
+                                  choice("batchnorm", ("data", "=p0", "=p1", "=p2", "=v0"))))
 
 
 def test_normalizations_take_their_parameters_from_the_leaves_they_name():

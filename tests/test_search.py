@@ -9,6 +9,7 @@ from taso_egg.rules.corpus import load_corpus
 from taso_egg.rules.syntax import parse_rules
 
 from taso_egg import zoo
+from taso_egg.check.whole_graph import check_graphs_equivalent
 from taso_egg.cli import main
 from taso_egg.cost import AnalyticCost, graph_cost
 from taso_egg.errors import LimitError
@@ -22,7 +23,6 @@ from taso_egg.search import (
     find_matches,
 )
 from taso_egg.search.search import _Search, _State
-from taso_egg.verify import check_graphs_equivalent
 
 HAND = {r.name: r for r in load_corpus("taso_hand")}
 COST = AnalyticCost()  # the search's default is a measured profile; tests need no file

@@ -11,10 +11,10 @@ import pytest
 from onnx import helper
 
 import taso_egg
+from taso_egg.check.runtime import onnx_outputs
 from taso_egg.graph import Graph
 from taso_egg.options import OptimizeOptions
 from taso_egg.rules.corpus import load_corpus
-from taso_egg.verify import onnx_outputs
 
 from conftest import assert_close, make_model, vi
 

@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 
 from taso_egg import zoo
+from taso_egg.check.scaled_executor import run_scaled
+from taso_egg.check.whole_graph import check_graphs_equivalent
 from taso_egg.errors import VerificationError
 from taso_egg.executor import random_inputs, run
 from taso_egg.graph import new_graph
-from taso_egg.verify import check_graphs_equivalent, run_scaled
 
 
 def _mixed_graph():

@@ -113,7 +113,7 @@ def _var_sorts(rule: Rule) -> dict:
                 raise _Unsupported(f"?{p.index.name} is bound to parameters of different kinds")
             walk(p.pattern)
         elif isinstance(p, App):
-            names = ("axis",) if p.op == "concat" else tuple(OPS[p.op].defaults)
+            names = tuple(OPS[p.op].defaults)
             for name, e in zip(names, p.params):
                 if isinstance(e, Var):
                     sort = _param_sort(p.op, name)
@@ -144,7 +144,7 @@ class _Encoder:
         multi-output operator) the output's index, then its tensor inputs."""
         key = (op, n_inputs)
         if key not in self.funcs:
-            names = ("axis",) if op == "concat" else tuple(OPS[op].defaults)
+            names = tuple(OPS[op].defaults)
             sorts = [_param_sort(op, n) for n in names] + [z3.IntSort()] * OPS[op].multi_output \
                 + [Tensor] * n_inputs
             self.funcs[key] = z3.Function(f"{op}/{n_inputs}", *sorts, Tensor)
@@ -160,7 +160,7 @@ class _Encoder:
         if isinstance(pat, Proj):
             return self._app(pat.pattern, env, abstract, pat.index)
         if isinstance(pat, App):
-            if pat.op == "split":
+            if OPS[pat.op].multi_output:
                 raise _Unsupported("split outside (proj I ...)")
             return self._app(pat, env, abstract, None)
         raise _Unsupported(f"not a tensor pattern: {pat!r}")
@@ -168,7 +168,7 @@ class _Encoder:
     def _app(self, app: App, env: dict, abstract, output):
         if app.op not in OPS:
             raise _Unsupported(f"operator {app.op!r}")
-        names = ("axis",) if app.op == "concat" else tuple(OPS[app.op].defaults)
+        names = tuple(OPS[app.op].defaults)
         given = list(zip(names, app.params)) + ([("output", output)] if output is not None else [])
         params = []
         for name, e in given:

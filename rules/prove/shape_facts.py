@@ -181,7 +181,7 @@ def _lhs_typing(enc: "_Encoder", pat, env: dict) -> list:
                                              z3.IntSort()))
         if not isinstance(p, App):
             return
-        names = ("axis",) if p.op == "concat" else tuple(OPS[p.op].defaults)
+        names = tuple(OPS[p.op].defaults)
         params = [enc.param(e, env, _param_sort(p.op, n)) for n, e in zip(names, p.params)]
         for t in p.inputs:
             walk(t)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ProfileError, TasoEggError
-from ..ops import OPS, TensorType
+from ..ops import OPAQUE, OPS, TensorType
 
 
 def jsonable(v):
@@ -49,7 +49,7 @@ class OpConfig:
     @property
     def weight_only(self) -> bool:
         """Folded into a constant at export (opaque nodes never are)."""
-        return bool(self.inputs) and all(self.constant) and self.op != "opaque"
+        return bool(self.inputs) and all(self.constant) and self.op != OPAQUE.name
 
     @property
     def key(self) -> str:

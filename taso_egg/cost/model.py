@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..graph import Graph
-from ..ops import OPS
+from ..ops import CONV2D, OPS
 from ..options import DEFAULT_PROFILE
 from .config import OpConfig, node_config
 from .store import load_profile, resolve_profile
@@ -127,7 +127,7 @@ def _without_epilogue(config: OpConfig) -> list[OpConfig]:
     (a conv given a bias) looked 10 % dearer on ResNet-50 than the conv it came from.
     (The profile's 89 pairs of RELU and NONE twins differ by a median 12 %, the RELU
     one faster: noise of the same order.)"""
-    if config.op != "conv2d":
+    if config.op != CONV2D.name:
         return []
     bare = [config] if len(config.inputs) == 2 else \
         [OpConfig(config.op, config.params, config.inputs[:2], config.outputs, config.constant[:2])]

@@ -25,8 +25,9 @@ from __future__ import annotations
 import json
 
 from ..rules.ast import Lit, Proj, Var, operators
-from .language import OP_OF_CONSTRUCTOR, RULESETS, SORTS, analysis_rules, egraph_params, encode, encode_param
-from .rule_compiler import compile_probe, compile_rule, ruleset_of
+from .language import (OP_OF_CONSTRUCTOR, SORTS, STEPS, Ruleset, analysis_rules, egraph_params, encode, encode_param,
+                       probe_name, ruleset_of)
+from .rule_compiler import compile_probe, compile_rule
 
 # E-nodes up to which the e-graph is decoded to match left sides structurally; above,
 # decoding would cost about what compiling the rules it leaves out costs.
@@ -192,13 +193,12 @@ class Admission:
     ``compiled=True``: the e-graph already holds every rule and analysis
     (``saturate.rules_egraph``), and nothing is admitted."""
 
-    def __init__(self, egraph, rules, probe_prefix: str, compiled: bool = False):
+    def __init__(self, egraph, rules, compiled: bool = False):
         self.egraph = egraph
-        self.probe_prefix = probe_prefix
         self.everything = compiled
         self.admitted: list[str] = [r.name for r in rules] if compiled else []
         self._lhs_ops = {r.name: _lhs_operators(r) for r in rules}
-        self._waiting = {name: [] for name in RULESETS}
+        self._waiting = {ruleset: [] for ruleset in STEPS}
         self._analysed: set[str] = set()
         if not compiled:
             for r in rules:
@@ -213,7 +213,7 @@ class Admission:
             self._analysed |= set(new)
             self.egraph.parse_and_run_program("".join(analysis_rules(op) for op in new))
 
-    def admit(self, ruleset: str, sizes, enodes: int, serialized) -> list:
+    def admit(self, ruleset: Ruleset, sizes, enodes: int, serialized) -> list:
         """Compile the waiting rules of ``ruleset`` that can match the e-graph now
         (``sizes()``: egglog's table sizes; ``serialized()``: the e-graph serialized,
         called only at most STRUCTURE_LIMIT e-nodes). Returns the rules admitted."""
@@ -231,10 +231,9 @@ class Admission:
         self._waiting[ruleset] = [r for r in waiting if r.name not in names]
         new_ops = set().union(*(operators(r.rhs) for r in ready)) - self._analysed - {"proj"}
         self._analysed |= new_ops
-        probes = self.probe_prefix + ruleset
         self.egraph.parse_and_run_program(
             "".join(analysis_rules(op) for op in sorted(new_ops))
-            + "\n".join(compile_rule(r) + "\n" + compile_probe(r, probes, self.probe_prefix + r.name)
+            + "\n".join(compile_rule(r) + "\n" + compile_probe(r, ruleset.probes, probe_name(r.name))
                         for r in ready) + "\n")
         self.admitted += [r.name for r in ready]
         return ready

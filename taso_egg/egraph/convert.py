@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from ..errors import ExtractionError
 from ..graph import Graph, Node, Tensor
-from ..ops import OPS, TensorType
+from ..ops import CONCAT, CONV2D, EWADD, INPUT, OPAQUE, OPS, RESHAPE, SCALAR, SPLIT, TensorType, WEIGHT
 from ..ops.shapes import evaluate
 from .language import (OP_OF_CONSTRUCTOR, constructor, decode_padding, egraph_params, encode,
                        encode_param, returns_tuple, tensor_arity)
@@ -22,8 +22,7 @@ from .language import (OP_OF_CONSTRUCTOR, constructor, decode_padding, egraph_pa
 # Operators the e-graph of any graph may hold beyond the graph's own: the conversion
 # writes conv biases as a broadcast add plus activation, broadcasts as reshapes, and
 # 0-d weights also as the scalars of their values.
-_RESHAPE, BIAS_ADD, _SCALAR = "reshape", "ewadd", "scalar"
-CONVERSION_OPS = frozenset({_RESHAPE, BIAS_ADD, _SCALAR} | {op for op in OPS if OPS[op].activation})
+CONVERSION_OPS = frozenset({RESHAPE.name, EWADD.name, SCALAR.name} | {op for op in OPS if OPS[op].activation})
 _ACTIVATION_OP = {OPS[op].activation: op for op in OPS if OPS[op].activation}
 
 
@@ -85,7 +84,7 @@ def graph_to_program(graph: Graph, names: str = "$") -> GraphProgram:
     for node in graph.topo_order():
         ins = [_var(t, multi, names + "n") for t in node.inputs]
         op, p = node.op, node.params
-        if op == "opaque" or node.id in barriers:
+        if op == OPAQUE.name or node.id in barriers:
             key = f"{op}#{node.id}"
             opaque[key] = node
             tlist = "(TNil)"
@@ -97,16 +96,16 @@ def graph_to_program(graph: Graph, names: str = "$") -> GraphProgram:
                 lines.append(f"(set (shape {names}n{node.id}_{i}) {encode('IVec', t.shape)})")
                 lines.append(f"(set (dtype {names}n{node.id}_{i}) {encode('String', t.dtype)})")
             continue
-        if op == "weight":
+        if op == WEIGHT.name:
             expr = f"(Weight {weight_ids[node.id]} {_params(op, p, skip_first=True)})"
-        elif op == "concat":
+        elif op == CONCAT.name:
             expr, axis = ins[-1], p["axis"] % len(node.outputs[0].shape)
             for v in reversed(ins[:-1]):
                 expr = f"(Concat {axis} {v} {expr})"
-        elif op == "split":
+        elif op == SPLIT.name:
             p = dict(p, axis=p["axis"] % len(node.outputs[0].shape))
             expr = f"(Split {_params(op, p)} {ins[0]})"
-        elif op == "conv2d" and len(ins) == 3:
+        elif op == CONV2D.name and len(ins) == 3:
             expr = _conv_with_bias(node, ins, emit)
         elif OPS[op].broadcasts:
             a, b = (_match_rank(v, t.type, len(node.outputs[0].shape), emit)
@@ -115,12 +114,12 @@ def graph_to_program(graph: Graph, names: str = "$") -> GraphProgram:
         else:
             expr = f"({constructor(op)} {_params(op, p)} {' '.join(ins)})"
         lines.append(f"(let {names}n{node.id} {expr})")
-        if op == "weight" and not node.outputs[0].shape and node.id in graph.weight_data \
+        if op == WEIGHT.name and not node.outputs[0].shape and node.id in graph.weight_data \
                 and node.outputs[0].dtype in ("float16", "float32", "float64"):
             # a 0-d weight is also the scalar of its value, which rules can name
             value = float(graph.weight_data[node.id])
             if math.isfinite(value):
-                lines.append(f"(union {names}n{node.id} ({constructor(_SCALAR)} {encode('f64', value)} {encode('String', node.outputs[0].dtype)}))")
+                lines.append(f"(union {names}n{node.id} ({constructor(SCALAR.name)} {encode('f64', value)} {encode('String', node.outputs[0].dtype)}))")
         if node.id in multi:
             for i in range(len(node.outputs)):
                 lines.append(f"(let {names}n{node.id}_{i} (Proj {names}n{node.id} {i}))")
@@ -138,17 +137,17 @@ def _match_rank(var: str, t: TensorType, rank: int, emit) -> str:
     if len(t.shape) == rank:
         return var
     shape = (1,) * (rank - len(t.shape)) + t.shape
-    return emit(f"({constructor(_RESHAPE)} {encode('IVec', shape)} {var})")
+    return emit(f"({constructor(RESHAPE.name)} {encode('IVec', shape)} {var})")
 
 
 def _conv_with_bias(node: Node, ins: list[str], emit) -> str:
     p = dict(node.params)
     act = p["activation"]
     p["activation"] = "NONE"
-    conv = emit(f"(Conv2d {_params('conv2d', p)} {ins[0]} {ins[1]})")
+    conv = emit(f"(Conv2d {_params(CONV2D.name, p)} {ins[0]} {ins[1]})")
     o = node.inputs[1].shape[0]
-    bias = emit(f"({constructor(_RESHAPE)} {encode('IVec', (1, o, 1, 1))} {ins[2]})")
-    out = emit(f"({constructor(BIAS_ADD)} {conv} {bias})")
+    bias = emit(f"({constructor(RESHAPE.name)} {encode('IVec', (1, o, 1, 1))} {ins[2]})")
+    out = emit(f"({constructor(EWADD.name)} {conv} {bias})")
     if act != "NONE":
         out = emit(f"({constructor(_ACTIVATION_OP[act])} {out})")
     return out
@@ -247,7 +246,7 @@ def weight_only_classes(eg: TensorEGraph) -> set[str]:
                 continue
             for n in nodes:
                 leaf_const = n.op != "proj" and n.op in OPS and OPS[n.op].is_constant
-                derived = n.op not in ("opaque", "input", "tnil", "tcons") and n.children and \
+                derived = n.op not in (OPAQUE.name, INPUT.name, "tnil", "tcons") and n.children and \
                     all(c in out for c in n.children)
                 if leaf_const or derived:
                     out.add(cid)
@@ -269,22 +268,22 @@ def add_fused_convs(eg: TensorEGraph) -> TensorEGraph:
     fused: dict[str, list[ENode]] = {}  # add's class -> its fused convs
     for cid, nodes in list(eg.classes.items()):
         for n in nodes:
-            if n.op != BIAS_ADD or len(n.children) != 2:
+            if n.op != EWADD.name or len(n.children) != 2:
                 continue
             for conv_cls, bias_cls in (n.children, n.children[::-1]):
                 shape = eg.shapes.get(conv_cls)
                 if bias_cls in weight_only and conv_cls not in weight_only and shape is not None \
                         and len(shape) == 4 and fusable_bias(eg.shapes.get(bias_cls, ()), shape[1]):
                     for m in eg.classes[conv_cls]:
-                        if m.op == "conv2d" and len(m.children) == 2 and m.params["activation"] == "NONE":
+                        if m.op == CONV2D.name and len(m.children) == 2 and m.params["activation"] == "NONE":
                             fused.setdefault(cid, []).append(
-                                ENode(f"{n.id}/{m.id}", "conv2d", dict(m.params), m.children + [bias_cls]))
+                                ENode(f"{n.id}/{m.id}", CONV2D.name, dict(m.params), m.children + [bias_cls]))
                     break
     for cid, nodes in list(eg.classes.items()):
         for n in nodes:
             act = OPS[n.op].activation if n.op in OPS else ""
             if act and len(n.children) == 1:
-                eg.classes[cid].extend(ENode(f"{n.id}/{f.id}", "conv2d", dict(f.params, activation=act),
+                eg.classes[cid].extend(ENode(f"{n.id}/{f.id}", CONV2D.name, dict(f.params, activation=act),
                                              list(f.children)) for f in fused.get(n.children[0], ()))
     for cid, convs in fused.items():
         eg.classes[cid].extend(convs)
@@ -294,7 +293,7 @@ def add_fused_convs(eg: TensorEGraph) -> TensorEGraph:
 def build_graph(eg: TensorEGraph, picks: list[tuple[str, str]], source: Graph,
                 opaque: dict[str, Node], classes: dict | None = None) -> Graph:
     """Rebuild a Graph from an extraction: (class, chosen node id) pairs, children
-    before parents (as ``extract.check.used_classes`` orders a validated choice).
+    before parents (as ``extract.choice_check.used_classes`` orders a validated choice).
     ``classes``, when given, is filled with the e-class each tensor of the returned
     graph was built from, ``(node id, output index) -> class id`` (the check compares
     them with the input's tensors of the same class)."""
@@ -310,7 +309,7 @@ def build_graph(eg: TensorEGraph, picks: list[tuple[str, str]], source: Graph,
     for cid, nid in picks:
         n = by_id[nid]
         kids = [built[c] for c in n.children]
-        built[cid] = inputs[n.params["name"]] if n.op == "input" else \
+        built[cid] = inputs[n.params["name"]] if n.op == INPUT.name else \
             _build_node(g, n, kids, weights, source, opaque)
     for (name, _), cid in zip(source.outputs, eg.roots):
         g.mark_output(built[cid], name)
@@ -326,20 +325,20 @@ def _build_node(g: Graph, n: ENode, kids, weights, source, opaque):
         return [kids[0]] + kids[1]
     if n.op == "proj":
         return kids[0][n.params["index"]]
-    if n.op == "weight":
+    if n.op == WEIGHT.name:
         src = weights[n.params["name"]]
         t = g.new_weight(n.params["shape"], name=n.params["name"], dtype=n.params["dtype"])
         if src.id in source.weight_data:  # stand-in data (none stored) regenerates by name
             g.weight_data[t.node] = source.weight_data[src.id]
         return t
-    if n.op == "opaque":
+    if n.op == OPAQUE.name:
         orig = opaque[n.params["key"]]
         return g.add_node(orig.op, kids[0], orig.name, **orig.params)
     params = dict(n.params)
-    if n.op == "concat":
-        return g.add_node("concat", kids, axis=params["axis"])[0]
-    if n.op == "conv2d" and len(kids) == 3:  # a fused conv (add_fused_convs), fused again below
-        out = g.add_node(BIAS_ADD, [g.add_node("conv2d", kids[:2], **dict(params, activation="NONE"))[0],
+    if n.op == CONCAT.name:
+        return g.add_node(CONCAT.name, kids, axis=params["axis"])[0]
+    if n.op == CONV2D.name and len(kids) == 3:  # a fused conv (add_fused_convs), fused again below
+        out = g.add_node(EWADD.name, [g.add_node(CONV2D.name, kids[:2], **dict(params, activation="NONE"))[0],
                                     kids[2]])[0]
         act = params["activation"]
         return out if act == "NONE" else g.add_node(_ACTIVATION_OP[act], [out])[0]
@@ -371,10 +370,10 @@ def fuse_bias_and_activation(g: Graph, classes: dict | None = None) -> Graph:
     weight_only = g.weight_only_nodes()
     replace: dict[int, tuple] = {}  # node id to drop -> how its output is rebuilt
     for n in list(g.topo_order()):
-        if n.op != "conv2d" or len(n.inputs) != 2 or n.params["activation"] != "NONE":
+        if n.op != CONV2D.name or len(n.inputs) != 2 or n.params["activation"] != "NONE":
             continue
         add = sole_user(n.out())
-        if add is None or add.op != BIAS_ADD:
+        if add is None or add.op != EWADD.name:
             continue
         other = add.inputs[1] if add.inputs[0].node == n.id else add.inputs[0]
         if other.node not in weight_only or not fusable_bias(other.shape, n.outputs[0].shape[1]):
@@ -405,9 +404,9 @@ def _rebuild_with_fusions(g: Graph, replace, classes: dict | None = None) -> Gra
         if n.id in skip:
             continue
         ins = [mapping[alias.get((t.node, t.index), (t.node, t.index))] for t in n.inputs]
-        if n.op == "input":
+        if n.op == INPUT.name:
             outs = [new.new_input(n.params["shape"], n.params["name"], n.params["dtype"])]
-        elif n.op == "weight":
+        elif n.op == WEIGHT.name:
             outs = [new.new_weight(n.params["shape"], name=n.params["name"], dtype=n.params["dtype"])]
             if n.id in g.weight_data:  # stand-in data (none stored) regenerates by name
                 new.weight_data[outs[0].node] = g.weight_data[n.id]
@@ -415,12 +414,12 @@ def _rebuild_with_fusions(g: Graph, replace, classes: dict | None = None) -> Gra
             bias_t, _, _, act = replace[n.id]
             o = n.outputs[0].shape[1]
             src = g.nodes[bias_t.node]
-            if src.op == "reshape" and src.inputs[0].shape == (o,):
+            if src.op == RESHAPE.name and src.inputs[0].shape == (o,):
                 b = mapping[(src.inputs[0].node, src.inputs[0].index)]  # the bias as it came in
             else:
                 b = new.reshape(mapping[(bias_t.node, bias_t.index)], (o,))
             params = dict(n.params, activation=act)
-            outs = new.add_node("conv2d", ins + [b], n.name, **params)
+            outs = new.add_node(CONV2D.name, ins + [b], n.name, **params)
         else:
             outs = new.add_node(n.op, ins, n.name, **n.params)
         for i, t in enumerate(outs):
@@ -448,16 +447,16 @@ def _flatten_concats(g: Graph) -> Graph:
     readers: dict[int, set] = {}
     for n in g.nodes.values():
         for t in n.inputs:
-            readers.setdefault(t.node, set()).add(n.params.get("axis") if n.op == "concat" else "other")
+            readers.setdefault(t.node, set()).add(n.params.get("axis") if n.op == CONCAT.name else "other")
     outputs = {t.node for _, t in g.outputs}
     changed = False
     for n in g.topo_order():
-        if n.op != "concat":
+        if n.op != CONCAT.name:
             continue
         flat = []
         for t in n.inputs:
             src = g.nodes[t.node]
-            if src.op == "concat" and src.params["axis"] == n.params["axis"] \
+            if src.op == CONCAT.name and src.params["axis"] == n.params["axis"] \
                     and readers[src.id] == {n.params["axis"]} and src.id not in outputs:
                 flat.extend(src.inputs)
                 changed = True
@@ -474,6 +473,6 @@ def _drop_unused(g: Graph) -> None:
     for n in reversed(g.topo_order()):
         if n.id in live:
             live.update(t.node for t in n.inputs)
-    for nid in [nid for nid in g.nodes if nid not in live and g.nodes[nid].op != "input"]:
+    for nid in [nid for nid in g.nodes if nid not in live and g.nodes[nid].op != INPUT.name]:
         del g.nodes[nid]
         g.weight_data.pop(nid, None)

@@ -20,18 +20,63 @@ whose result has no valid shape never fires.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
 from ..ops import OPS
 from ..ops.base import Param
 from ..ops.shapes import Case, Cond, Fn, In, Num, OutIndex, P
 
-# The rulesets of rewrites (rule_compiler.ruleset_of says which a rule is in).
-RULESETS = ("rewrites", "select", "multi")
-
 # Egglog sort of each parameter kind (ops.base.PARAM_KINDS); "data" never enters.
 SORTS = {"int": "i64", "float": "f64", "symbol": "String", "activation": "String",
          "dtype": "String", "ints": "IVec", "dims": "IVec", "padding": "IVec"}
+
+
+@dataclass(frozen=True)
+class Ruleset:
+    """An egglog ruleset as a value: what declares it, what runs it, and the ruleset
+    of its probes (rules with its rules' queries and no actions, which count their
+    matches before a step; a probe is named ``probe_name(rule)``)."""
+
+    name: str
+
+    def declare(self) -> str:
+        return f"(ruleset {self.name})"
+
+    def run(self) -> str:
+        return f"(run {self.name})"
+
+    def run_with(self, scheduler: str) -> str:
+        """Run once under a scheduler: ``scheduler`` is its egglog expression."""
+        return f"(let-scheduler cut {scheduler}) (run-with cut {self.name})"
+
+    @property
+    def probes(self) -> "Ruleset":
+        return Ruleset(_PROBE + self.name)
+
+
+_PROBE = "probe-"
+ANALYSIS = Ruleset("analysis")   # the shape, dtype and weight-order analyses
+# Rules that move a part of a split up one operator (Rule.moves_a_part_up): run to a
+# fixpoint at the start of every iteration, so that a select reaches the layers it prunes
+# before other rules fill the e-graph to its node limit.
+SELECT = Ruleset("select")
+REWRITES = Ruleset("rewrites")   # single-pattern rules
+MULTI = Ruleset("multi")         # two-output rules (several left-hand patterns)
+STEPS = (SELECT, REWRITES, MULTI)  # an iteration runs these, in this order
+
+
+def ruleset_of(rule) -> Ruleset:
+    return MULTI if rule.multi else SELECT if rule.moves_a_part_up else REWRITES
+
+
+def probe_name(rule_name: str) -> str:
+    return _PROBE + rule_name
+
+
+def probed_rule(probe: str) -> str:
+    """The rule a probe counts for."""
+    return probe[len(_PROBE):]
 
 
 def constructor(op: str) -> str:
@@ -143,8 +188,7 @@ def base_declarations() -> str:
         "(function wlo (T) i64 :merge (min old new))",
         "(function whi (T) i64 :merge (max old new))",
         "(relation pending (T T))",
-        "(ruleset analysis)",
-        *(f"(ruleset {name})" for name in RULESETS),
+        *(r.declare() for r in (ANALYSIS, *STEPS)),
         # A rewrite's result joins the class it replaces only with the same shape and dtype.
         _rule(["(pending a b)", "(= s (shape a))", "(= s (shape b))",
                "(= d (dtype a))", "(= d (dtype b))"], ["(union a b)"]),
@@ -163,7 +207,7 @@ def analysis_rules(op: str) -> str:
 
 
 def _rule(facts: list[str], actions: list[str]) -> str:
-    return f"(rule ({' '.join(facts)}) ({' '.join(actions)}) :ruleset analysis)"
+    return f"(rule ({' '.join(facts)}) ({' '.join(actions)}) :ruleset {ANALYSIS.name})"
 
 
 def _shape_rule(op: str, case: Case) -> str:

@@ -12,7 +12,7 @@ import math
 from ..cost import CostModel, OpConfig
 from ..errors import ShapeError, TasoEggError
 from ..extract import egraph as xeg
-from ..ops import OPS, TensorType
+from ..ops import CONCAT, CONV2D, OPAQUE, OPS, TensorType
 from .convert import weight_only_classes
 from .saturate import Saturation
 
@@ -35,7 +35,7 @@ class ENodeConfigs:
         folded at export); ShapeError when its inputs have no known shape."""
         if n.op in _FREE or OPS[n.op].is_leaf:
             return None
-        if n.op == "opaque":
+        if n.op == OPAQUE.name:
             node = self.opaque[n.params["key"]]
             return OpConfig.of(node.op, node.params, [t.type for t in node.inputs], node.outputs,
                                [t.node in self.constant_nodes for t in node.inputs])
@@ -44,7 +44,7 @@ class ENodeConfigs:
         shapes = [self.eg.shapes.get(c) for c in n.children]
         if any(s is None for s in shapes):
             raise ShapeError(f"e-node {n.id} ({n.op}): an input has no known shape")
-        if n.op == "conv2d" and len(shapes) == 3:
+        if n.op == CONV2D.name and len(shapes) == 3:
             # a fused conv (convert.add_fused_convs): its bias is the (o,) vector the
             # written conv takes, not the e-graph's (1, o, 1, 1) view of it
             shapes[2] = (shapes[1][0],)
@@ -115,7 +115,7 @@ def priced_egraph(saturation: Saturation, model: CostModel):
             costs.append(c)
             children.append(tuple(index[ch] for ch in n.children))
             ops.append(n.op)
-            concat_axis.append(n.params["axis"] if n.op == "concat" else None)
+            concat_axis.append(n.params["axis"] if n.op == CONCAT.name else None)
     roots = [index[r] for r in eg.roots]
     return xeg.EGraph(class_ids, node_ids, node_class, costs, children, roots, ops, "saturation",
                       absorbers=nested_concats(node_class, children, concat_axis)), configs

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from .language import SORTS, constructor, egraph_params, encode, encode_param, tensor_arity
+from .language import SORTS, Ruleset, constructor, egraph_params, encode, encode_param, ruleset_of, tensor_arity
 from ..errors import RuleError
 from ..rules import semantics
 from ..rules.ast import App, Guard, Lit, ParamOp, Proj, Rule, Var
@@ -112,9 +112,8 @@ class _Compiler:
     def compile(self) -> str:
         facts, roots, news = self.parts()
         actions = [f"(pending {root} {new})" for root, new in zip(roots, news)]
-        ruleset = ruleset_of(self.rule)
         return (f"(rule ({' '.join(facts)})\n      ({' '.join(actions)})\n"
-                f"      :ruleset {ruleset} :name \"{self.rule.name}\")")
+                f"      :ruleset {ruleset_of(self.rule).name} :name \"{self.rule.name}\")")
 
 
 # rules/semantics.py's guards and parameter functions as egglog query facts: tensor
@@ -143,13 +142,6 @@ def _ident(name: str) -> str:
     return "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in name.lstrip("?"))
 
 
-def ruleset_of(rule: Rule) -> str:
-    """The ruleset saturation runs ``rule`` in: ``multi`` (two patterns), ``select``
-    (it moves a part of a split up one operator: run to a fixpoint in every iteration,
-    so that a select reaches the layers it prunes before the node limit), ``rewrites``."""
-    return "multi" if rule.multi else "select" if rule.moves_a_part_up else "rewrites"
-
-
 def compile_rule(rule: Rule) -> str:
     return _Compiler(rule).compile()
 
@@ -158,16 +150,16 @@ def compile_rules(rules) -> str:
     return "\n".join(compile_rule(r) for r in rules) + "\n"
 
 
-def compile_probe(rule: Rule, ruleset: str, name: str) -> str:
+def compile_probe(rule: Rule, ruleset: Ruleset, name: str) -> str:
     """``rule``'s whole query (the right-hand sides' shape facts included) with no
     actions, as rule ``name`` of ``ruleset``: running it reports how many matches the
     rule has and changes nothing."""
     c = _Compiler(rule)
     facts, _, _ = c.parts()
-    return f"(rule ({' '.join(facts)})\n      ()\n      :ruleset {ruleset} :name \"{name}\")"
+    return f"(rule ({' '.join(facts)})\n      ()\n      :ruleset {ruleset.name} :name \"{name}\")"
 
 
-def compile_match_recorder(rule: Rule, terms, ruleset: str, relation: str) -> str | None:
+def compile_match_recorder(rule: Rule, terms, ruleset: Ruleset, relation: str) -> str | None:
     """Egglog declarations that count ``rule``'s matches by what its right sides build.
     Rule ``relation`` of ruleset ``ruleset`` adds to relation ``relation`` a row per
     distinct binding of the variables that ``terms`` (subterms of the right sides) read,
@@ -197,9 +189,9 @@ def compile_match_recorder(rule: Rule, terms, ruleset: str, relation: str) -> st
     sorts = " ".join(c.sorts[v] for v in used)
     row = f"({relation} {' '.join(used)})"
     out = [f"(relation {relation} ({sorts}))",
-           f"(rule ({' '.join(facts)})\n      ({row})\n      :ruleset {ruleset} :name \"{relation}\")"]
+           f"(rule ({' '.join(facts)})\n      ({row})\n      :ruleset {ruleset.name} :name \"{relation}\")"]
     for i, term in enumerate(built):
         out += [f"(relation {relation}-{i} ({sorts}))",
                 f"(rule ({row} {' '.join(shapes)} (= __present {term}))\n      (({relation}-{i} {' '.join(used)}))\n"
-                f"      :ruleset {ruleset}-present :name \"{relation}-{i}\")"]
+                f"      :ruleset {ruleset.name}-present :name \"{relation}-{i}\")"]
     return "\n".join(out)

@@ -28,8 +28,9 @@ from ..options import Limits
 from .admit import Admission, present_ops
 from .bindings import bindings
 from .convert import GraphProgram, TensorEGraph, add_fused_convs, graph_to_program, read_serialized
-from .language import RULESETS, base_declarations, declarations
-from .rule_compiler import compile_match_recorder, compile_probe, compile_rules, ruleset_of
+from .language import (MULTI, REWRITES, SELECT, STEPS, Ruleset, base_declarations, declarations, probe_name, probed_rule,
+                       ruleset_of)
+from .rule_compiler import compile_match_recorder, compile_probe, compile_rules
 
 # Functions that are analyses, not e-nodes of the tensor language.
 _ANALYSES = {"shape", "dtype", "wlo", "whi", "pending"}
@@ -148,11 +149,10 @@ class _PerMatch(dict):
         return n
 
 
-_PROBE = "probe-"       # the probe of rule R is rule probe-R of ruleset probe-RULESET
 _recounts = count()     # recount rulesets and relations are named apart, for e-graphs that outlive a saturation
 
 
-_PROBE_RULESETS = "".join(f"(ruleset {_PROBE}{name})\n" for name in RULESETS)
+_PROBE_RULESETS = "".join(r.probes.declare() + "\n" for r in STEPS)
 # Runs of the select ruleset per iteration at most: each moves every select one operator
 # up, and a 12-layer transformer's last layer is about 30 operators from its head.
 SELECT_RUNS = 64
@@ -160,7 +160,7 @@ SELECT_RUNS = 64
 
 def _probes(rules) -> str:
     return (_PROBE_RULESETS + "\n".join(
-        compile_probe(r, _PROBE + ruleset_of(r), _PROBE + r.name) for r in rules) + "\n")
+        compile_probe(r, ruleset_of(r).probes, probe_name(r.name)) for r in rules) + "\n")
 
 
 def _cutoff(counts: dict[str, int], worst: dict[str, int], room: int) -> int:
@@ -188,7 +188,7 @@ class _Step:
     timed_out: bool = False             # the deadline passed before the rules were applied
 
 
-def _step(egraph, ruleset: str, rules: dict, per_match: dict[str, int], room: int,
+def _step(egraph, ruleset: Ruleset, rules: dict, per_match: dict[str, int], room: int,
           deadline: float = math.inf) -> _Step:
     """Run ``ruleset`` once if that cannot add more than ``room`` e-nodes, else only
     the rules with the fewest matches that fit (then ``held_back`` names the others).
@@ -206,12 +206,12 @@ def _step(egraph, ruleset: str, rules: dict, per_match: dict[str, int], room: in
 
     Past ``deadline`` (``time.perf_counter()``), checked between these egglog runs,
     nothing more runs and nothing is applied (``timed_out``)."""
-    probe = _run(egraph, f"(run {_PROBE}{ruleset})")
-    counts = {name[len(_PROBE):]: n for name, n in probe.num_matches_per_rule.items() if n}
+    probe = _run(egraph, ruleset.probes.run())
+    counts = {probed_rule(name): n for name, n in probe.num_matches_per_rule.items() if n}
     if time.perf_counter() > deadline:
         return _Step({}, False, timed_out=True)
     if sum(n * per_match[r] for r, n in counts.items()) <= max(room, 0):
-        report = _run(egraph, f"(run {ruleset})")
+        report = _run(egraph, ruleset.run())
         return _Step({k: v for k, v in report.num_matches_per_rule.items() if v}, report.updated)
 
     every, worst = _recount(egraph, [r for r in counts if per_match[r]], rules, per_match)
@@ -219,14 +219,14 @@ def _step(egraph, ruleset: str, rules: dict, per_match: dict[str, int], room: in
         return _Step({}, False, timed_out=True)
     total = sum(worst.values())
     if total <= max(room, 0):
-        report = _run(egraph, f"(run {ruleset})")
+        report = _run(egraph, ruleset.run())
         return _Step({k: v for k, v in report.num_matches_per_rule.items() if v}, report.updated)
 
     cutoff = _cutoff(every, worst, room)
     held = {r: counts[r] for r in every if every[r] > cutoff}
     if len(held) == len(every):
         return _Step({}, False, held, total)
-    report = _run(egraph, f"(let-scheduler cut (back-off :match-limit {cutoff})) (run-with cut {ruleset})")
+    report = _run(egraph, ruleset.run_with(f"(back-off :match-limit {cutoff})"))
     applied = {k: v for k, v in report.num_matches_per_rule.items() if v}
     if any(every[r] > cutoff for r in applied if r in every):
         raise RuntimeError(f"saturation applied a rule it held back: {sorted(set(applied) & set(held))}")
@@ -242,14 +242,15 @@ def _recount(egraph, growing: list, rules: dict, per_match: dict) -> tuple[dict,
     present (it was applied), so the rows lacking a term bound what the new ones add.
     A rule that cannot be recorded so counts every match as lacking every term."""
     tag = f"recount{next(_recounts)}"
+    counting, present = Ruleset(tag), Ruleset(f"{tag}-present")  # as compile_match_recorder names them
     relations = {r: f"{tag}-{i}" for i, r in enumerate(growing)}
-    programs = {r: compile_match_recorder(rules[r], built_terms(rules[r]), tag, relations[r]) for r in growing}
+    programs = {r: compile_match_recorder(rules[r], built_terms(rules[r]), counting, relations[r]) for r in growing}
     egraph.parse_and_run_program("(push)")
     try:
-        egraph.parse_and_run_program(f"(ruleset {tag})\n(ruleset {tag}-present)\n" + "\n".join(
-            text or compile_probe(rules[r], tag, relations[r]) for r, text in programs.items()) + "\n")
-        found = _run(egraph, f"(run {tag})").num_matches_per_rule
-        _run(egraph, f"(run {tag}-present)")
+        egraph.parse_and_run_program(f"{counting.declare()}\n{present.declare()}\n" + "\n".join(
+            text or compile_probe(rules[r], counting, relations[r]) for r, text in programs.items()) + "\n")
+        found = _run(egraph, counting.run()).num_matches_per_rule
+        _run(egraph, present.run())
         rows = _table_sizes(egraph)
     finally:
         egraph.parse_and_run_program("(pop)")
@@ -294,7 +295,7 @@ def saturate(graph: Graph, rules=None, limits: Limits | None = None, progress=No
     if not given:
         egraph = bindings().EGraph(num_threads=1)
         egraph.parse_and_run_program(base_declarations() + _PROBE_RULESETS)
-    admission = Admission(egraph, rules, _PROBE, compiled=given)
+    admission = Admission(egraph, rules, compiled=given)
     egraph.parse_and_run_program(program.text)
     admission.analyses(present_ops(_table_sizes(egraph)))
     _run(egraph, "(saturate (run analysis))")
@@ -320,19 +321,18 @@ def saturate(graph: Graph, rules=None, limits: Limits | None = None, progress=No
         matches: dict[str, int] = {}
         deferred: dict[str, int] = {}
         updated, cut, passed, timed_out = False, None, None, False
-        steps = [*["select"] * SELECT_RUNS, "rewrites", *(["multi"] if use_multi else [])]
         select_done = False
-        for ruleset in steps:
-            if ruleset == "select" and select_done:
+        for ruleset in [*[SELECT] * SELECT_RUNS, REWRITES, *([MULTI] if use_multi else [])]:
+            if ruleset == SELECT and select_done:
                 continue
             if time.perf_counter() > deadline:
                 timed_out = True
                 break
-            if ruleset == "select":  # to a fixpoint: each run on what the last one made, joined to its classes
+            if ruleset == SELECT:  # to a fixpoint: each run on what the last one made, joined to its classes
                 _run(egraph, "(saturate (run analysis))")
             admission.admit(ruleset, lambda: _table_sizes(egraph), enodes, serialized)
             room = ceiling - enodes
-            growth = min(room, int(limits.multi_growth * enodes)) if ruleset == "multi" and it > 1 else room
+            growth = min(room, int(limits.multi_growth * enodes)) if ruleset == MULTI and it > 1 else room
             step = _step(egraph, ruleset, by_name, per_match, growth, deadline=deadline)
             if step.timed_out:
                 timed_out = True
@@ -340,8 +340,7 @@ def saturate(graph: Graph, rules=None, limits: Limits | None = None, progress=No
             for name, n in step.matches.items():
                 matches[name] = matches.get(name, 0) + n
             updated = updated or step.updated
-            if ruleset == "select":
-                select_done = not step.updated
+            select_done = ruleset == SELECT and not step.updated
             enodes = _sizes(egraph)
             if enodes > max(ceiling, before):
                 # The probes counted fewer matches than the rules then applied: egglog's
@@ -393,9 +392,9 @@ def saturate(graph: Graph, rules=None, limits: Limits | None = None, progress=No
 # --- stop reasons --------------------------------------------------------------------
 
 
-def _passed_the_ceiling(limits: Limits, it: int, enodes: int, ruleset: str) -> str:
+def _passed_the_ceiling(limits: Limits, it: int, enodes: int, ruleset: Ruleset) -> str:
     return (f"node limit ({limits.nodes}): the e-graph passed its ceiling of "
-            f"{limits.ceiling} e-nodes in iteration {it} ({enodes} after its {ruleset} step: "
+            f"{limits.ceiling} e-nodes in iteration {it} ({enodes} after its {ruleset.name} step: "
             f"the rules applied more matches than were counted beforehand)")
 
 

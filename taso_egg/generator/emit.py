@@ -11,7 +11,7 @@ are the generator's numbers, not the operands' dims, so it says nothing general.
 from __future__ import annotations
 
 from taso_egg.errors import RuleError, TasoEggError
-from taso_egg.ops import OPS
+from taso_egg.ops import CONCAT, OPS
 
 from ..rules.ast import App, Guard, Lit, ParamOp, Proj, Rule, Var, walk_vars
 from ..rules.instantiate import builds_on, evaluate_param
@@ -32,7 +32,7 @@ def _pattern(e: Enumeration, tid: int, names: dict, sizes: dict | None = None):
     if t.op == "proj":
         return Proj(t.index, _pattern(e, t.children[0], names, sizes))
     kids = tuple(_pattern(e, c, names, sizes) for c in t.children)
-    if t.op == "concat":
+    if t.op == CONCAT.name:
         return App("concat", (Lit(t.params["axis"]),), kids)
     params = tuple(sizes[tid] if k == "sizes" and sizes and tid in sizes else Lit(_literal(t.params[k]))
                    for k in OPS[t.op].defaults)
@@ -188,7 +188,7 @@ def _weight_guards(e, lhs, rhs, names, leaves):
                 concatenated.append(t.leaf.name)
             return
         for c in t.children:
-            walk(c, (concatenated_here or t.op == "concat") and e.terms[c].weight_only)
+            walk(c, (concatenated_here or t.op == CONCAT.name) and e.terms[c].weight_only)
 
     for t in rhs:
         walk(t, False)

@@ -28,8 +28,9 @@ from typing import Callable
 import numpy as np
 
 from taso_egg.errors import TasoEggError
-from taso_egg.ops import OPS, TensorType
+from taso_egg.ops import OPS, TensorType, menus
 from taso_egg.ops import shapes as shape_cases
+from taso_egg.ops.menus import ENUMERATED, STACKED
 
 # --- the menu ----------------------------------------------------------------------
 
@@ -64,8 +65,9 @@ class OpChoice:
     """One operator with fixed parameters. ``split`` takes its sizes from the input:
     two halves along ``axis``. ``operands`` restricts each input to "data" (computed
     from an activation), "weight" (from weights, constants and the scalar only),
-    "leaf" (a weight itself), as a real model feeds a convolution, "concat" (computed
-    through a concat: as in TASO, a split only takes apart what a concat put together),
+    "leaf" (a weight itself), as a real model feeds a convolution, an operator's name
+    (computed through that operator: as in TASO, a split only takes apart what a concat
+    put together),
     "matrix" (rank 2) or "=NAME", that leaf of the menu and nothing else (a
     normalization's parameters: in a model they are always its own initializers, so
     enumerating other terms there only multiplies graphs); None allows anything."""
@@ -139,11 +141,6 @@ def _norm_params() -> list:
     return [LeafSpec(f"p{i}", (4,), "param", "p") for i in range(3)] + [LeafSpec("v0", (4,), "param", "v")]
 
 
-def _norm_ops() -> list:
-    return [choice("layernorm", ("matrix", "=p0", "=p1")),
-            choice("batchnorm", ("data", "=p0", "=p1", "=p2", "=v0"))]
-
-
 def _constants() -> list:
     return [LeafSpec("imm", (4, 4), "const_imm", "imm"), LeafSpec("one", (2, 4), "const_one", "one"),
             LeafSpec("iconv", (4, 4, 3, 3), "const_iconv", "iconv"),
@@ -151,31 +148,11 @@ def _constants() -> list:
             LeafSpec("pool", (4, 1, 3, 3), "const_pool", "pool")]
 
 
-def _matrix_ops(new: bool = False) -> list:
-    """TASO's matrix operators; ``new`` adds those of real models (issue 16): subtraction,
-    division, GELU and softmax along either axis."""
-    ops = [choice("ewadd"), choice("ewmul"), choice("smul"), choice("relu"),
-           choice("transpose", perm=(1, 0))]
-    if new:  # on matrices only: over the 4-D kinds they would multiply the convolutions' graphs
-        ops += [choice(op, ("matrix",) * OPS[op].inputs[0]) for op in ("ewsub", "ewdiv", "gelu")]
-        ops += [choice("softmax", ("matrix",), axis=a) for a in (0, 1)]
-    ops += [choice("matmul", activation=a) for a in ("NONE", "RELU")]
-    ops += [choice("concat", axis=a) for a in (0, 1)]
-    ops += [choice("split", ("concat",), axis=a) for a in (0, 1)]
-    return ops
-
-
-def _conv_ops(strides=((1, 1), (2, 2)), paddings=("SAME", "VALID")) -> list:
-    # The fused RELU only with stride 1, SAME: conv choices dominate the enumeration
-    # (each adds ~130k graphs at size 3), and relu over a conv is in the menu anyway.
-    ops = [choice("conv2d", ("data", "weight"), strides=s, padding=p, activation="NONE")
-           for s in strides for p in paddings]
-    ops.append(choice("conv2d", ("data", "weight"), strides=(1, 1), padding="SAME",
-                      activation="RELU"))
-    ops += [choice(pool, ("data",), kernel=(3, 3), strides=(1, 1), padding="SAME")
-            for pool in ("avgpool2d", "maxpool2d")]
-    ops.append(choice("enlarge", ("weight", "leaf")))  # the reference only lends its shape
-    return ops
+def menu_choices(menu: str) -> tuple:
+    """The operator choices of ``menu``, as the operator table declares them
+    (ops/menus.py), in its order."""
+    return tuple(choice(op, e.operands, **e.params) for op, builds in ENUMERATED.items()
+                 for e in builds if menu in e.menus)
 
 
 def default_menu() -> Menu:
@@ -188,7 +165,7 @@ def default_menu() -> Menu:
     a rule's interesting variables: the 4-D kinds multiply the convolutions' graphs."""
     leaves = (_leaves_2d(3, 2, biases=1) + _leaves_4d(2, 2, channels=1) + _scalars(2)
               + _norm_params() + _constants())
-    return Menu("taso", tuple(leaves), tuple(_matrix_ops(new=True) + _conv_ops() + _norm_ops()))
+    return Menu("taso", tuple(leaves), menu_choices("taso"))
 
 
 def reduced_menu() -> Menu:
@@ -196,22 +173,20 @@ def reduced_menu() -> Menu:
     transpose, matmul, concat and split (the matmul/concat/split algebra of TASO's
     merges); the 4-D and constant part would multiply the graphs beyond what this
     pure-Python enumerator does in minutes."""
-    ops = [choice("ewadd"), choice("relu"), choice("transpose", perm=(1, 0)),
-           choice("matmul", activation="NONE")]
-    ops += [choice("concat", axis=a) for a in (0, 1)]
-    ops += [choice("split", ("concat",), axis=a) for a in (0, 1)]
-    return Menu("reduced", tuple(_leaves_2d(2, 2)), tuple(ops))
+    return Menu("reduced", tuple(_leaves_2d(2, 2)), menu_choices("reduced"))
 
 
 def matrix_menu(activations: int = 3, weights: int = 3) -> Menu:
     """2-D operators only: small and fast (tests, quick experiments)."""
     leaves = _leaves_2d(activations, weights) + [LeafSpec("s", (), "scalar", "s"),
                                                  LeafSpec("imm", (4, 4), "const_imm", "imm")]
-    return Menu("matrix", tuple(leaves), tuple(_matrix_ops()))
+    return Menu("matrix", tuple(leaves), menu_choices("matrix"))
 
 
 MENUS: dict[str, Callable[[], Menu]] = {"taso": default_menu, "reduced": reduced_menu,
                                         "matrix": matrix_menu}
+if tuple(MENUS) != menus.MENUS:
+    raise RuntimeError("generator: the operator table's menus and the leaves' menus differ")
 
 
 # --- terms -------------------------------------------------------------------------
@@ -247,12 +222,11 @@ def _role_fails(role: str, kid: Term, terms: list, biases: frozenset) -> bool:
         return True
     if role == "leaf":
         return kid.op != "leaf"
-    if role == "concat":
-        return not any(terms[n].op == "concat" for n in kid.nodes)
+    if role in OPS and role not in _WEIGHT_ROLES:  # computed through that operator
+        return not any(terms[n].op == role for n in kid.nodes)
     return False
 
 
-_BATCHED = ("conv2d", "avgpool2d", "maxpool2d")
 _CHUNK = 256
 
 
@@ -274,8 +248,8 @@ class Evaluator:
     def run(self, op: str, params: dict, args: list) -> list:
         p = dict(params)
         act = p.get("activation", "NONE")
-        if op == "relu":
-            return [relu_standin(args[0])] if self.standin else OPS["relu"].kernel(np, p, *args)
+        if OPS[op].activation == "RELU":  # relu itself
+            return [relu_standin(args[0])] if self.standin else OPS[op].kernel(np, p, *args)
         if self.standin and act == "RELU":
             p["activation"] = "NONE"
             (y,) = OPS[op].kernel(np, p, *args)
@@ -288,12 +262,13 @@ class Evaluator:
         graph). Pools stack their inputs along the batch axis; convolutions stack
         inputs along channels and weights along output channels, which makes one
         grouped convolution whose groups are the separate ones."""
-        if op not in _BATCHED or len(arg_lists) < 2:
+        stacked = STACKED.get(op)
+        if not stacked or len(arg_lists) < 2:
             return [self.run(op, params, args) for args in arg_lists]
         out = []
         for lo in range(0, len(arg_lists), _CHUNK):
             chunk = arg_lists[lo:lo + _CHUNK]
-            if op == "conv2d":
+            if stacked == "groups":
                 (y,) = self.run(op, params, [np.concatenate([a[0] for a in chunk], axis=1),
                                              np.concatenate([a[1] for a in chunk], axis=0)])
                 width = chunk[0][1].shape[0]
@@ -477,7 +452,7 @@ def enumerate_terms(menu: Menu, size: int = 3, seed: int = 0, progress=None,
         if key not in infer_cache:
             params = dict(OPS[c.op].defaults)
             params.update(c.params)
-            if c.op == "split":
+            if OPS[c.op].multi_output:  # its output sizes are the generator's: two halves
                 dim = shapes[0][c.param_dict()["axis"]] if len(shapes[0]) > c.param_dict()["axis"] else 0
                 if dim < 2 or dim % 2:
                     infer_cache[key] = None
@@ -524,7 +499,7 @@ def enumerate_terms(menu: Menu, size: int = 3, seed: int = 0, progress=None,
             counts["non_finite"] += 1
             return
         counts["terms"] += 1
-        if c.op == "split":
+        if OPS[c.op].multi_output:
             terms.append(node)
             values[node.id] = outs
             for i, (o, s, fp) in enumerate(zip(outs, shapes, prints)):
@@ -547,7 +522,7 @@ def enumerate_terms(menu: Menu, size: int = 3, seed: int = 0, progress=None,
                         containing.setdefault((n, ty), []).append(tid)
         types = sorted({ty for by_type in pool.values() for ty in by_type})
         for c in menu.ops:
-            arity = 2 if c.op == "concat" else OPS[c.op].inputs[0]
+            arity = OPS[c.op].egraph_inputs or OPS[c.op].inputs[0]
             free = [i for i in range(arity) if not c.fixed(i)]
             for combo in itertools.product(types, repeat=len(free)):
                 if c.operands and any(_WEIGHT_ROLES.get(c.operands[i], wo) != wo

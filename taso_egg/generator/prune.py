@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from taso_egg.ops import OPS
+from taso_egg.ops import CONCAT, CONV2D, OPS, SPLIT
 
 from .enumerate import Enumeration, Evaluator, fingerprint, integer_draw
 
@@ -227,7 +227,7 @@ def _implied_in_context(e: Enumeration, a: int, b: int) -> bool:
 def _common_subgraph(e: Enumeration, a: int, b: int, seed: int) -> bool:
     shared = (e.terms[a].nodes & e.terms[b].nodes) - {a, b}
     for s in sorted(shared):
-        if e.terms[s].op == "split":
+        if e.terms[s].op == SPLIT.name:
             continue
         sub = _Substituted(e, s, seed + s)
         f0 = (fingerprint(sub.value(a, 0)), fingerprint(sub.value(b, 0)))
@@ -317,7 +317,7 @@ def _constant_node(e: Enumeration, n: int) -> bool:
         if all(specs[lf].is_constant for lf in t.leaves):
             memo[n] = False
         else:
-            drawn = e.values[n] if t.op == "split" else [e.values[n]]
+            drawn = e.values[n] if t.op == SPLIT.name else [e.values[n]]
             with np.errstate(all="ignore"):
                 memo[n] = all(_close(np.asarray(a), np.asarray(b)) for a, b in zip(drawn, e.check_outputs(n)))
     return memo[n]
@@ -343,7 +343,7 @@ def _groups_convs(e: Enumeration, tid: int) -> bool:
     ceiling)."""
     for n in e.terms[tid].nodes:
         t = e.terms[n]
-        if t.op == "conv2d" and all(e.terms[c].op == "concat" for c in t.children):
+        if t.op == CONV2D.name and all(e.terms[c].op == CONCAT.name for c in t.children):
             return True
     return False
 
@@ -383,7 +383,7 @@ def _note_halves(e: Enumeration, a: int, b: int, rewrites: set, half_rules: list
 
 
 def has_split(e: Enumeration, tid: int) -> bool:
-    return any(e.terms[n].op == "split" for n in e.terms[tid].nodes)
+    return any(e.terms[n].op == SPLIT.name for n in e.terms[tid].nodes)
 
 
 def _multi(e: Enumeration, half_rules: list, rewrites: set, seen: set, out: Pruned) -> None:
@@ -421,7 +421,7 @@ def _concatenates_weight(e: Enumeration, tid: int) -> bool:
     same-shaped tensors of a graph (two relus become a relu of their concat, split)."""
     specs = leaf_specs(e)
     t = e.terms[tid]
-    if t.op == "concat" and any(specs[n].role in ("weight", "bias") for c in t.children for n in e.terms[c].leaves):
+    if t.op == CONCAT.name and any(specs[n].role in ("weight", "bias") for c in t.children for n in e.terms[c].leaves):
         return True
     return any(_concatenates_weight(e, c) for c in t.children)
 

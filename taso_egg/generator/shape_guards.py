@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from taso_egg.ops import OPS
+from taso_egg.ops import OPS, SPLIT
 from taso_egg.ops import shapes as sh
 
 from ..rules.ast import Guard, Lit, ParamOp, Var
@@ -289,7 +289,7 @@ class ShapeFacts:
         else:
             ins = [self.form(c) for c in t.children]
             params = dict(t.params)
-            if t.op == "split":
+            if t.op == SPLIT.name:
                 params["sizes"] = self._split_sizes(tid, ins[0], params)
             outs = []
             for i in range(len(self._outputs(t))):
@@ -305,7 +305,7 @@ class ShapeFacts:
         return out
 
     def _outputs(self, t):
-        if t.op == "split":
+        if t.op == SPLIT.name:
             axis = t.params["axis"]
             return [tuple(s if i != axis else size for i, s in enumerate(self.e.terms[t.children[0]].shape))
                     for size in t.params["sizes"]]

@@ -17,7 +17,7 @@ from ..errors import ExportError, TasoEggError
 from ..executor import call_kernel
 from ..files import write_atomically
 from ..graph import Graph, Node, claim_unique_name
-from ..ops import OPS
+from ..ops import INPUT, OPS, WEIGHT
 from ..versions import ir_version_for
 from .fed import FedModel, save_external, save_inline, stub
 
@@ -45,6 +45,14 @@ def export_fed(graph: Graph, name: str = "taso_egg"):
     return fed_from_check(*export_for_check(graph, name))
 
 
+def export_fed_named(graph: Graph, name: str = "taso_egg"):
+    """``export_fed``'s model, and the tensor each of its run-time tensor names holds:
+    ONNX name -> (graph node id, output index) (what maps a runtime profile back to the
+    graph's nodes)."""
+    model, fed = export_for_check(graph, name, names := {})
+    return fed_from_check(model, fed), names
+
+
 def fed_from_check(model, arrays: dict):
     """An ``export_for_check`` pair made the exported model as a ``fed.FedModel``: its
     fed inputs become stub initializers (in place; nothing is copied)."""
@@ -67,17 +75,20 @@ def with_weights(model, fed: dict):
     return model
 
 
-def export_for_check(graph: Graph, name: str = "taso_egg"):
+def export_for_check(graph: Graph, name: str = "taso_egg", tensor_names: dict | None = None):
     """``(model, weights)``: the graph exported as ``export_onnx`` exports it, before its
     large float initializers go in: they are graph inputs here, fed from ``weights``
     (name -> array: the graph's own weights and the values export folds, not copies).
     A run computes what the exported model computes, without a protobuf copy and an
     onnxruntime copy of every weight: the check of a 240 MB model holds 240 MB more,
-    not a gigabyte. Checked with ``onnx.checker``."""
+    not a gigabyte. Checked with ``onnx.checker``. ``tensor_names``, when given, is
+    filled with ONNX name -> (node id, output index) of every run-time tensor."""
     import onnx
 
     exporter = _Exporter(graph)
     model = exporter.build(name)
+    if tensor_names is not None:
+        tensor_names.update({onnx_name: key for key, onnx_name in exporter.names.items()})
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as e:
@@ -177,7 +188,7 @@ class _Exporter:
             out_names.setdefault((t.node, t.index), name)
         read = {(t.node, t.index) for n in order for t in n.inputs} | {(t.node, t.index) for _, t in outputs}
         for n in order:
-            if n.op == "input":
+            if n.op == INPUT.name:
                 continue
             if n.id in constant:
                 for i in range(len(n.outputs)):
@@ -214,7 +225,7 @@ class _Exporter:
         for n in order:
             if n.id not in weight_only:
                 continue
-            if n.op == "weight":
+            if n.op == WEIGHT.name:
                 outs = [g.weight_array(n)]
             else:
                 outs = call_kernel(np, n, [values[(t.node, t.index)] for t in n.inputs])

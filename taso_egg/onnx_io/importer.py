@@ -17,21 +17,20 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import CannotRun, GraphError, NotModelled, OnnxImportError, ShapeError, TasoEggError, first_line
+from ..errors import CannotRun, NotModelled, OnnxImportError, ShapeError, TasoEggError, first_line
 from ..executor import check_feed_fits
 from ..graph import Graph, Tensor
 from ..ops import ONNX_IMPORTERS, TensorType
 from ..ops.opaque import outer_reads, run_node
 from ..ops.precision import is_quantizing, quantized_operators, widens_stored
-from ..versions import MIN_OPSET
-from .fed import FedModel, feed, is_stub
-from .validate import validate_model
+from .fed import FedModel, is_stub
+from .onnx_nodes import attr_blobs, attr_value, constant_value, empty_positions, in_topological_order, static_type
+from .reading import default_opset, read_model, upgraded
 
 log = logging.getLogger("taso_egg.onnx")
 
@@ -85,107 +84,6 @@ def value_types(model, input_shapes: Mapping[str, Sequence[int]]) -> dict[str, T
     return importer.types
 
 
-def read_model(model):
-    """The ModelProto of a path, bytes or ModelProto, with any external data loaded;
-    one OnnxImportError naming what is wrong otherwise."""
-    return read_model_file(model)[0]
-
-
-def read_model_file(model, validate: bool = True, fed: bool = False):
-    """``(proto, external)``: as ``read_model``, and whether the file kept its weights
-    in external data (so that what is written back can keep them apart too). With
-    ``validate``, a model read from a file or bytes passes ``validate.validate_model``.
-    With ``fed``, the model is a ``fed.FedModel``: its large weights arrays, external
-    data read tensor by tensor, never whole into protobuf."""
-    import onnx
-    from google.protobuf.message import DecodeError
-
-    if isinstance(model, (onnx.ModelProto, FedModel)):
-        return model, False
-    where, external = "bytes", False
-    try:
-        if isinstance(model, (bytes, bytearray)):
-            proto = onnx.load_from_string(bytes(model))
-        else:
-            where = os.fspath(model)
-            if os.path.isdir(where):
-                raise OnnxImportError(f"{where}: is a folder, not an ONNX file")
-            if not os.path.isfile(where):
-                raise OnnxImportError(f"{where}: no such file")
-            proto = onnx.load(where, load_external_data=False)
-            external = has_external_data(proto)
-            if external and not fed:
-                _load_external_data(proto, where)
-    except TasoEggError:
-        raise
-    except (DecodeError, ValueError, RuntimeError, OSError) as e:
-        raise OnnxImportError(f"{where}: not a readable ONNX model ({type(e).__name__}: {e})") from None
-    if not proto.graph.node and not proto.graph.output:
-        raise OnnxImportError(f"{where}: not an ONNX model (no graph)")
-    _check_opset(proto, where)
-    if validate:
-        validate_model(proto, where)
-    if fed:
-        try:
-            proto = feed(proto, os.path.dirname(os.path.abspath(where)) if where != "bytes" else None)
-        except (ValueError, OSError) as e:
-            raise OnnxImportError(f"{where}: its external weight data cannot be read ({first_line(e)})") from None
-    return proto, external
-
-
-def has_external_data(proto) -> bool:
-    """Whether any initializer keeps its data in another file (not loaded yet)."""
-    from onnx import TensorProto
-
-    return any(t.data_location == TensorProto.EXTERNAL for t in proto.graph.initializer)
-
-
-def _load_external_data(proto, path: str) -> None:
-    from onnx import checker
-    from onnx.external_data_helper import load_external_data_for_model
-
-    try:
-        load_external_data_for_model(proto, os.path.dirname(os.path.abspath(path)))
-    except (checker.ValidationError, OSError) as e:
-        raise OnnxImportError(f"{path}: its external weight data cannot be read "
-                              f"({first_line(e)})") from None
-
-
-def _check_opset(proto, where) -> None:
-    import onnx
-
-    opset, newest = _default_opset(proto), onnx.defs.onnx_opset_version()
-    if opset > newest:
-        raise OnnxImportError(f"{where}: model uses opset {opset}; the installed onnx "
-                              f"{onnx.__version__} knows opsets up to {newest}")
-    if opset < 1:
-        raise OnnxImportError(f"{where}: model declares opset {opset}, which does not exist")
-
-
-def upgraded(proto):
-    """``proto`` converted to opset MIN_OPSET when it is older (onnxruntime runs no
-    opset before 7, and the importers read the sizes and axes that opset 13 moved to
-    inputs); ``proto`` itself otherwise."""
-    from onnx import version_converter
-
-    opset = _default_opset(proto)
-    if opset >= MIN_OPSET:
-        return proto
-    try:
-        if isinstance(proto, FedModel):  # the stubs convert as they are, the arrays stay
-            return FedModel(version_converter.convert_version(proto.model, MIN_OPSET), proto.arrays)
-        return version_converter.convert_version(proto, MIN_OPSET)
-    except Exception as e:
-        raise OnnxImportError(f"model uses opset {opset}; converting it to opset "
-                              f"{MIN_OPSET} failed: {first_line(e)}") from None
-
-
-def _default_opset(proto) -> int:
-    for o in proto.opset_import:
-        if o.domain in ("", "ai.onnx"):
-            return o.version
-    raise OnnxImportError("model imports no version of the default ONNX domain")
-
 
 @dataclass
 class _Importer:
@@ -207,7 +105,7 @@ class _Importer:
         for node in graph.node:
             for name in dict.fromkeys(node.input):
                 self.readers_of.setdefault(name, []).append(node)
-        self.opset = _default_opset(self.proto)
+        self.opset = default_opset(self.proto)
         self.domain_opsets = {o.domain: o.version for o in self.proto.opset_import}
         self.g = Graph(opset=self.opset)
         self.g.ir_version = self.proto.ir_version
@@ -224,7 +122,7 @@ class _Importer:
                                   f"{', '.join(repr(n) for n in self.types) or 'none'})")
         self.inferred = self._infer_types(self.types)
         self.quantized = quantized_operators(graph.node)
-        for node in _topological(graph.node):
+        for node in in_topological_order(graph.node):
             self._import_node(node)
         for vi in graph.output:
             if vi.name not in self.values and vi.name not in self.consts:
@@ -313,7 +211,7 @@ class _Importer:
                 if len(getattr(init, fld)) > 64:
                     init.ClearField(fld)
         # What inference cannot type (a custom domain's operator) the model may declare.
-        types = {vi.name: t for vi in self.proto.graph.value_info if (t := _static_type(vi)) is not None}
+        types = {vi.name: t for vi in self.proto.graph.value_info if (t := static_type(vi)) is not None}
         types.update(input_types)
         try:
             inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
@@ -321,7 +219,7 @@ class _Importer:
             log.debug("ONNX shape inference failed: %s", e)
             return types
         for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
-            t = _static_type(vi)
+            t = static_type(vi)
             if t is not None:
                 types[vi.name] = t
         return types
@@ -338,7 +236,7 @@ class _Importer:
                 raise OnnxImportError(f"node {node.name or node.op_type!r} ({node.op_type}): "
                                       f"input {name!r} is neither a graph input, an initializer "
                                       f"nor produced by an earlier node")
-        attrs = {a.name: _attr_value(helper.get_attribute_value(a)) for a in node.attribute}
+        attrs = {a.name: attr_value(helper.get_attribute_value(a)) for a in node.attribute}
         where = f"node {node.name or node.output[0]!r} ({node.op_type})"
         try:
             if self._alias(node):
@@ -403,7 +301,7 @@ class _Importer:
     def _fold(self, node, attrs) -> bool:
         """Evaluate nodes whose result is known before run time."""
         if node.op_type == "Constant":
-            self.consts[node.output[0]] = _constant_value(node, attrs)
+            self.consts[node.output[0]] = constant_value(node, attrs)
             return True
         if node.op_type in ("Shape", "Size") and node.input[0] in self.types:
             value = _shape_value(node.op_type, attrs, self.types[node.input[0]].shape)
@@ -430,9 +328,9 @@ class _Importer:
             return False
 
         def run(arrays):
-            return run_node(node.op_type, node.domain, self._opset_of(node), _attr_blobs(node),
+            return run_node(node.op_type, node.domain, self._opset_of(node), attr_blobs(node),
                             tuple((a.shape, str(a.dtype)) for a in arrays), len(node.output), arrays,
-                            _empty_positions(node))
+                            empty_positions(node))
 
         outs = run([self.consts[n] for n in present])
         if any(o.size > _FOLD_LIMIT for o in outs):
@@ -582,8 +480,8 @@ class _Importer:
         ins = [self.tensor(n) for n in (*node.input, *captured) if n]
         return self.g.add_node("opaque", ins, node.name, op_type=node.op_type,
                                domain=node.domain, opset=self._opset_of(node),
-                               attrs=_attr_blobs(node), out_types=tuple(out_types),
-                               empty_inputs=_empty_positions(node), captured=captured)
+                               attrs=attr_blobs(node), out_types=tuple(out_types),
+                               empty_inputs=empty_positions(node), captured=captured)
 
     def _probe_output_types(self, node) -> list[TensorType]:
         """Neither shape inference nor the model's own value_info types the outputs: run
@@ -592,9 +490,9 @@ class _Importer:
         arrays = [self.consts[n] if n in self.consts else
                   np.zeros(self.types[n].shape, dtype=self.types[n].dtype)
                   for n in (*node.input, *captured) if n]
-        outs = run_node(node.op_type, node.domain, self._opset_of(node), _attr_blobs(node),
+        outs = run_node(node.op_type, node.domain, self._opset_of(node), attr_blobs(node),
                         tuple((a.shape, str(a.dtype)) for a in arrays), len(node.output), arrays,
-                        _empty_positions(node), captured)
+                        empty_positions(node), captured)
         return [TensorType(tuple(o.shape), str(o.dtype)) for o in outs]
 
     def _opset_of(self, node) -> int:
@@ -631,35 +529,6 @@ def _weight_name(g: Graph, name: str) -> str:
     return name if name not in g._names else g._unique_name(name)
 
 
-def _topological(nodes):
-    """ONNX requires nodes in order, but not every producer obeys: sort, and name a
-    cycle when there is one."""
-    produced = {o: i for i, n in enumerate(nodes) for o in n.output if o}
-    order, state = [], [0] * len(nodes)  # 0 new, 1 on stack, 2 done
-    for start in range(len(nodes)):
-        if state[start]:
-            continue
-        stack = [(start, iter(nodes[start].input))]
-        state[start] = 1
-        while stack:
-            idx, it = stack[-1]
-            for name in it:
-                dep = produced.get(name)
-                if dep is None or state[dep] == 2:
-                    continue
-                if state[dep] == 1:
-                    n = nodes[dep]
-                    raise GraphError(f"ONNX graph has a cycle through node "
-                                     f"{n.name or n.output[0]!r} ({n.op_type})")
-                state[dep] = 1
-                stack.append((dep, iter(nodes[dep].input)))
-                break
-            else:
-                stack.pop()
-                state[idx] = 2
-                order.append(nodes[idx])
-    return order
-
 
 def _shape_value(op_type: str, attrs, shape) -> np.ndarray:
     """What a Shape (with its start and end) or a Size node gives for ``shape``."""
@@ -674,53 +543,3 @@ def _sizes_vector(value: np.ndarray, other: np.ndarray | None) -> bool:
     None where unknown) may fold: a short integer vector whose length is not a size."""
     return value.dtype.kind in "iub" and value.ndim <= 1 and value.size <= _SIZES_VECTOR and \
         (other is None or other.shape == value.shape)
-
-
-def _static_type(vi):
-    from onnx import helper
-
-    if not vi.type.HasField("tensor_type"):
-        return None
-    tt = vi.type.tensor_type
-    if not tt.HasField("shape") or not tt.elem_type:
-        return None
-    dims = []
-    for d in tt.shape.dim:
-        if not d.HasField("dim_value"):
-            return None
-        dims.append(d.dim_value)
-    return TensorType(tuple(dims), str(helper.tensor_dtype_to_np_dtype(tt.elem_type)))
-
-
-def _attr_value(v):
-    if isinstance(v, bytes):
-        return v.decode("utf-8", "replace")
-    if isinstance(v, list) and v and isinstance(v[0], bytes):
-        return [x.decode("utf-8", "replace") for x in v]
-    return v
-
-
-def _empty_positions(node) -> tuple[int, ...]:
-    return tuple(i for i, n in enumerate(node.input) if not n)
-
-
-def _attr_blobs(node) -> tuple[bytes, ...]:
-    return tuple(a.SerializeToString(deterministic=True)
-                 for a in sorted(node.attribute, key=lambda a: a.name))
-
-
-def _constant_value(node, attrs) -> np.ndarray:
-    from onnx import numpy_helper
-
-    for a in node.attribute:
-        if a.name == "value":
-            return numpy_helper.to_array(a.t)
-        if a.name == "value_float":
-            return np.array(a.f, dtype=np.float32)
-        if a.name == "value_floats":
-            return np.array(list(a.floats), dtype=np.float32)
-        if a.name == "value_int":
-            return np.array(a.i, dtype=np.int64)
-        if a.name == "value_ints":
-            return np.array(list(a.ints), dtype=np.int64)
-    raise OnnxImportError(f"Constant node {node.name!r} has no supported value attribute")

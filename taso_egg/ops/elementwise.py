@@ -1,5 +1,5 @@
 """Element-wise operators: ewadd, ewmul, ewsub, ewdiv (NumPy broadcasting), smul, relu,
-relu6, sigmoid, tanh, erf, gelu, pow (a constant exponent)."""
+relu6, sigmoid, tanh, erf, hardswish, gelu, pow (a constant exponent)."""
 
 from __future__ import annotations
 
@@ -181,6 +181,19 @@ register(OpSpec(
     doc="Element-wise error function (GELU's exact form uses it)."))
 
 
+def hardswish(xp, x):
+    """x * relu6(x + 3) / 6, as ONNX HardSwish (MobileNetV3's activation)."""
+    return x * (xp.clip(x + 3, 0, 6) / 6)
+
+
+register(OpSpec(
+    name="hardswish", inputs=(1, 1), params=(), infer=lambda p, ins: [ins[0]], shape=same_as(0),
+    kernel=lambda xp, p, x: [hardswish(xp, x).astype(x.dtype, copy=False)],
+    export=_node_export("HardSwish"),
+    flops=lambda p, ins, outs: 4.0 * outs[0].size,  # add, clip, divide, multiply
+    doc="x * min(max(x + 3, 0), 6) / 6: MobileNetV3's activation (ONNX HardSwish, opset 14)."))
+
+
 # --- gelu --------------------------------------------------------------------------
 
 # GELU's constants as float32 holds them, which is how the exporters' formulas hold them
@@ -296,6 +309,13 @@ def _import_gelu(ctx, node, attrs):
     if not _all_float(ctx, node) or attrs.get("approximate", "none") not in ("none", "tanh"):
         return None
     return ctx.g.add_node("gelu", (ctx.tensor(node.input[0]),), approximate=attrs.get("approximate", "none"))
+
+
+@onnx_importer("HardSwish")
+def _import_hardswish(ctx, node, attrs):
+    if not _all_float(ctx, node):
+        return None
+    return ctx.g.add_node("hardswish", (ctx.tensor(node.input[0]),))
 
 
 @onnx_importer("Clip")

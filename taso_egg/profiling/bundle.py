@@ -35,6 +35,7 @@ from ..cost.config import jsonable
 from ..errors import ProfileError, TasoEggError
 from ..files import write_atomically
 from ..graph import Graph, new_graph
+from ..ops import INPUT, OPAQUE, WEIGHT
 from .profiler import configuration_counts
 
 CONFIGS_FORMAT, GRAPHS_FORMAT, VERSION = "taso-egg-configs", "taso-egg-graphs", 1
@@ -49,7 +50,7 @@ def graph_to_json(graph: Graph) -> dict:
     index: dict[int, int] = {}
     nodes = []
     for n in graph.topo_order():
-        if n.op == "opaque":
+        if n.op == OPAQUE.name:
             raise ProfileError(f"{n.label()}: an opaque ONNX node cannot be carried in a bundle "
                                f"(its attributes are serialized protos); the zoo has none")
         index[n.id] = len(nodes)
@@ -67,9 +68,9 @@ def graph_from_json(data: dict) -> Graph:
         made = []
         for node in data["nodes"]:
             p = node["params"]
-            if node["op"] == "input":
+            if node["op"] == INPUT.name:
                 t = [g.new_input(p["shape"], p["name"], p["dtype"])]
-            elif node["op"] == "weight":
+            elif node["op"] == WEIGHT.name:
                 t = [g.new_weight(p["shape"], name=p["name"], dtype=p["dtype"])]
             else:
                 t = g.add_node(node["op"], [made[i][k] for i, k in node["inputs"]], node["name"], **p)

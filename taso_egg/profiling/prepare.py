@@ -122,12 +122,12 @@ def build_bundle(models, out: Path, model=None, rules=None, log=print) -> dict:
         # the GPU only measurement tells, and that is what the device run is for.
         res = optimize(g, rules=rules, options=OptimizeOptions(costs=CostOptions(model=model),
                                                                decision=DecisionOptions(measure=0, min_gain=0.0)))
-        chosen = res.stats.chosen == "result"
+        chosen, sat = res.stats.chosen == "result", res.stats.saturation
         original = exported_graph(g)
         optimized = exported_graph(res.graph) if chosen else original
         known = {"ilp": res.graph} if chosen else {}
-        extracted = extracted_graphs(res.saturation, model, known)
-        staged[name] = staged_configurations(g, res.saturation, extracted, [original, optimized])
+        extracted = extracted_graphs(sat, model, known)
+        staged[name] = staged_configurations(g, sat, extracted, [original, optimized])
         pair = {}
         for which, graph in (("original", original), ("optimized", optimized)):
             inputs = cost_inputs(graph)
@@ -136,12 +136,11 @@ def build_bundle(models, out: Path, model=None, rules=None, log=print) -> dict:
                            "predicted_s": predict(inputs, configs, model)[0],
                            "operators": sum(n for _, n in inputs)}
         entries[name] = {**pair, "unchanged": not chosen, "kept_input": res.stats.kept_input,
-                         "check_error": res.stats.check_error, "ort_check_error": res.stats.ort_check_error,
-                         "enodes": res.stats.enodes,
-                         "stop_reason": res.stats.stop_reason,
+                         "check_error": res.stats.check.error, "ort_check_error": res.stats.check.ort_error,
+                         "enodes": sat.enodes, "stop_reason": sat.stop_reason,
                          "tensat_speedup": TENSAT_SPEEDUP.get(name)}
         gain = pair["original"]["predicted_s"] / pair["optimized"]["predicted_s"]
-        log(f"{name}: {res.stats.enodes} e-nodes, {len(res.saturation.iterations)} iterations; "
+        log(f"{name}: {sat.enodes} e-nodes, {len(sat.iterations)} iterations; "
             f"{'optimized' if chosen else 'unchanged (' + res.stats.kept_input + ')'}; predicted "
             f"{gain:.3f}x; {time.perf_counter() - t0:.1f} s")
     meta = list_meta(model, models, "gpu", rules)

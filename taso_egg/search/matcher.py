@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from taso_egg.graph import Graph, Node, Tensor
+from taso_egg.ops import CONCAT, SPLIT
 from taso_egg.rules import semantics
 from taso_egg.rules.instantiate import guard_holds, why_guard_fails
 from taso_egg.rules.ast import App, Guard, Proj, Rule, Var, guard_vars, walk_vars
@@ -254,7 +255,7 @@ def _param_value(node: Node, name: str):
     """Parameter ``name`` of ``node`` as the e-graph holds it: concat and split axes
     in 0..rank-1 (the conversion writes them so)."""
     value = node.params[name]
-    if name == "axis" and node.op in ("concat", "split") and isinstance(value, int):
+    if name == "axis" and node.op in (CONCAT.name, SPLIT.name) and isinstance(value, int):
         return value % len(node.outputs[0].shape)
     return value
 

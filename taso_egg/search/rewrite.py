@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from taso_egg.errors import RuleError
 from taso_egg.graph import Graph, Node, Tensor
-from taso_egg.ops import OPS
+from taso_egg.ops import INPUT, OPS
 from taso_egg.rules.instantiate import PatternBuilder
 from taso_egg.rules.ast import walk_vars
 
@@ -133,7 +133,7 @@ def apply_match(index: GraphIndex, match: Match, rhs_vars=None) -> Rewrite:
     while work:
         nid = work.pop()
         node = graph.nodes.get(nid)
-        if node is None or node.op == "input" or index.use_count.get(nid, 0) + delta.get(nid, 0) > 0:
+        if node is None or node.op == INPUT.name or index.use_count.get(nid, 0) + delta.get(nid, 0) > 0:
             continue
         del graph.nodes[nid]
         if nid < first_new:

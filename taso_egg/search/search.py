@@ -167,8 +167,8 @@ def backtracking_search(graph: Graph, rules=None, cost_model: CostModel | None =
     ``profile``, with the same default as ``taso_egg.api.optimize``. ``progress`` is
     called with each StepStats. The best graph is checked numerically against
     ``graph`` (``verify``) before it is returned."""
+    from taso_egg.check.whole_graph import check_graphs_equivalent
     from taso_egg.rules.corpus import load_corpus
-    from taso_egg.verify import check_graphs_equivalent
 
     SearchOptions(budget, alpha)  # a one-line error when either is out of range
     if time_limit is not None and not time_limit > 0:

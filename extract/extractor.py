@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from typing import ClassVar, NamedTuple
 
 from ..errors import LimitError
-from .check import check_choice, used_classes
+from .choice_check import check_choice, used_classes
 from .egraph import EGraph
 from .result import OPTIMAL, REJECTED, WITHIN_GAP, ExtractionResult, agrees
 

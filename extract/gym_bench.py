@@ -1,6 +1,6 @@
 """Compare extractors on the Tensat e-graphs from extraction-gym.
 
-    python -m taso_egg.extract.bench [--time-limit 60] [--gap 0.1] [--instances bert vgg] [--extractors ilp]
+    python -m taso_egg.extract.gym_bench [--time-limit 60] [--gap 0.1] [--instances bert vgg] [--extractors ilp]
 
 Data: --data DIR, else $TASO_EGG_BENCH_DATA, else the three e-graphs shipped for the
 tests (tests/data/extraction-gym-tensat: vgg_acyclic, resnet50_acyclic, resnet50). For
@@ -45,7 +45,7 @@ def default_data_dir() -> Path:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = CommandParser(prog="python -m taso_egg.extract.bench", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog="python -m taso_egg.extract.gym_bench", description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=None,
                         help="folder of egraph-serialize JSON files (default: $TASO_EGG_BENCH_DATA, "
                              "else the repository's tests/data/extraction-gym-tensat)")

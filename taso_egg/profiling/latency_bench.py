@@ -81,7 +81,7 @@ class SameRunProfiles:
 def _time_profiling(models, repeats, warmups, out) -> None:
     """Profile every configuration from scratch into temporary files; print seconds."""
     from ..errors import TasoEggError
-    from . import cli as profile_command
+    from . import profile_command
 
     parser = CommandParser(prog="taso-egg profile")
     profile_command.add_arguments(parser)
@@ -105,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     from ..cli_args import add_option_arguments
     from ..options import DEFAULT_PROFILE, DecisionOptions, ExtractionOptions
 
-    p = CommandParser(prog="python -m taso_egg.profiling.bench", description=__doc__,
+    p = CommandParser(prog="python -m taso_egg.profiling.latency_bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=BENCH_MODELS, choices=sorted(zoo.MODELS))
     p.add_argument("--repeats", type=int, default=5, help="end-to-end runs per graph (median)")
