@@ -168,6 +168,30 @@ class Rule:
     def proved(self) -> bool:
         return self.proof is not None and self.proof.status == "proved"
 
+    @property
+    def moves_a_part_up(self) -> bool:
+        """A part of a split of an operator's result is rewritten to the operator on
+        that part of its input (the right side reads the same part, below the operator
+        at its root): the step of demand-driven pruning, which only ever moves a select
+        one operator toward the inputs, so running such rules to a fixpoint adds a few
+        e-nodes per operator the select passes."""
+        if self.multi:
+            return False
+        lhs, rhs = self.lhs[0], self.rhs[0]
+        if not (isinstance(lhs, Proj) and lhs.pattern.op == "split" and isinstance(lhs.pattern.inputs[0], App)
+                and isinstance(rhs, App) and rhs.op != "split"):
+            return False
+        todo = list(rhs.inputs)
+        while todo:
+            p = todo.pop()
+            if isinstance(p, Proj):
+                if p.index == lhs.index and p.pattern.op == "split":
+                    return True
+                todo.append(p.pattern)
+            elif isinstance(p, App):
+                todo.extend(p.inputs)
+        return False
+
     def tensor_vars(self) -> tuple[str, ...]:
         """Names of the tensor variables, in order of first appearance (lhs first)."""
         return tuple(n for n, k in self._var_kinds.items() if k == "tensor")

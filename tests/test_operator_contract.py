@@ -77,6 +77,7 @@ EXAMPLES: dict[str, Example] = {
     "where": Example((((3, 4), "bool"), M, M)),
     "cast": Example((((2, 6), "int64"),), {"to": "float32"}),
     "expand": Example((((1, 4), F),), {"shape": (3, 4)}),
+    "nan_to_zero": Example((M,)),
     "conv2d": Example((X4, ((4, 4, 3, 3), F)), {"padding": "SAME", "activation": "RELU"}, weights=(1,)),
     "conv2d_sum": Example((X4, ((4, 4, 3, 3), F), X4), {"padding": "SAME"}, weights=(1,),
                           reimports="exported as Conv and Add, which runtimes fuse again"),

@@ -678,6 +678,22 @@ def test_mask_operators_match_onnxruntime():
     assert np.all(ours["p"] == 0)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value")  # softmax of a fully masked row: NaN, as in ONNX
+def test_nan_to_zero_matches_onnxruntime():
+    """Where(IsNaN(p), 0, p) imports as nan_to_zero and exports as those two nodes: a
+    fully masked row's NaNs become 0, the others are kept."""
+    g = taso_egg.new_graph()
+    scores = g.new_input((1, 2, 4, 4), name="scores")
+    g.mark_output(g.add_node("nan_to_zero", (g.add_node("softmax", (scores,), axis=3)[0],))[0], "p")
+    scores_data = np.linspace(-2, 2, 32, dtype=np.float32).reshape(1, 2, 4, 4)
+    scores_data[0, 1, 2] = -np.inf
+    ours, model = check_against_ort(g, {"scores": scores_data})
+    assert [n.op_type for n in model.graph.node] == ["Softmax", "IsNaN", "Where"]
+    assert np.all(ours["p"][0, 1, 2] == 0) and np.allclose(np.delete(ours["p"].reshape(8, 4), 6, 0).sum(-1), 1)
+    again = taso_egg.load_onnx(model)
+    assert again.op_counts(runtime_only=True) == {"softmax": 1, "nan_to_zero": 1}
+
+
 def test_scalar_is_its_value_and_folds():
     g = taso_egg.new_graph()
     x = g.new_input((2, 3), name="x")

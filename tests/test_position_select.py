@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 import pytest
+import onnx
 from onnx import helper
 
 import taso_egg
@@ -40,11 +41,13 @@ def _linear(x, w, b, y, flat, unflat):
             _n("Reshape", [y + "_mm", unflat], [y])]
 
 
-def _block(i, x, causal, flat):
+def _block(i, x, causal, flat, nan_guard=False, own_reshape=False):
     """One pre-norm layer as torch exports GPT-2's: a packed q/k/v projection cut by a
     Split, heads split off by Reshape and Transpose, scores divided by sqrt(d), the causal
-    mask added, Softmax, heads merged back, out-projection, residual; an MLP with GELU's
-    tanh formula (Pow by 3, Tanh) and a residual."""
+    mask added, Softmax (``nan_guard``: then SDPA's Where(IsNaN(p), 0, p), as the dynamo
+    exporter writes it), the weighted sum of values (``own_reshape``: then reshaped to its
+    own shape, as TorchScript writes it), heads merged back, out-projection, residual; an
+    MLP with GELU's tanh formula (Pow by 3, Tanh) and a residual."""
     p = f"b{i}_"
     lin = lambda x, w, y: _linear(x, p + "w_" + w, p + "b_" + w, y, flat, "unflat_" + w)  # noqa: E731
     inits = [init(p + "ln1_s", rand(E) + 1), init(p + "ln1_b", rand(E)), init(p + "ln2_s", rand(E) + 1),
@@ -63,9 +66,18 @@ def _block(i, x, causal, flat):
     if causal:
         nodes += [_n("Add", [p + "s1", "mask"], [p + "s2"])]
         scores = p + "s2"
+    nodes += [_n("Softmax", [scores], [p + "pr"], axis=-1)]
+    probs = p + "pr"
+    if nan_guard:
+        nodes += [_n("IsNaN", [probs], [p + "nan"]), _n("Where", [p + "nan", "zero", probs], [p + "pr0"])]
+        probs = p + "pr0"
+    nodes += [_n("MatMul", [probs, p + "v"], [p + "o0"])]
+    weighted = p + "o0"
+    if own_reshape:
+        nodes += [_n("Reshape", [weighted, "per_head"], [p + "o0r"])]
+        weighted = p + "o0r"
     nodes += [
-        _n("Softmax", [scores], [p + "pr"], axis=-1), _n("MatMul", [p + "pr", p + "v"], [p + "o0"]),
-        _n("Transpose", [p + "o0"], [p + "o1"], perm=[0, 2, 1, 3]), _n("Reshape", [p + "o1", "merged"], [p + "o2"]),
+        _n("Transpose", [weighted], [p + "o1"], perm=[0, 2, 1, 3]), _n("Reshape", [p + "o1", "merged"], [p + "o2"]),
         *lin(p + "o2", "o", p + "o4"),
         _n("Add", [x, p + "o4"], [p + "r1"]),
         _n("LayerNormalization", [p + "r1", p + "ln2_s", p + "ln2_b"], [p + "m0"], axis=-1, epsilon=1e-5),
@@ -79,21 +91,27 @@ def _block(i, x, causal, flat):
     return nodes, inits, p + "r2"
 
 
-def _model(index, select="Gather", causal=True, layers=2, batch=B, flat=False):
+def _model(index, select="Gather", causal=True, layers=2, batch=B, flat=False, nan_guard=False, embed=False,
+           own_reshape=False):
     """Hidden states [batch, S, E] through ``layers`` layers, the final LayerNorm and a
-    head [E, V], read at position ``index`` by a Gather (the axis dropped) or a Slice (kept)."""
+    head [E, V], read at position ``index`` by a Gather (the axis dropped) or a Slice (kept).
+    ``embed``: the input is token ids [batch, S], looked up in an embedding table."""
     i64 = lambda name, v: init(name, np.asarray(v, np.int64))  # noqa: E731
     f32 = lambda name, v: init(name, np.asarray(v, np.float32))  # noqa: E731
     inits = [i64("qkv_sizes", [E, E, E]), i64("heads", [batch, S, H, D]), i64("merged", [batch, S, E]),
+             i64("per_head", [batch, H, S, D]),
              i64("flat", [S, -1]), *(i64("unflat_" + w, [1, S, n]) for w, n in
                                     (("qkv", 3 * E), ("o", E), ("fc", 4 * E), ("pr", E))),
              f32("sqrt_d", math.sqrt(D)), f32("half", 0.5), f32("three", 3.0), f32("cubic", 0.044715),
-             f32("sqrt_2_pi", math.sqrt(2 / math.pi)), f32("one", 1.0),
+             f32("sqrt_2_pi", math.sqrt(2 / math.pi)), f32("one", 1.0), f32("zero", 0.0),
              f32("mask", np.triu(np.full((S, S), -1e9, np.float32), 1).reshape(1, 1, S, S)),
              init("lnf_s", rand(E) + 1), init("lnf_b", rand(E)), init("w_head", rand(E, V))]
     nodes, x = [], "h"
+    if embed:
+        nodes += [_n("Gather", ["wte", "ids"], ["h"], axis=0)]
+        inits += [init("wte", rand(V, E))]
     for i in range(layers):
-        more, more_inits, x = _block(i, x, causal, flat)
+        more, more_inits, x = _block(i, x, causal, flat, nan_guard, own_reshape)
         nodes += more
         inits += more_inits
     nodes += [_n("LayerNormalization", [x, "lnf_s", "lnf_b"], ["f"], axis=-1, epsilon=1e-5),
@@ -105,11 +123,17 @@ def _model(index, select="Gather", causal=True, layers=2, batch=B, flat=False):
         end = index + 1 if index != -1 else np.iinfo(np.int64).max
         nodes += [_n("Slice", ["logits", "starts", "ends", "axes"], ["y"])]
         inits += [i64("starts", [index]), i64("ends", [end]), i64("axes", [1])]
-    return make_model(nodes, [vi("h", [batch, S, E])], [vi("y", None)], inits)
+    inputs = [vi("ids", [batch, S], onnx.TensorProto.INT64)] if embed else [vi("h", [batch, S, E])]
+    return make_model(nodes, inputs, [vi("y", None)], inits)
 
 
 def _select_rules():
-    return [r for r in load_corpus() if r.name.startswith(("split-", "gelu-"))]
+    return [r for r in load_corpus() if r.name.startswith(("split-", "gelu-")) or r.name in _RESHAPES_UNDONE]
+
+
+# What the select needs exporters' reshapes undone for: a Gemm's flattening, a reshape to
+# the shape its input has.
+_RESHAPES_UNDONE = ("matmul-unflatten", "bias-unflatten", "reshape-own-shape")
 
 
 def _optimized(model, rules):
@@ -159,18 +183,44 @@ def test_a_middle_position_read_alone_is_part_1_of_three():
     _check_numerics(model, out)
 
 
-def test_a_batch_flattened_for_gemms_keeps_its_linear_layers_whole():
-    """GPT-2 as the dynamo exporter writes it: each linear layer flattens batch and
-    positions into one axis for a Gemm and reshapes back. One position of every batch
-    row is no part of that axis (unless the batch is 1, which a symbolic batch is not),
-    so the select stops at the reshape: the head and final LayerNorm run on the last
-    position, the layers' linear parts on all."""
+def _assert_last_layer_pruned(out, layers=2):
+    """The head, final LayerNorm and the last layer's MLP, out-projection and attention
+    rows on one position; the rest (and the q/k/v projections, keys and values) on all."""
+    whole = [S] * (layers - 1)
+    assert _rows(out, "matmul", _by_weight((E, V))) == [1]
+    assert _rows(out, "layernorm") == [1, 1] + [S] * (2 * layers - 1)
+    for w in ((E, 4 * E), (4 * E, E), (E, E)):
+        assert _rows(out, "matmul", _by_weight(w)) == [1] + whole
+    assert _rows(out, "matmul", _by_weight((E, 3 * E))) == [S] * layers
+    assert _rows(out, "softmax") == [1] + whole
+
+
+def test_a_batch_flattened_for_gemms_prunes_its_linear_layers():
+    """GPT-2 as the exporters write it: each linear layer flattens batch and positions
+    into rows for a Gemm and reshapes back. One position of every batch row is no part of
+    that axis, but the flattening undone (matmul-unflatten, bias-unflatten) leaves a
+    matmul over [batch, positions, features], whose rows the select takes."""
     model = _model(-1, batch=1, flat=True)
     _, out = _optimized(model, _select_rules())
-    assert _rows(out, "matmul", _by_weight((E, V))) == [1]
-    assert _rows(out, "layernorm") == [1, S, S, S, S]
-    assert _rows(out, "matmul", _by_weight((E, 4 * E))) == [S, S]
+    _assert_last_layer_pruned(out)
     _check_numerics(model, out, batch=1)
+
+
+@pytest.mark.parametrize("flat, own_reshape", [(False, False), (True, False), (True, True)],
+                         ids=["matmul", "gemm", "gemm-own-reshape"])
+def test_a_causal_lm_with_the_sdpa_nan_guard_computes_its_head_for_the_last_position(flat, own_reshape):
+    """A tiny causal LM as the dynamo exporter writes GPT-2: token embedding, a block whose
+    attention's softmax is guarded by Where(IsNaN(p), 0, p), the LM head, the last
+    position's logits. The guard imports as nan_to_zero and the select moves through it
+    into the query side; the result agrees with onnxruntime on the model."""
+    model = _model(-1, batch=1, flat=flat, nan_guard=True, embed=True, layers=1, own_reshape=own_reshape)
+    g, out = _optimized(model, _select_rules())
+    assert g.op_counts()["nan_to_zero"] == 1 and "isnan" not in g.op_counts()
+    _assert_last_layer_pruned(out, layers=1)
+    assert _rows(out, "nan_to_zero") == [1]
+    feeds = {"ids": np.random.default_rng(0).integers(0, V, (1, S)).astype(np.int64)}
+    ours, _ = check_against_ort(out, feeds, rtol=1e-4)
+    assert_close(onnx_outputs(model, feeds), ours, rtol=1e-4)
 
 
 def test_symbolic_dims_are_written_with_the_head_on_the_last_position(tmp_path, capsys):
@@ -242,3 +292,29 @@ def test_the_last_position_of_a_short_sequence_is_part_1_of_two():
     feeds = {"h": rand(1, short, E)}
     ours, _ = check_against_ort(out, feeds, rtol=1e-4)
     assert_close(onnx_outputs(model, feeds), ours, rtol=1e-4)
+
+
+def test_the_select_reaches_the_last_layer_of_a_deep_model_in_two_iterations():
+    """The rules that move a part up one operator run to a fixpoint in every iteration
+    (their own ruleset), so a select crosses a whole layer in one iteration (the second:
+    GELU's formula is recognized in the first), not one operator per iteration, and reaches
+    the last layer before other rules fill the e-graph to its node limit."""
+    from taso_egg.options import Limits
+
+    model = _model(-1, layers=4)
+    sat = saturate(taso_egg.load_onnx(model), rules=_select_rules(), limits=Limits(iterations=2))
+    out = extract_graph(sat, cost_model=AnalyticCost()).graph
+    _assert_last_layer_pruned(out, layers=4)
+    _check_numerics(model, out)
+
+
+def test_the_rules_that_move_a_part_up_are_the_select_steps():
+    """Rule.moves_a_part_up (which puts a rule in the select ruleset) holds for a rule
+    whose right side reads the same part below the operator it moved past, not for one
+    that reads a part back from a concat or joins parts."""
+    by_name = {r.name: r for r in load_corpus()}
+    assert all(by_name[n].moves_a_part_up for n in ("split-matmul", "split-ewadd", "split-nan-to-zero",
+                                                    "split-transpose", "split-linear"))
+    assert not any(by_name[n].moves_a_part_up for n in ("concat-of-split", "matmul-unflatten",
+                                                        "gelu-tanh-from-formula"))
+    assert not any(r.moves_a_part_up for r in by_name.values() if r.name.startswith("gen3-"))

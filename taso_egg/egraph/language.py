@@ -57,13 +57,17 @@ class Ruleset:
 
 _PROBE = "probe-"
 ANALYSIS = Ruleset("analysis")   # the shape, dtype and weight-order analyses
+# Rules that move a part of a split up one operator (Rule.moves_a_part_up): run to a
+# fixpoint at the start of every iteration, so that a select reaches the layers it prunes
+# before other rules fill the e-graph to its node limit.
+SELECT = Ruleset("select")
 REWRITES = Ruleset("rewrites")   # single-pattern rules
 MULTI = Ruleset("multi")         # two-output rules (several left-hand patterns)
-STEPS = (REWRITES, MULTI)        # an iteration runs these, in this order
+STEPS = (SELECT, REWRITES, MULTI)  # an iteration runs these, in this order
 
 
 def ruleset_of(rule) -> Ruleset:
-    return MULTI if rule.multi else REWRITES
+    return MULTI if rule.multi else SELECT if rule.moves_a_part_up else REWRITES
 
 
 def probe_name(rule_name: str) -> str:

@@ -34,8 +34,8 @@ from ..rules.ast import App, Proj
 from .admit import Admission, present_ops
 from .bindings import bindings
 from .convert import GraphProgram, TensorEGraph, add_fused_convs, graph_to_program, read_serialized
-from .language import (MULTI, REWRITES, STEPS, Ruleset, base_declarations, constructor, declarations, probe_name,
-                       probed_rule, ruleset_of)
+from .language import (MULTI, REWRITES, SELECT, STEPS, Ruleset, base_declarations, constructor, declarations,
+                       probe_name, probed_rule, ruleset_of)
 from .rule_compiler import compile_match_recorder, compile_probe, compile_rules
 
 # Functions that are analyses, not e-nodes of the tensor language.
@@ -157,6 +157,9 @@ _recounts = count()     # recount rulesets and relations are named apart, for e-
 
 
 _PROBE_RULESETS = "".join(r.probes.declare() + "\n" for r in STEPS)
+# Runs of the select ruleset per iteration at most: each moves every select one operator
+# up, and a 12-layer transformer's last layer is about 30 operators from its head.
+SELECT_RUNS = 64
 
 
 def _probes(rules) -> str:
@@ -414,13 +417,18 @@ def saturate(graph: Graph, rules=None, limits: Limits | None = None, progress=No
         matches: dict[str, int] = {}
         deferred: dict[str, int] = {}
         updated, cut, passed, timed_out = False, None, None, False
-        for ruleset in STEPS if use_multi else (REWRITES,):
+        select_done = False
+        for ruleset in [*[SELECT] * SELECT_RUNS, REWRITES, *([MULTI] if use_multi else [])]:
+            if ruleset == SELECT and select_done:
+                continue
             sizes = _table_sizes(egraph)
             bounds = {r.name: _join_bound(r, sizes) for r in rulesets[ruleset]}
             if not pace.allows(pace.step_seconds(ruleset.name, enodes, bounds)):
                 timed_out = True
                 break
             admitting = time.perf_counter()
+            if ruleset == SELECT:  # to a fixpoint: each run on what the last one made, joined to its classes
+                _run(egraph, "(saturate (run analysis))")
             admission.admit(ruleset, lambda: _table_sizes(egraph), enodes, serialized)
             pace.timed(f"admit {ruleset.name}", enodes, time.perf_counter() - admitting)
             room = ceiling - enodes
@@ -433,8 +441,10 @@ def saturate(graph: Graph, rules=None, limits: Limits | None = None, progress=No
             if step.timed_out:
                 timed_out = True
                 break
-            matches.update(step.matches)
+            for name, n in step.matches.items():
+                matches[name] = matches.get(name, 0) + n
             updated = updated or step.updated
+            select_done = ruleset == SELECT and not step.updated
             enodes = _sizes(egraph)
             if enodes > max(ceiling, before):
                 # The probes counted fewer matches than the rules then applied: egglog's

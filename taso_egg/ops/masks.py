@@ -1,11 +1,14 @@
-"""Operators of attention masks: isnan, where, equal, logical_and, cast, expand.
+"""Operators of attention masks: isnan, where, equal, logical_and, cast, expand, and
+nan_to_zero.
 
 Exporters write them around softmax (torch's SDPA zeroes fully masked rows with
 ``Where(IsNaN(p), 0, p)``) and on the path from an ``attention_mask`` input to the
 additive mask. They take or give bool tensors, which the verifier's tensors (real
 arrays) and the rule checker's stand-in data do not model, and a NaN test has no
 algebra to state: they are kept out of rules (``in_rules=False``) and enter the
-e-graph as plain operators whose outputs take their dtype from ``out_dtype``.
+e-graph as plain operators whose outputs take their dtype from ``out_dtype``. The SDPA
+guard as a whole, ``Where(IsNaN(p), 0, p)``, is float to float and element-wise: it
+imports as ``nan_to_zero``, which rules may name (a part of a split moves through it).
 """
 
 from __future__ import annotations
@@ -30,6 +33,19 @@ register(OpSpec(
     kernel=lambda xp, p, x: [xp.isnan(x)], export=lambda ctx, p, t, ins, outs: ctx.node("IsNaN", ins, outs),
     flops=lambda p, ins, outs: float(outs[0].size),
     doc="Element-wise NaN test (bool output)."))
+
+
+def _export_nan_to_zero(ctx, p, in_types, ins, outs):
+    nan = ctx.fresh(outs[0] + "_isnan")
+    ctx.node("IsNaN", ins, [nan])
+    ctx.node("Where", [nan, ctx.constant(np.zeros((), in_types[0].dtype), "zero"), ins[0]], outs)
+
+
+register(OpSpec(
+    name="nan_to_zero", inputs=(1, 1), params=(), infer=lambda p, ins: [ins[0]], shape=same_as(0),
+    kernel=lambda xp, p, x: [xp.where(xp.isnan(x), xp.zeros((), x.dtype), x)], export=_export_nan_to_zero,
+    flops=lambda p, ins, outs: 2.0 * outs[0].size,
+    doc="0 where x is NaN, x elsewhere: the guard torch's SDPA puts after softmax (Where(IsNaN(p), 0, p))."))
 
 
 def _compare_infer(name, bool_inputs: bool):
@@ -158,8 +174,24 @@ def _import_where(ctx, node, attrs):
     types = [ctx.type(n) for n in node.input]
     if types[0].dtype != "bool" or types[1].dtype != types[2].dtype:
         return None
+    guarded = _nan_guarded(ctx, node)
+    if guarded is not None:
+        if ctx.readers(node.input[0]) == [node] and node.input[0] not in {o.name for o in ctx.proto.graph.output}:
+            ctx.g.nodes.pop(ctx.tensor(node.input[0]).node)  # the test, read by nothing else now
+        return ctx.g.add_node("nan_to_zero", (guarded,))
     rank = max(len(t.shape) for t in types)
     return ctx.g.add_node("where", [_at_rank(ctx, n, rank) for n in node.input])
+
+
+def _nan_guarded(ctx, node):
+    """x, where ``node`` is Where(IsNaN(x), 0, x) with x of the output's shape."""
+    cond, zero, x = node.input
+    test = ctx.g.nodes[ctx.tensor(cond).node]
+    value = ctx.const(zero)
+    if (test.op != "isnan" or value is None or np.any(value != 0) or test.inputs[0] != ctx.tensor(x)
+            or broadcast_shapes("where", [ctx.type(n) for n in node.input]) != ctx.type(x).shape):
+        return None
+    return ctx.tensor(x)
 
 
 @onnx_importer("Cast")
