@@ -194,7 +194,8 @@ def test_extract_time_limit_reaches_the_extractor(monkeypatch, tmp_path, capsys)
     onnx.save(_matmul_model(), src)
     assert main(["optimize", str(src), "-o", str(tmp_path / "o.onnx"), "--measure", "0",
                  "--extract-time-limit", "7.5"]) == 0
-    assert seen[0] == ("ilp", 7.5)  # then the runtime form's fusion pass (greedy)
+    # the runtime form's fusion pass (greedy, before saturation: calibration prices it) aside
+    assert [call for call in seen if call[0] != "greedy-dag"] == [("ilp", 7.5)]
 
 
 @pytest.mark.parametrize("command", ["extract", "compare", "search", "zoo", "convert", "profile"])
