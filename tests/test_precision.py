@@ -144,15 +144,21 @@ def fp16_mlp():
                       inits)
 
 
+def _optimized_and_checked(path, capsys) -> onnx.ModelProto:
+    """``path`` through ``taso-egg optimize --measure 0``: what it wrote, after the
+    check in onnxruntime said its outputs equal the input's."""
+    out = path.with_suffix(".opt.onnx")
+    assert main(["optimize", str(path), "-o", str(out), "--measure", "0"]) == 0
+    assert "check: the written model's outputs equal the input's" in capsys.readouterr().out
+    return onnx.load(out)
+
+
 def test_an_fp16_mlp_is_accepted_and_written_with_fp16_weights(tmp_path, capsys):
     """float16's own round-off (a rounding step is 1e-3) is not mistaken for a wrong
     graph: main refused this model at 0.00067 against a 1e-4 tolerance."""
-    path, out = tmp_path / "mlp16.onnx", tmp_path / "mlp16.opt.onnx"
+    path = tmp_path / "mlp16.onnx"
     onnx.save(fp16_mlp(), path)
-    assert main(["optimize", str(path), "-o", str(out), "--measure", "0"]) == 0
-    text = capsys.readouterr().out
-    assert "check: the written model's outputs equal the input's" in text
-    after = onnx.load(out)
+    after = _optimized_and_checked(path, capsys)
     assert _ops(after)["MatMul"] < 4  # the result, not the input
     floats = {onnx.helper.tensor_dtype_to_np_dtype(t.data_type).name for t in after.graph.initializer} - {"int64"}
     assert floats == {"float16"}
@@ -253,12 +259,9 @@ def test_a_loop_reading_outer_scope_tensors_goes_through(tmp_path, capsys):
     read is kept and ordered before it, and the written body reads them under the
     names they get there; the rewrites around the Loop apply and the result is
     checked in onnxruntime."""
-    path, out = tmp_path / "loop.onnx", tmp_path / "loop.out.onnx"
+    path = tmp_path / "loop.onnx"
     onnx.save(loop_model(), path)
-    assert main(["optimize", str(path), "-o", str(out), "--measure", "0"]) == 0
-    text = capsys.readouterr().out
-    assert "check: the written model's outputs equal the input's" in text
-    after = onnx.load(out)
+    after = _optimized_and_checked(path, capsys)
     assert _ops(after)["Loop"] == 1 and _ops(after)["MatMul"] < 4
     feeds = {"x": np.random.default_rng(6).standard_normal((4, 16)).astype(np.float32)}
     assert _max_rel_error(onnx.load(path), after, feeds) < 1e-5
