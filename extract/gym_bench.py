@@ -44,7 +44,7 @@ def default_data_dir() -> Path:
     return Path(env) if env else SHIPPED_DATA
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> CommandParser:
     parser = CommandParser(prog="python -m taso_egg.extract.gym_bench", description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=None,
                         help="folder of egraph-serialize JSON files (default: $TASO_EGG_BENCH_DATA, "

@@ -27,8 +27,8 @@ from .egraph.saturate import Saturation, saturate, tensor_classes
 from .errors import CannotRun, ExtractionError
 from .graph import Graph
 from .options import ExtractionOptions, Hooks, Limits, OptimizeOptions
-from .onnx_io.exporter import export_fed, export_for_check, fed_from_check
-from .onnx_io.fed import FedModel, array_of, feed, inline
+from .onnx_io.exporter import export_for_check, fed_from_check
+from .onnx_io.fed import FedModel, feed, inline
 from .rules.corpus import FUSIONS, RuleFamily, load_corpus
 
 if TYPE_CHECKING:

@@ -207,8 +207,6 @@ def save_inline(model: FedModel, path: str) -> None:
     nor of their serialized bytes."""
     import onnx
 
-    from .validate import copy_fields
-
     def split(message, at: int, skip: str = ""):
         """``message``'s fields numbered below ``at``, and those above, serialized."""
         before, after = type(message)(), type(message)()
