@@ -26,6 +26,8 @@ MIN_SAMPLE_SECONDS = 0.005
 # weights add up to at most this; past it, one at a time (each session holds its own
 # prepacked copy of the weights: three BERT-base sessions are 1.3 GB more).
 COEXIST_BYTES = 512 << 20
+# Runs per sample of a session built for one round (past COEXIST_BYTES): at least, at most.
+SESSION_SAMPLES = (3, 5)
 
 
 @contextmanager
@@ -229,22 +231,33 @@ def ort_rounds(models: dict, feeds, threads: int = 1):
 
 def _rounds_one_session_at_a_time(models: dict, feeds, threads: int):
     """``ort_rounds`` for models too large to hold a session of each at once: in each
-    round (alternating order) every model's session is built, warmed up, sampled once
-    and freed, so one session (its prepacked copy of the weights) is alive at a time.
-    The rounds still pair the models; what is lost is the warm session: every sample
-    follows two warm-up runs of a fresh one, for every model alike, and a round takes
-    a session build per model."""
-    done = 0
+    round (alternating order) every model's session is built, warmed up, sampled and
+    freed, so one session (its prepacked copy of the weights) is alive at a time. Each
+    round is then an independent replicate, the luck of a fresh session's memory
+    placement inside it, so the guard's interval counts it. A sample is the median of
+    ``SESSION_SAMPLES`` runs (as many as the first build took the time of, within its
+    bounds, the same for every model): the build dominates a round, and one run after
+    the warm-up carries every run's noise."""
+    done, per_session = 0, None
 
     def next_round() -> dict[str, float]:
-        nonlocal done
+        nonlocal done, per_session
         names = list(models) if done % 2 == 0 else list(reversed(models))
         out = {}
         for name in names:
+            start = time.perf_counter()
             session = make_session(models[name], threads=threads)
-            cpu, wall = Rounds({name: lambda: session.run(None, feeds)}).next()
-            del session
-            out[name] = (cpu if threads == 1 else wall)[name] * 1e3
+            built = time.perf_counter() - start
+            rounds = Rounds({name: lambda: session.run(None, feeds)})
+            samples = []
+            while per_session is None or len(samples) < per_session:
+                cpu, wall = rounds.next()
+                samples.append((cpu if threads == 1 else wall)[name])
+                if per_session is None:
+                    low, high = SESSION_SAMPLES
+                    per_session = min(high, max(low, math.ceil(built / max(wall[name], 1e-6))))
+            del session, rounds
+            out[name] = float(np.median(samples)) * 1e3
         done += 1
         return out
 
