@@ -16,17 +16,13 @@ from .errors import ProfileError, first_line
 from .executor import random_inputs, run
 from .graph import Graph
 from .onnx_io.exporter import export_onnx
-from .onnx_io.fed import session_parts, weight_bytes
+from .onnx_io.fed import session_parts
 from .onnx_io.importer import load_onnx
 
 
 # The shortest sample: faster callables are called repeatedly within one sample.
 MIN_SAMPLE_SECONDS = 0.005
-# Sessions of the models ``ort_runs`` times are alive together only while the models'
-# weights add up to at most this; past it, one at a time (each session holds its own
-# prepacked copy of the weights: three BERT-base sessions are 1.3 GB more).
-COEXIST_BYTES = 512 << 20
-# Runs per sample of a session built for one round (past COEXIST_BYTES): at least, at most.
+# Runs per sample of a session built for one round: at least, at most.
 SESSION_SAMPLES = (3, 5)
 
 
@@ -132,9 +128,10 @@ class Rounds:
     clock's resolution and scheduler noise; every callable is called as many times per
     sample (``calls``), so that samples compare like with like: with counts of their
     own, two byte-identical models measured 1-3 % apart, the one with fewer calls per
-    sample (a colder first call) slower."""
+    sample (a colder first call) slower. ``calls`` given: that many, as another
+    ``Rounds`` chose them."""
 
-    def __init__(self, runs: dict):
+    def __init__(self, runs: dict, calls: int | None = None):
         self.runs, self.done = runs, 0
         fastest = math.inf
         for fn in runs.values():  # warm-up, and the fastest call
@@ -142,7 +139,7 @@ class Rounds:
             w0 = time.perf_counter()
             fn()
             fastest = min(fastest, time.perf_counter() - w0)
-        self.calls = max(1, min(10_000, math.ceil(MIN_SAMPLE_SECONDS / max(fastest, 1e-7))))
+        self.calls = calls or max(1, min(10_000, math.ceil(MIN_SAMPLE_SECONDS / max(fastest, 1e-7))))
 
     def next(self) -> tuple[dict[str, float], dict[str, float]]:
         """One more round: CPU and wall seconds per call of each callable."""
@@ -209,53 +206,37 @@ def ort_ms(models: dict, feeds, repeats: int, progress=None) -> dict[str, float]
 
 
 def ort_rounds(models: dict, feeds, threads: int = 1):
-    """A callable that times one more interleaved round (``Rounds``) of the ONNX
-    models in onnxruntime (ORT_ENABLE_ALL) and returns each one's milliseconds: CPU
-    time on one thread (other processes' load does not count), wall time with more
-    (CPU time would add the threads up). The sessions are built once, here, the first
-    model's (the baseline's) last: of two sessions of one small model the one built
-    first measured up to a few percent slower, so whatever is left of that counts
-    against the candidates, never for them."""
-    if sum(weight_bytes(m) for m in models.values()) > COEXIST_BYTES:
-        return _rounds_one_session_at_a_time(models, feeds, threads)
-    built = {k: make_session(models[k], threads=threads) for k in reversed(models)}
-    sessions = {k: built[k] for k in models}
-    rounds = Rounds({k: (lambda s=s: s.run(None, feeds)) for k, s in sessions.items()})
-
-    def next_round() -> dict[str, float]:
-        cpu, wall = rounds.next()
-        return {k: v * 1e3 for k, v in (cpu if threads == 1 else wall).items()}
-
-    return next_round
-
-
-def _rounds_one_session_at_a_time(models: dict, feeds, threads: int):
-    """``ort_rounds`` for models too large to hold a session of each at once: in each
-    round (alternating order) every model's session is built, warmed up, sampled and
-    freed, so one session (its prepacked copy of the weights) is alive at a time. Each
-    round is then an independent replicate, the luck of a fresh session's memory
-    placement inside it, so the guard's interval counts it. A sample is the median of
+    """A callable that times one more interleaved round of the ONNX models in
+    onnxruntime (ORT_ENABLE_ALL) and returns each one's milliseconds: CPU time on one
+    thread (other processes' load does not count), wall time with more (CPU time would
+    add the threads up). In each round (alternating order) every model's session is
+    built, warmed up, sampled and freed: one session (its prepacked copy of the
+    weights) is alive at a time, and each round is an independent replicate with a
+    fresh session's luck inside it (two sessions of one model's bytes have measured
+    up to 5 % apart for as long as they lived), so the guard's interval counts that
+    luck instead of crediting it to a candidate. A sample is the median of
     ``SESSION_SAMPLES`` runs (as many as the first build took the time of, within its
-    bounds, the same for every model): the build dominates a round, and one run after
-    the warm-up carries every run's noise."""
-    done, per_session = 0, None
+    bounds), each of ``Rounds.calls`` calls; both counts are the first session's, kept
+    for every model."""
+    done, calls, per_session = 0, None, None
 
     def next_round() -> dict[str, float]:
-        nonlocal done, per_session
+        nonlocal done, calls, per_session
         names = list(models) if done % 2 == 0 else list(reversed(models))
         out = {}
         for name in names:
             start = time.perf_counter()
             session = make_session(models[name], threads=threads)
             built = time.perf_counter() - start
-            rounds = Rounds({name: lambda: session.run(None, feeds)})
+            rounds = Rounds({name: lambda: session.run(None, feeds)}, calls)
+            calls = rounds.calls
             samples = []
             while per_session is None or len(samples) < per_session:
                 cpu, wall = rounds.next()
                 samples.append((cpu if threads == 1 else wall)[name])
                 if per_session is None:
                     low, high = SESSION_SAMPLES
-                    per_session = min(high, max(low, math.ceil(built / max(wall[name], 1e-6))))
+                    per_session = min(high, max(low, math.ceil(built / max(wall[name] * calls, 1e-6))))
             del session, rounds
             out[name] = float(np.median(samples)) * 1e3
         done += 1

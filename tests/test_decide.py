@@ -210,29 +210,18 @@ def test_rounds_alternate_and_call_each_alike():
     assert calls["original"] == calls["copy"] == 2 * rounds.calls
 
 
-def test_the_baseline_session_is_built_last(monkeypatch):
-    from taso_egg import timing
-
-    built = []
-    monkeypatch.setattr(timing, "make_session", lambda model, threads=1: built.append(model) or model)
-    monkeypatch.setattr(timing, "Rounds", lambda runs: None)
-    monkeypatch.setattr(timing, "weight_bytes", lambda model: 0)  # small: every session alive at once
-    timing.ort_rounds({"original": "o", "re-export": "e", "result": "r"}, {})
-    assert built == ["r", "e", "o"]
-
-
 def test_a_session_built_for_one_round_is_sampled_by_a_median(monkeypatch):
-    """Past COEXIST_BYTES each round builds a fresh session per model (its memory
-    placement's luck inside the round) and samples it by the median of several runs, as
-    many for every model: one slow run after the warm-up does not become the round's time."""
+    """Each round builds a fresh session per model (its luck inside the round) and
+    samples it by the median of several runs, as many for every model: one slow run
+    after the warm-up does not become the round's time."""
     from taso_egg import timing
 
     sampled = Counter()
 
     class Scripted:  # the first timed run of every session is ten times slower
-        def __init__(self, runs):
+        def __init__(self, runs, calls=None):
             (self.name,) = runs
-            self.count = 0
+            self.count, self.calls = 0, calls or 1
 
         def next(self):
             self.count += 1
@@ -242,7 +231,6 @@ def test_a_session_built_for_one_round_is_sampled_by_a_median(monkeypatch):
 
     monkeypatch.setattr(timing, "make_session", lambda model, threads=1: model)
     monkeypatch.setattr(timing, "Rounds", Scripted)
-    monkeypatch.setattr(timing, "weight_bytes", lambda model: timing.COEXIST_BYTES)
     next_round = timing.ort_rounds({"original": "o", "result": "r"}, {})
     for _ in range(2):
         assert next_round() == {"original": 1e3, "result": 1e3}

@@ -131,17 +131,6 @@ def _read_external(t, base_dir: str | None) -> np.ndarray:
     return array.reshape(tuple(t.dims))
 
 
-def weight_bytes(model) -> int:
-    """How many bytes of weights ``model`` (a ModelProto, FedModel, bytes or a path) holds."""
-    if isinstance(model, (bytes, bytearray)):
-        return len(model)
-    if isinstance(model, (str, os.PathLike)):
-        return os.path.getsize(model)
-    fed = model.arrays if isinstance(model, FedModel) else {}
-    return sum(a.nbytes for a in fed.values()) + \
-        sum(len(t.raw_data) for t in model.graph.initializer if t.HasField("raw_data"))
-
-
 def array_of(model, t) -> np.ndarray:
     """The value of initializer ``t`` of ``model`` (a ModelProto or a FedModel)."""
     from onnx import numpy_helper
