@@ -190,11 +190,11 @@ def retyped(candidate: Graph, candidate_classes: Mapping, input_classes: Mapping
     # the input's splits (a select's: a Gather or Slice of one position) by axis length and
     # sizes, with their sizes at the second sizes: a select the rules moved up keeps them
     known = {(n.inputs[0].shape[n.params["axis"]], n.params["sizes"]): s.params["sizes"]
-                   for n, s in zip(inputs.nodes.values(), sized.nodes.values()) if n.op == SPLIT.name}
+             for n, s in zip(inputs.nodes.values(), sized.nodes.values()) if n.op == SPLIT.name}
     # and its reshapes by input shape and target: a rewrite that moved one (a Gemm's
     # rows, batch and positions merged, reshaped back after its bias) keeps its target
     known.update({(tuple(n.inputs[0].shape), n.params["shape"]): s.params["shape"]
-                        for n, s in zip(inputs.nodes.values(), sized.nodes.values()) if n.op == RESHAPE.name})
+                  for n, s in zip(inputs.nodes.values(), sized.nodes.values()) if n.op == RESHAPE.name})
 
     def wanted(key):
         source = of_class.get(candidate_classes.get(key))

@@ -81,8 +81,6 @@ def optimize_onnx(source, *, rules=None, options: OptimizeOptions | None = None,
     def writable(ext, sat):
         """An extraction written with the input's symbolic dims (what ``optimize`` times
         is what can be written): ("", ()), else why not and the tensors responsible."""
-        if not symbolic:
-            return "", ()
         phase("writing the extracted graph with the input's symbolic dims, checked at both sizes")
         written = write_symbolic(dyn, ext.graph, ext.classes, tensor_classes(sat))
         writes.clear()
@@ -93,11 +91,14 @@ def optimize_onnx(source, *, rules=None, options: OptimizeOptions | None = None,
                       writable=writable if symbolic else None)
     chosen = result.stats.chosen
     out = OnnxOptimization(source.original if chosen == "original" else result.exported_fed, source, chosen, result)
-    refused = result.stats.extraction.refused
-    if refused:
-        out.notes.append(f"symbolic dims: {len(refused)} extracted graph(s) held only at the priced sizes "
-                         f"(first: {refused[0]}); extracted again without the e-nodes responsible "
-                         f"({len(result.stats.extraction.forbidden)} in all)")
+    ext = result.stats.extraction
+    if ext.refused:
+        last = writes.get(id(ext.graph))
+        out.notes.append(f"symbolic dims: {len(ext.refused)} extracted graph(s) held only at the priced sizes "
+                         f"(first: {ext.refused[0]}); " +
+                         (f"the graph weighed was extracted without the {len(ext.forbidden)} e-node(s) "
+                          f"responsible, and holds at both sizes" if last is not None and last.model is not None
+                          else "no graph extracted without the e-nodes responsible holds at both sizes"))
     if symbolic and chosen != "original":
         _keep_symbolic_dims(out, writes.get(id(result.graph)))
     return out
