@@ -383,3 +383,23 @@ def test_class_token_from_merged_rows_extracted_again_until_written(tmp_path):
     assert [n.op_type for n in written.graph.node] != [n.op_type for n in original.graph.node]
     _assert_interface_kept(original, written)
     _assert_same_outputs(path, out, [(1, 33, 64), (2, 33, 64), (5, 33, 64)])
+
+
+def test_values_wrong_at_the_second_sizes_located_where_they_start(tmp_path):
+    """``wrong_values`` runs the candidate at the second sizes against the input there,
+    tensor by tensor: none differs when nothing is wrong; where one weight is, only it
+    is named, not what is computed from it."""
+    from taso_egg.api import extract_graph
+    from taso_egg.dynamic import retyped, wrong_values
+    from taso_egg.egraph.saturate import saturate, tensor_classes
+    from taso_egg.onnx_optimize import OnnxInput
+
+    dyn = OnnxInput.read(_class_token(tmp_path)).dynamic
+    sat = saturate(dyn.graph, rules=(), count_classes=False)
+    ext, classes, made = extract_graph(sat), tensor_classes(sat), {}
+    second = retyped(ext.graph, ext.classes, classes, dyn.graph, dyn.second_graph(), [], made)
+    assert wrong_values(dyn, ext.graph, second, made, ext.classes, classes) == []
+    w2 = next(n for n in second.nodes.values() if n.op == "weight" and n.params["name"] == "w2")
+    second.weight_data[w2.id] = second.weight_array(w2) * 2
+    bad = wrong_values(dyn, ext.graph, second, made, ext.classes, classes)
+    assert [ext.graph.nodes[key[0]].params.get("name") for key in bad] == ["w2"]
