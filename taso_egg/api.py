@@ -46,6 +46,11 @@ class Extraction:
     # class id`` (what check.regions.check_locally compares with the input's tensors)
     classes: dict | None = None
     cpu_seconds: float = 0.0  # this process's CPU time: pricing, the extractor, the rebuild
+    chosen: dict = field(default_factory=dict)  # class id -> the e-node id chosen there
+    # ``optimize``'s ``writable``: why each earlier extraction was refused, and the e-nodes
+    # forbidden for it (this one extracted without them)
+    refused: list[str] = field(default_factory=list)
+    forbidden: frozenset = frozenset()
 
 
 @dataclass
@@ -150,28 +155,30 @@ class OptimizeResult:
 
 
 def extract_graph(saturation: Saturation, extractor: str = ExtractionOptions.extractor,
-                  cost_model: CostModel | None = None, time_limit: float | None = None) -> Extraction:
+                  cost_model: CostModel | None = None, time_limit: float | None = None,
+                  forbidden=frozenset()) -> Extraction:
     """Pick the cheapest graph in a saturated e-graph (DAG cost) and rebuild it: price
-    every e-node, run the extractor (``time_limit`` seconds; the ILP's default when
-    None), build the chosen graph."""
+    every e-node (but the ``forbidden`` ones), run the extractor (``time_limit``
+    seconds; the ILP's default when None), build the chosen graph."""
     from .extract import EXTRACTORS
     from .extract.choice_check import used_classes
 
     if extractor not in EXTRACTORS:
         raise ExtractionError(f"unknown extractor {extractor!r}; choose from {sorted(EXTRACTORS)}")
     cpu_start = time.process_time()
-    xgraph, configs = priced_egraph(saturation, cost_model or load_cost_model())
+    xgraph, configs = priced_egraph(saturation, cost_model or load_cost_model(), forbidden)
     result = EXTRACTORS[extractor]().extract(xgraph, None, time_limit)
     class_ids, node_ids = xgraph.class_ids, xgraph.node_ids
     picks = [(class_ids[c], node_ids[result.choice[c]]) for c in used_classes(xgraph, result.choice)]
     classes: dict = {}
     graph = build_graph(configs.eg, picks, saturation.graph, saturation.program.opaque, classes)
     return Extraction(graph, result.dag_cost, result.seconds, extractor, result.status,
-                      [node for _, node in picks], classes, time.process_time() - cpu_start)
+                      [node for _, node in picks], classes, time.process_time() - cpu_start, dict(picks),
+                      forbidden=frozenset(forbidden))
 
 
 def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None, hooks: Hooks | None = None,
-             reference=None) -> OptimizeResult:
+             reference=None, writable=None) -> OptimizeResult:
     """Saturate, extract, decide what to return, and check what is returned.
 
     ``options`` (``taso_egg.options.OptimizeOptions``, every default in one place) say
@@ -220,7 +227,15 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
 
     ``hooks`` (``taso_egg.options.Hooks``) report progress: ``progress(iteration_stats)``
     after each saturation iteration, ``phase(message)`` when a later phase starts (and
-    with notes), and ``measure_progress(done, total)`` after each measured round."""
+    with notes), and ``measure_progress(done, total)`` after each measured round.
+
+    ``writable(extraction, saturation)``, when given, says whether an extracted graph can be written
+    (a model with symbolic dims: ``dynamic.write_symbolic``): ``("", ())``, else why not
+    and sets of tensors responsible, the narrowest first. The chosen e-nodes of the
+    first set that leaves something to extract are then forbidden and the
+    e-graph extracted again (``MAX_REEXTRACTIONS`` times at most; saturation is not
+    redone), so that what is timed and returned is the best graph that can be written;
+    where none is found the result is no candidate (``Extraction.refused`` says why)."""
     options = options or OptimizeOptions()
     hooks = hooks or Hooks()
     progress, measure_progress = hooks.progress, hooks.measure_progress
@@ -242,11 +257,12 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
                    count_classes=progress is not None)
     phase(f"extracting ({extraction.extractor}, time limit {extraction.time_limit:g} s)")
     ext = extract_graph(sat, extraction.extractor, model, extraction.time_limit)
+    unwritable = "" if writable is None else _writable_extraction(sat, ext, writable, model, extraction, phase)
     before, after = graph_cost(form, model), graph_cost(ext.graph, model)
     # Decide first, check what is returned: a result that is not returned needs no
     # check (timing an unchecked candidate writes nothing).
-    decision = decide(graph, ext.graph, before, after, decision_options.min_gain, decision_options.measure,
-                      phase, measure_progress, reference)
+    decision = decide(graph, None if unwritable else ext.graph, before, after, decision_options.min_gain,
+                      decision_options.measure, phase, measure_progress, reference, unwritable)
     # The returned graph is checked once: in onnxruntime (float32) where that proves
     # something, else in our executor (float64, tracked exponents).
     t_check = time.perf_counter()
@@ -288,6 +304,48 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
     cost_after = after if decision.graph is ext.graph else before
     return OptimizeResult(decision.graph, graph, before, cost_after, getattr(model, "name", "cost model"),
                           stats, checked)
+
+
+# Extractions after the first that ``writable`` may refuse: each forbids more e-nodes
+# (extraction is cheap next to saturation, which is not redone).
+MAX_REEXTRACTIONS = 8
+
+
+def _writable_extraction(sat: Saturation, ext: Extraction, writable, model, options: ExtractionOptions,
+                         phase) -> str:
+    """Extract again, without the e-nodes ``writable`` names responsible, until what is
+    extracted can be written; ``ext`` then becomes that extraction (in place), its
+    ``refused`` the reasons on the way. Returns "" then, else why no writable graph was
+    found (``ext`` the last one refused)."""
+    forbidden: set = set()
+    refused: list[str] = []
+    ext.refused = refused
+    while True:
+        why, culprits = writable(ext, sat)
+        if not why:
+            return ""
+        refused.append(why)
+        if len(refused) > MAX_REEXTRACTIONS:
+            return f"{why}, after {MAX_REEXTRACTIONS} extractions without the e-nodes responsible"
+        again, tried = None, False
+        for tensors in culprits:  # the narrowest first; a wider one where nothing is left to extract
+            chosen = (ext.chosen.get((ext.classes or {}).get(key)) for key in tensors)
+            more = {node for node in chosen if node is not None} - forbidden
+            if not more:
+                continue
+            tried = True
+            phase(f"note: the extracted graph cannot be written: {why}; extracting again without the "
+                  f"{len(more)} e-node(s) responsible ({len(forbidden | more)} in all)")
+            try:
+                again = extract_graph(sat, options.extractor, model, options.time_limit, frozenset(forbidden | more))
+            except ExtractionError:
+                continue
+            forbidden |= more
+            break
+        if again is None:
+            return f"{why}, and " + ("without the e-nodes responsible nothing can be extracted" if tried
+                                     else "no e-node could be found responsible")
+        ext.__dict__.update(again.__dict__, refused=refused)
 
 
 def runtime_calibrated(graph: Graph, model: CostModel, seed: int = 0, phase=None) -> CostModel:

@@ -224,15 +224,18 @@ class Decision:
     guard: GuardReport | None = None             # when timed
 
 
-def decide(graph: Graph, result: Graph, before: float, after: float, min_gain: float, measure: int,
-           phase, measure_progress, reference=None) -> Decision:
+def decide(graph: Graph, result: Graph | None, before: float, after: float, min_gain: float, measure: int,
+           phase, measure_progress, reference=None, no_result: str = "") -> Decision:
     """Without ``measure``: the result when its predicted cost falls by more than
     ``min_gain``, else the original. With ``measure`` (the most rounds): every
     candidate timed by the guard in onnxruntime; the fastest confirmed faster than the
     original is returned, else the original; measurement overrides the prediction
     both ways. A candidate that computes node for node what an earlier one does (the
-    result what the re-export does, say) is not timed apart."""
-    if before <= 0:
+    result what the re-export does, say) is not timed apart. ``result`` None: there is
+    none to weigh (``no_result`` says why)."""
+    if result is None:
+        predicted = f"the extracted graph cannot be written: {no_result}"
+    elif before <= 0:
         predicted = "the input costs nothing"
     elif after >= before * (1 - min_gain):
         predicted = f"predicted gain {1 - after / before:+.2%} is not above min_gain {min_gain:.2%}"
@@ -248,7 +251,8 @@ def decide(graph: Graph, result: Graph, before: float, after: float, min_gain: f
     models = {"original": reference if reference is not None else export_fed(graph)}
     if reference is not None:
         models["re-export"] = export_fed(graph)
-    models["result"] = export_fed(result)
+    if result is not None:
+        models["result"] = export_fed(result)
     # a candidate that computes node for node what an earlier one does is not timed
     # (the earlier one stands for it), so that noise does not choose between twins
     seen: dict[tuple, str] = {}
@@ -259,8 +263,8 @@ def decide(graph: Graph, result: Graph, before: float, after: float, min_gain: f
             twins[name] = twin
             del models[name]
     if len(models) == 1:
-        return Decision(graph, "every candidate computes node for node what the original does",
-                        chosen="original")
+        return Decision(graph, predicted if result is None else
+                        "every candidate computes node for node what the original does", chosen="original")
     names = " and ".join(", ".join(models).rsplit(", ", 1))
     phase(f"timing {names} in onnxruntime (paired interleaved rounds, {MIN_ROUNDS} to {measure}, "
           f"at most {TIME_BUDGET:g} s)")
@@ -276,8 +280,8 @@ def decide(graph: Graph, result: Graph, before: float, after: float, min_gain: f
     best = max(faster, key=lambda k: faster[k].ratio, default="original")
     if best == "result":
         return Decision(result, "", report.medians, "result", exported=models["result"], guard=report)
-    why = _why_not_the_result(report, twins, best)
-    if predicted:
+    why = predicted if result is None else _why_not_the_result(report, twins, best)
+    if predicted and result is not None:
         why += f" ({predicted})"
     return Decision(graph, why, report.medians, best, exported=models[best] if best == "re-export" else None,
                     guard=report)

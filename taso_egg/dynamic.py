@@ -10,7 +10,9 @@ second sizes (the re-export is the input imported there; the extracted graph is
 retyped tensor by tensor, each taking the type the input's tensor of its e-class has
 at those sizes), both are exported and ``symbolize``d into one model, and that model
 is checked against the input in onnxruntime at both sizes. A candidate that cannot be
-written so, or differs at either size, is refused with the reason.
+written so, or differs at either size, is refused with the reason and the tensors
+responsible (``SymbolicWrite.culprits``: where a rewrite held only at the priced
+sizes), which ``api.optimize`` forbids and extracts again without.
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+import numpy as np
+
 from .errors import ShapeError, VerificationError
 from .graph import Graph
 from .onnx_io.importer import OtherSizes, load_onnx, value_types
-from .ops import INPUT, OPAQUE, SPLIT, WEIGHT
+from .ops import INPUT, OPAQUE, RESHAPE, SPLIT, WEIGHT
 from .onnx_io.symbolic import (Interface, NotSymbolic, check_feeds_fit, describe_sizes, grown_sizes, import_shapes,
                                interface, representative_sizes, second_sizes, symbolize, writable_sizes)
 
@@ -98,6 +102,11 @@ class SymbolicWrite:
     model: object | None
     errors: dict[str, float]   # sizes described -> the worst relative error there
     why: str = ""
+    # the candidate's tensors, ``(node id, output index)``, that make it wrong at the
+    # second sizes (where the first wrong tensors, their type or values not the input's
+    # equal tensor's, come from), as sets to forbid, the narrowest first: ``_regions``;
+    # empty where none was found
+    culprits: tuple = ()
 
 
 def write_symbolic(dyn: DynamicModel, candidate: Graph, candidate_classes: Mapping | None = None,
@@ -109,21 +118,37 @@ def write_symbolic(dyn: DynamicModel, candidate: Graph, candidate_classes: Mappi
     ``dyn.graph`` (``input_classes``)."""
     from .onnx_io.exporter import export_fed
 
+    if candidate is dyn.graph:
+        try:
+            # exported as FedModels: both sizes share the input's weight arrays (the
+            # second import reads the same ones), so neither copies them into protobuf
+            model = symbolize(export_fed(dyn.graph), export_fed(dyn.second_graph()), dyn.reference,
+                              dyn.first, dyn.second)
+            return SymbolicWrite(model, check_at_sizes(dyn, model, seed))
+        except (NotSymbolic, VerificationError) as e:
+            return SymbolicWrite(None, {}, str(e))
+    if candidate_classes is None or input_classes is None:
+        return SymbolicWrite(None, {}, "the extracted graph's tensors carry no e-classes to size them by")
+    wrong: list = []   # (candidate tensor, why) where the second sizes' type is not the input's
+    made: dict = {}    # candidate tensor -> its tensor at the second sizes
+    guessed: set = set()  # nodes sized by a guess there
+    anchored = set(input_classes.values())
     try:
-        # exported as FedModels: both sizes share the input's weight arrays (the
-        # second import reads the same ones), so neither copies them into protobuf
-        if candidate is dyn.graph:
-            first, second = export_fed(dyn.graph), export_fed(dyn.second_graph())
-        else:
-            if candidate_classes is None or input_classes is None:
-                raise NotSymbolic("the extracted graph's tensors carry no e-classes to size them by")
-            first = export_fed(retyped(candidate, candidate_classes, input_classes, dyn.graph, dyn.graph))
-            second = export_fed(retyped(candidate, candidate_classes, input_classes, dyn.graph,
-                                        dyn.second_graph()))
-        model = symbolize(first, second, dyn.reference, dyn.first, dyn.second)
+        first = export_fed(retyped(candidate, candidate_classes, input_classes, dyn.graph, dyn.graph))
+        at_second = retyped(candidate, candidate_classes, input_classes, dyn.graph, dyn.second_graph(),
+                            wrong, made, guessed)
+        if wrong:
+            raise NotSymbolic(wrong[0][1])
+        model = symbolize(first, export_fed(at_second), dyn.reference, dyn.first, dyn.second)
+    except NotSymbolic as e:
+        return SymbolicWrite(None, {}, str(e), _regions(candidate, candidate_classes, anchored, guessed,
+                                                        [key for key, _ in wrong]))
+    try:
         return SymbolicWrite(model, check_at_sizes(dyn, model, seed))
     except (NotSymbolic, VerificationError) as e:
-        return SymbolicWrite(None, {}, str(e))
+        bad = [] if isinstance(e, NotSymbolic) else \
+            wrong_values(dyn, candidate, at_second, made, candidate_classes, input_classes, seed)
+        return SymbolicWrite(None, {}, str(e), _regions(candidate, candidate_classes, anchored, guessed, bad))
 
 
 def check_at_sizes(dyn: DynamicModel, model, seed: int = 0) -> dict[str, float]:
@@ -144,12 +169,17 @@ def check_at_sizes(dyn: DynamicModel, model, seed: int = 0) -> dict[str, float]:
 
 
 def retyped(candidate: Graph, candidate_classes: Mapping, input_classes: Mapping, inputs: Graph,
-            sized: Graph) -> Graph:
+            sized: Graph, wrong: list | None = None, made: dict | None = None, guessed: set | None = None) -> Graph:
     """``candidate`` rebuilt over ``sized`` (the input graph ``inputs`` imported at other
     sizes, node for node): its inputs and weights as ``sized`` has them, and each
     tensor that is in the e-class of an input tensor typed as that tensor is in
     ``sized`` (a reshape's target, a split's sizes, an opaque node's output types
-    follow). NotSymbolic where a tensor cannot be so typed."""
+    follow). NotSymbolic where a tensor cannot be so typed; with ``wrong`` (a list),
+    each such tensor is appended there as ``(candidate tensor, why)`` and stands in as
+    the input's tensor's type, so that every one is found (the graph is then not one
+    to run). ``made``, when given, is filled with candidate tensor -> rebuilt tensor,
+    ``guessed`` with the nodes whose sizes were guessed (no input tensor equals their
+    outputs: ``_sized_params``)."""
     if [(n.op, n.params.get("name")) for n in inputs.nodes.values()] != \
             [(n.op, n.params.get("name")) for n in sized.nodes.values()]:
         raise NotSymbolic("the input imports to different graphs at the two sizes")
@@ -159,8 +189,12 @@ def retyped(candidate: Graph, candidate_classes: Mapping, input_classes: Mapping
     leaves = {n.params["name"]: n for n in sized.nodes.values() if n.op in (INPUT.name, WEIGHT.name)}
     # the input's splits (a select's: a Gather or Slice of one position) by axis length and
     # sizes, with their sizes at the second sizes: a select the rules moved up keeps them
-    split_sizes = {(n.inputs[0].shape[n.params["axis"]], n.params["sizes"]): s.params["sizes"]
-                   for n, s in zip(inputs.nodes.values(), sized.nodes.values()) if n.op == SPLIT.name}
+    known = {(n.inputs[0].shape[n.params["axis"]], n.params["sizes"]): s.params["sizes"]
+             for n, s in zip(inputs.nodes.values(), sized.nodes.values()) if n.op == SPLIT.name}
+    # and its reshapes by input shape and target: a rewrite that moved one (a Gemm's
+    # rows, batch and positions merged, reshaped back after its bias) keeps its target
+    known.update({(tuple(n.inputs[0].shape), n.params["shape"]): s.params["shape"]
+                  for n, s in zip(inputs.nodes.values(), sized.nodes.values()) if n.op == RESHAPE.name})
 
     def wanted(key):
         source = of_class.get(candidate_classes.get(key))
@@ -168,7 +202,7 @@ def retyped(candidate: Graph, candidate_classes: Mapping, input_classes: Mapping
 
     g = Graph(opset=candidate.opset)
     g.ir_version = candidate.ir_version
-    made: dict = {}
+    made = {} if made is None else made
     for n in candidate.topo_order():
         wants = [wanted((n.id, i)) for i in range(len(n.outputs))]
         leaf = leaves.get(n.params.get("name")) if n.op in (INPUT.name, WEIGHT.name) else None
@@ -180,57 +214,181 @@ def retyped(candidate: Graph, candidate_classes: Mapping, input_classes: Mapping
                 outs = [g.new_weight(data.shape, data=data, name=n.params["name"])]
             else:
                 ins = [made[(t.node, t.index)] for t in n.inputs]
-                outs = g.add_node(n.op, ins, n.name, **_sized_params(n, wants, [t.shape for t in ins],
-                                                                     split_sizes))
+                params, guess = _sized_params(n, wants, [t.shape for t in ins], known)
+                if guess and guessed is not None:
+                    guessed.add(n.id)
+                outs = g.add_node(n.op, ins, n.name, **params)
         except ShapeError as e:
-            raise NotSymbolic(f"{n.label()} has no form at the second sizes ({e})") from None
+            why = f"{n.label()} has no form at the second sizes ({e})"
+            if wrong is None or any(w is None for w in wants):
+                if wrong is not None:
+                    wrong.append(((n.id, 0), why))
+                raise NotSymbolic(why) from None
+            wrong.append(((n.id, 0), why))
+            outs = [_stand_in(g, w) for w in wants]
         for i, (t, want) in enumerate(zip(outs, wants)):
             if want is not None and t.type != want:
-                raise NotSymbolic(f"{n.label()} computes {t.type} at the second sizes, where the "
-                                  f"input's equal tensor is {want}")
+                why = (f"{n.label()} computes {t.type} at the second sizes, where the input's equal "
+                       f"tensor is {want}")
+                if wrong is None:
+                    raise NotSymbolic(why)
+                wrong.append(((n.id, i), why))
+                t = _stand_in(g, want)
             made[(n.id, i)] = t
     for name, t in candidate.outputs:
         g.mark_output(made[(t.node, t.index)], name)
     return g
 
 
-def _sized_params(node, wants, in_shapes, split_sizes: Mapping | None = None) -> dict:
+def _stand_in(g: Graph, want) -> object:
+    """A tensor of type ``want`` in ``g`` where a node cannot compute it (only to go on
+    looking for others: such a graph is not run)."""
+    return g.new_input(want.shape, name=f"_stand_in_{len(g.nodes)}", dtype=want.dtype)
+
+
+def _regions(candidate: Graph, classes: Mapping, anchored: set, guessed: set, wrong: Sequence) -> tuple:
+    """The tensors of ``candidate`` responsible for its ``wrong`` ones, as sets to
+    forbid, the narrowest first (see ``SymbolicWrite.culprits``). Upstream of each
+    wrong tensor, back to tensors an input tensor equals (their classes ``anchored``),
+    lie the tensors whose sizes were guessed; the nodes sized by a guess there
+    (``guessed``, each reshape or split whose rewrite may hold at the priced sizes
+    alone), else the wrong node itself; then the whole region. A tensor computed from
+    weights alone is the same at every size: never one."""
+    if not wrong:
+        return ()
+    constant: set = set()
+    for n in candidate.topo_order():
+        if n.op == WEIGHT.name or (n.op != INPUT.name and n.inputs and all(t.node in constant for t in n.inputs)):
+            constant.add(n.id)
+    narrow: set = set()
+    region: set = set()
+    for key in wrong:
+        mine: set = set()
+        stack = [candidate.nodes[key[0]]]
+        while stack:
+            n = stack.pop()
+            if n.op == INPUT.name or n.id in constant or n.id in mine:
+                continue
+            mine.add(n.id)
+            stack += [candidate.nodes[t.node] for t in n.inputs if classes.get((t.node, t.index)) not in anchored]
+        narrow |= (mine & guessed) or {key[0]}
+        region |= mine
+
+    def tensors(nodes):
+        return tuple(sorted((nid, i) for nid in nodes for i in range(len(candidate.nodes[nid].outputs))))
+
+    return tensors(narrow), tensors(region)
+
+
+# a tensor whose relative error at the second sizes passes this is wrong there, not
+# rounded: a rewrite that holds only at the priced sizes is off by the order of the
+# values (round-off through a deep model stays far below it)
+WRONG_VALUES = 1e-2
+
+
+def wrong_values(dyn: DynamicModel, candidate: Graph, at_second: Graph, made: Mapping, candidate_classes: Mapping,
+                 input_classes: Mapping, seed: int = 0) -> list:
+    """The tensors of ``candidate`` whose values at the second sizes first differ from
+    the input's equal tensors (run in onnxruntime, ``at_second`` against the input
+    imported there, on the same random inputs): each one differs while no tensor
+    it is computed from does. Empty where onnxruntime cannot run them."""
+    from onnx import ValueInfoProto
+
+    from .check.runtime import onnx_outputs
+    from .check.tolerance import relative_error
+    from .executor import random_inputs
+    from .onnx_io.exporter import export_fed_named
+    from .onnx_io.fed import FedModel
+
+    sized = dyn.second_graph()
+    same = {s.id: n.id for n, s in zip(dyn.graph.nodes.values(), sized.nodes.values())}
+    theirs_model, theirs = export_fed_named(sized)
+    of_class: dict = {}
+    for name, (nid, i) in theirs.items():
+        cls = input_classes.get((same[nid], i))
+        if cls is not None:
+            of_class.setdefault(cls, name)
+    mine_model, mine = export_fed_named(at_second)
+    name_of = {key: name for name, key in mine.items()}
+    pairs = {}  # candidate tensor -> (its ONNX name, the input's equal tensor's)
+    for key, cls in candidate_classes.items():
+        t = made.get(key)
+        if t is not None and cls in of_class and (t.node, t.index) in name_of:
+            pairs[key] = (name_of[(t.node, t.index)], of_class[cls])
+
+    def run(fed, names):
+        m = type(fed.model)()
+        m.CopyFrom(fed.model)
+        have = {o.name for o in m.graph.output}
+        m.graph.output.extend(ValueInfoProto(name=x) for x in sorted(set(names) - have))
+        return onnx_outputs(FedModel(m, fed.arrays), feeds)
+
+    feeds = random_inputs(sized, seed)
+    try:
+        got = run(mine_model, [a for a, _ in pairs.values()])
+        expected = run(theirs_model, [b for _, b in pairs.values()])
+    except Exception:  # onnxruntime's own error types: no place to compare from
+        return []
+    bad, tainted = [], set()
+    for n in candidate.topo_order():
+        inherited = any((t.node, t.index) in tainted for t in n.inputs)
+        for i in range(len(n.outputs)):
+            key = (n.id, i)
+            pair = pairs.get(key)
+            if pair is None:
+                if inherited:
+                    tainted.add(key)
+                continue
+            a, b = got[pair[0]], expected[pair[1]]
+            if a.shape != b.shape or relative_error(b.astype(np.float64), a.astype(np.float64)) > WRONG_VALUES:
+                tainted.add(key)
+                if not inherited:
+                    bad.append(key)
+    return bad
+
+
+def _sized_params(node, wants, in_shapes, known: Mapping | None = None) -> tuple[dict, bool]:
     """``node``'s parameters with those that are sizes (a target shape, a split's
     sizes, an opaque node's output types) taken from its outputs' wanted types; a
-    reshape of a tensor no input tensor equals, by ``_reshaped``; a split no part of
-    which an input tensor equals, as the input's split of the same sizes along an axis
-    as long (``split_sizes``) has them, else by a guess."""
+    reshape or split of a tensor no input tensor equals, as the input's reshape of the
+    same shape to the same target, or split of the same sizes along an axis as long,
+    has them (``known``), else by a guess (``_reshaped``); and whether it was one."""
     params = dict(node.params)
     if "sizes" in params and [w is None for w in wants].count(True) == 1:
         # a split with one part no input tensor equals: that part takes what is left
         axis = params["axis"]
-        known = sum(w.shape[axis] for w in wants if w is not None)
-        params["sizes"] = tuple(in_shapes[0][axis] - known if w is None else w.shape[axis] for w in wants)
-        return params
+        have = sum(w.shape[axis] for w in wants if w is not None)
+        params["sizes"] = tuple(in_shapes[0][axis] - have if w is None else w.shape[axis] for w in wants)
+        return params, False
     if "sizes" in params and all(w is None for w in wants):
         axis = params["axis"]
-        same = (split_sizes or {}).get((node.inputs[0].shape[axis], params["sizes"]))
+        same = (known or {}).get((node.inputs[0].shape[axis], params["sizes"]))
         if same is not None and sum(same) == in_shapes[0][axis]:
             params["sizes"] = tuple(same)  # a select moved up (the last position's: (S-1, 1))
-            return params
+            return params, False
         # else the last part takes what the axis gained (a token selected from the
         # front); a guess, tested by the check at both sizes
         sizes = list(params["sizes"])
         sizes[-1] += in_shapes[0][axis] - node.inputs[0].shape[axis]
         params["sizes"] = tuple(sizes)
-        return params
+        return params, True
     if any(w is None for w in wants):
         if "shape" in params and len(node.inputs) == 1 and \
                 math.prod(params["shape"]) == node.inputs[0].type.size:
+            same = (known or {}).get((tuple(node.inputs[0].shape), params["shape"]))
+            if same is not None and math.prod(same) == math.prod(in_shapes[0]):
+                params["shape"] = tuple(same)
+                return params, False
             params["shape"] = _reshaped(params["shape"], node.inputs[0].shape, in_shapes[0])
-        return params
+            return params, tuple(node.inputs[0].shape) != tuple(in_shapes[0])
+        return params, False
     if "shape" in params:
         params["shape"] = tuple(wants[0].shape)
     if "sizes" in params:
         params["sizes"] = tuple(w.shape[params["axis"]] for w in wants)
     if "out_types" in params:
         params["out_types"] = tuple((tuple(w.shape), w.dtype) for w in wants)
-    return params
+    return params, False
 
 
 def _reshaped(target, before, after) -> tuple[int, ...]:

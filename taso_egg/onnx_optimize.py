@@ -75,21 +75,42 @@ def optimize_onnx(source, *, rules=None, options: OptimizeOptions | None = None,
         phase(f"symbolic dims priced, saturated and timed at {describe_sizes(dyn.first)}; "
               + ("written fixed there (fix_shapes)" if dyn.fixed else
                  f"written symbolic, checked there and at {describe_sizes(dyn.second)}"))
-    result = optimize(dyn.graph, rules=rules, options=options, hooks=hooks, reference=dyn.reference)
+    symbolic = dyn.symbolic and not dyn.fixed
+    writes: dict = {}  # id(extracted graph) -> its SymbolicWrite (made once, reused when chosen)
+
+    def writable(ext, sat):
+        """An extraction written with the input's symbolic dims (what ``optimize`` times
+        is what can be written): ("", ()), else why not and the tensors responsible."""
+        phase("writing the extracted graph with the input's symbolic dims, checked at both sizes")
+        written = write_symbolic(dyn, ext.graph, ext.classes, tensor_classes(sat))
+        writes.clear()
+        writes[id(ext.graph)] = written
+        return ("", ()) if written.model is not None else (written.why, written.culprits)
+
+    result = optimize(dyn.graph, rules=rules, options=options, hooks=hooks, reference=dyn.reference,
+                      writable=writable if symbolic else None)
     chosen = result.stats.chosen
     out = OnnxOptimization(source.original if chosen == "original" else result.exported_fed, source, chosen, result)
-    if dyn.symbolic and not dyn.fixed and chosen != "original":
-        _keep_symbolic_dims(out)
+    ext = result.stats.extraction
+    if ext.refused:
+        last = writes.get(id(ext.graph))
+        out.notes.append(f"symbolic dims: {len(ext.refused)} extracted graph(s) held only at the priced sizes "
+                         f"(first: {ext.refused[0]}); " +
+                         (f"the graph weighed was extracted without the {len(ext.forbidden)} e-node(s) "
+                          f"responsible, and holds at both sizes" if last is not None and last.model is not None
+                          else "no graph extracted without the e-nodes responsible holds at both sizes"))
+    if symbolic and chosen != "original":
+        _keep_symbolic_dims(out, writes.get(id(result.graph)))
     return out
 
 
-def _keep_symbolic_dims(out: OnnxOptimization) -> None:
-    """The chosen candidate with the input's symbolic dims, checked at two sizes; else
-    the original, with the reason in ``notes``."""
+def _keep_symbolic_dims(out: OnnxOptimization, written=None) -> None:
+    """The chosen candidate with the input's symbolic dims, checked at two sizes
+    (``written``, where already made); else the original, with the reason in ``notes``."""
     result, dyn = out.result, out.source.dynamic
     if out.chosen == "re-export":
         written = write_symbolic(dyn, dyn.graph)
-    else:
+    elif written is None:
         written = write_symbolic(dyn, result.graph, result.stats.extraction.classes,
                                  tensor_classes(result.stats.saturation))
     if written.model is None:

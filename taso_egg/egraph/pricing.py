@@ -96,10 +96,10 @@ def nested_concats(node_class, children, concat_axis) -> dict[int, set[int]]:
             if axis is not None and (node_class[node], axis) in readers}
 
 
-def priced_egraph(saturation: Saturation, model: CostModel):
+def priced_egraph(saturation: Saturation, model: CostModel, forbidden=frozenset()):
     """The saturated e-graph as the extractors take it (``extract.egraph.EGraph``), each
-    e-node priced by ``model``; e-nodes that cannot run (no known input shape) are
-    left out. Also the ``ENodeConfigs`` that priced them."""
+    e-node priced by ``model``; e-nodes that cannot run (no known input shape) and
+    those ``forbidden`` (ids) are left out. Also the ``ENodeConfigs`` that priced them."""
     configs = ENodeConfigs(saturation)
     eg = configs.eg
     class_ids = list(eg.classes)
@@ -107,6 +107,8 @@ def priced_egraph(saturation: Saturation, model: CostModel):
     node_ids, node_class, costs, children, ops, concat_axis = [], [], [], [], [], []
     for cid, nodes in eg.classes.items():
         for n in nodes:
+            if n.id in forbidden:
+                continue
             c = node_cost(n, configs, model)
             if not math.isfinite(c) or any(ch not in index for ch in n.children):
                 continue
