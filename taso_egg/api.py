@@ -345,7 +345,9 @@ def _writable_extraction(sat: Saturation, ext: Extraction, writable, model, opti
         if again is None:
             return f"{why}, and " + ("without the e-nodes responsible nothing can be extracted" if tried
                                      else "no e-node could be found responsible")
-        ext.__dict__.update(again.__dict__, refused=refused)
+        # the time reported is every extraction's, the refused ones' too
+        ext.__dict__.update(again.__dict__, refused=refused, seconds=ext.seconds + again.seconds,
+                            cpu_seconds=ext.cpu_seconds + again.cpu_seconds)
 
 
 def runtime_calibrated(graph: Graph, model: CostModel, seed: int = 0, phase=None) -> CostModel:
