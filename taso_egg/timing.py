@@ -126,11 +126,11 @@ def kernel_times(model, feeds, runs: int, disabled_optimizers=(), threads: int =
 def return_freed_memory() -> None:
     """Give the memory a freed session held back to the system (glibc keeps freed blocks
     below its mmap threshold, which frees of large blocks raise to 32 MB: a freed
-    session's prepacked weights stayed resident while the next one was built)."""
+    session's prepacked weights stayed resident while the next one was built). A few
+    milliseconds; no ``gc.collect`` (a session is freed when its last name is deleted,
+    and a collection takes a quarter second beside the rule corpus)."""
     import ctypes
-    import gc
 
-    gc.collect()
     try:
         ctypes.CDLL(None).malloc_trim(0)
     except (OSError, AttributeError):  # not glibc
