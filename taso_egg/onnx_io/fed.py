@@ -2,9 +2,9 @@
 
 A ``FedModel`` is an ONNX model whose large initializers are stubs (data_location
 EXTERNAL, location ``MEMORY``) with their values in ``arrays``. onnxruntime is given
-the arrays themselves (``SessionOptions.add_external_initializers``), so candidates
-that share weights share one copy of them (onnxruntime still prepacks its own per
-session), nothing serializes the weights to bytes (protobuf refuses past 2 GB), and
+the arrays themselves (``session_parts``), so candidates that share weights share one
+copy of them (a session keeps only what it prepacks beside them), nothing serializes
+the weights to bytes (protobuf refuses past 2 GB), and
 writing streams the arrays tensor by tensor (into the external-data file, or inline
 as the bytes protobuf would write). A model read from a file
 becomes one (``feed``) before it is imported; the importer reads the arrays, the
@@ -160,7 +160,9 @@ def inline(model):
 def session_parts(model) -> tuple[bytes, list[str], list]:
     """What onnxruntime is given for ``model`` (a ModelProto or a FedModel): the
     serialized model without its large weights, their names, and OrtValues over the
-    arrays (not copies: they must outlive the session)."""
+    arrays (not copies: they must outlive the session), to add both as external
+    initializers (onnxruntime copies those into the graph while it builds) and as
+    shared ones (which the session reads in place: ``timing.make_session``)."""
     import onnxruntime as ort
 
     fed = feed(model)
@@ -172,8 +174,8 @@ def session_parts(model) -> tuple[bytes, list[str], list]:
 def weights_as_inputs(model) -> tuple[bytes, dict[str, np.ndarray]]:
     """``model`` (a ModelProto or a FedModel) serialized with its large weights as graph
     inputs, and the arrays to feed them: for a run without graph optimizations, where
-    this computes what the model computes. onnxruntime copies every initializer it is
-    given (``session_parts``) into each session; inputs it reads in place."""
+    this computes what the model computes, and nothing is copied or prepacked while
+    the session builds (``session_parts`` costs a copy then); inputs it reads in place."""
     import onnx
     from onnx import helper
 
