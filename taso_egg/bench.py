@@ -221,7 +221,6 @@ def _onnx_table(args) -> int:
 
 def _onnx_row(path: str, corpus: str, options: dict) -> dict:
     from . import timing
-    from .decide import run_guard
     from .executor import random_inputs
     from .onnx_optimize import OnnxInput, optimize_onnx
 
@@ -244,9 +243,8 @@ def _onnx_row(path: str, corpus: str, options: dict) -> dict:
     if len(candidates) > 1:
         for threads in speedups:  # every candidate in one interleaved session, by optimize's guard
             with timing.pinned_threads():
-                report = run_guard(timing.ort_rounds(candidates, feeds, threads), list(candidates),
-                                   max_rounds=measure)
-            speedups[threads] = dict(report.comparisons)
+                speedups[threads] = _measured(timing.ort_rounds(candidates, feeds, threads), list(candidates),
+                                              measure)
     for name, cell in peers.items():
         if cell.timed:
             cell.speedup1, cell.speedup2 = speedups[1][name], speedups[2][name]
@@ -257,6 +255,25 @@ def _onnx_row(path: str, corpus: str, options: dict) -> dict:
             "chosen": out.chosen, "rss_mb": _peak_rss_mb(),
             "shares": _kernel_shares(reference, feeds) if options["kernel_shares"] else [],
             "peers": {name: cell.shown() for name, cell in peers.items()}}
+
+
+def _measured(next_round, names: list[str], most: int) -> dict:
+    """Each candidate's speedup over ``names[0]`` from a fixed number of paired rounds,
+    as many as fit in the guard's time budget (the first round's time tells; at least
+    MIN_ROUNDS, at most ``most``), looked at once: a measurement, not a decision, so
+    the interval's level is split over the candidates only (over the guard's looks too,
+    five candidates timed for ten rounds would get no finite interval)."""
+    import math
+
+    from .decide import TIME_BUDGET, run_guard
+    from .options import MIN_ROUNDS
+
+    start = time.perf_counter()
+    first = [next_round()]
+    rounds = max(MIN_ROUNDS, min(most, int(TIME_BUDGET / max(time.perf_counter() - start, 1e-6))))
+    replay = lambda: first.pop() if first else next_round()  # noqa: E731  the first round counts
+    report = run_guard(replay, names, min_rounds=rounds, max_rounds=rounds, seconds=math.inf)
+    return dict(report.comparisons)
 
 
 # --- peers ---------------------------------------------------------------------------------

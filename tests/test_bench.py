@@ -90,3 +90,29 @@ def test_kernel_shares_name_the_operators_the_runtime_runs(tmp_path, capsys):
 def test_onnx_folder_without_models(tmp_path, capsys):
     assert bench.main(["--onnx", str(tmp_path)]) == 2
     assert "no *.onnx files" in capsys.readouterr().err
+
+
+def test_the_peers_measurement_gives_every_candidate_a_finite_interval(monkeypatch):
+    """Six candidates timed for the fewest rounds (rounds as slow as a transformer's,
+    next to the guard's time budget): one look, the level split over the candidates
+    only, so every interval is finite and holds the true ratio; the guard's looks
+    would have split it too finely for ten rounds to give any."""
+    import itertools
+    import time
+
+    from taso_egg import decide
+    from taso_egg.bench import _measured
+    from taso_egg.options import MIN_ROUNDS
+
+    names = ["original", "a", "b", "c", "d", "e"]
+    noise = itertools.cycle([1.0, 1.01, 0.99, 1.02, 0.98, 1.005, 0.995])
+
+    def slow_round():
+        time.sleep(0.02)
+        return {n: (100.0 if n == "original" else 90.0) * next(noise) for n in names}
+
+    monkeypatch.setattr(decide, "TIME_BUDGET", 0.03)  # a round takes most of the budget
+    for c in _measured(slow_round, names, 200).values():
+        assert c.rounds == MIN_ROUNDS and 0 < c.low <= 100 / 90 <= c.high < float("inf")
+    looked = decide.run_guard(slow_round, names, seconds=0)  # the guard: stopped by its budget
+    assert looked.comparisons["a"].high == float("inf")
