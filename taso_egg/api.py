@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from .check.onnx_precision import check_precision_kept
@@ -257,7 +257,9 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
                    count_classes=progress is not None)
     phase(f"extracting ({extraction.extractor}, time limit {extraction.time_limit:g} s)")
     ext = extract_graph(sat, extraction.extractor, model, extraction.time_limit)
-    unwritable = "" if writable is None else _writable_extraction(sat, ext, writable, model, extraction, phase)
+    unwritable = ""
+    if writable is not None:
+        ext, unwritable = _writable_extraction(sat, ext, writable, model, extraction, phase)
     before, after = graph_cost(form, model), graph_cost(ext.graph, model)
     # Decide first, check what is returned: a result that is not returned needs no
     # check (timing an unchecked candidate writes nothing).
@@ -312,21 +314,20 @@ MAX_REEXTRACTIONS = 8
 
 
 def _writable_extraction(sat: Saturation, ext: Extraction, writable, model, options: ExtractionOptions,
-                         phase) -> str:
+                         phase) -> tuple[Extraction, str]:
     """Extract again, without the e-nodes ``writable`` names responsible, until what is
-    extracted can be written; ``ext`` then becomes that extraction (in place), its
-    ``refused`` the reasons on the way. Returns "" then, else why no writable graph was
-    found (``ext`` the last one refused)."""
+    extracted can be written: that extraction, its ``refused`` the reasons on the way,
+    and ""; else the last one refused and why no writable graph was found."""
     forbidden: set = set()
     refused: list[str] = []
-    ext.refused = refused
+    ext = replace(ext, refused=refused)
     while True:
         why, culprits = writable(ext, sat)
         if not why:
-            return ""
+            return ext, ""
         refused.append(why)
         if len(refused) > MAX_REEXTRACTIONS:
-            return f"{why}, after {MAX_REEXTRACTIONS} extractions without the e-nodes responsible"
+            return ext, f"{why}, after {MAX_REEXTRACTIONS} extractions without the e-nodes responsible"
         again, tried = None, False
         for tensors in culprits:  # the narrowest first; a wider one where nothing is left to extract
             chosen = (ext.chosen.get((ext.classes or {}).get(key)) for key in tensors)
@@ -343,11 +344,11 @@ def _writable_extraction(sat: Saturation, ext: Extraction, writable, model, opti
             forbidden |= more
             break
         if again is None:
-            return f"{why}, and " + ("without the e-nodes responsible nothing can be extracted" if tried
-                                     else "no e-node could be found responsible")
+            return ext, f"{why}, and " + ("without the e-nodes responsible nothing can be extracted" if tried
+                                          else "no e-node could be found responsible")
         # the time reported is every extraction's, the refused ones' too
-        ext.__dict__.update(again.__dict__, refused=refused, seconds=ext.seconds + again.seconds,
-                            cpu_seconds=ext.cpu_seconds + again.cpu_seconds)
+        ext = replace(again, refused=refused, seconds=ext.seconds + again.seconds,
+                      cpu_seconds=ext.cpu_seconds + again.cpu_seconds)
 
 
 def runtime_calibrated(graph: Graph, model: CostModel, seed: int = 0, phase=None) -> CostModel:

@@ -220,11 +220,10 @@ def retyped(candidate: Graph, candidate_classes: Mapping, input_classes: Mapping
                 outs = g.add_node(n.op, ins, n.name, **params)
         except ShapeError as e:
             why = f"{n.label()} has no form at the second sizes ({e})"
-            if wrong is None or any(w is None for w in wants):
-                if wrong is not None:
-                    wrong.append(((n.id, 0), why))
+            if wrong is not None:
+                wrong.append(((n.id, 0), why))
+            if wrong is None or any(w is None for w in wants):  # no type to stand in with
                 raise NotSymbolic(why) from None
-            wrong.append(((n.id, 0), why))
             outs = [_stand_in(g, w) for w in wants]
         for i, (t, want) in enumerate(zip(outs, wants)):
             if want is not None and t.type != want:
