@@ -178,7 +178,7 @@ def extract_graph(saturation: Saturation, extractor: str = ExtractionOptions.ext
 
 
 def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None, hooks: Hooks | None = None,
-             reference=None, writable=None) -> OptimizeResult:
+             reference=None, writable=None, as_written=None) -> OptimizeResult:
     """Saturate, extract, decide what to return, and check what is returned.
 
     ``options`` (``taso_egg.options.OptimizeOptions``, every default in one place) say
@@ -235,7 +235,14 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
     first set that leaves something to extract are then forbidden and the
     e-graph extracted again (``MAX_REEXTRACTIONS`` times at most; saturation is not
     redone), so that what is timed and returned is the best graph that can be written;
-    where none is found the result is no candidate (``Extraction.refused`` says why)."""
+    where none is found the result is no candidate (``Extraction.refused`` says why).
+
+    ``as_written(candidate)``, when given, is the ONNX model a candidate graph (``graph``
+    for the re-export, an extraction ``writable`` accepted for the result) is written
+    as, or None where it cannot be written: the guard times that, not the graph
+    exported at the priced sizes, because onnxruntime runs the two differently (a BERT
+    exported with its sizes fixed got Gemm and SkipLayerNormalization fusions and ran
+    4 % slower than the same graph with the input's symbolic dims)."""
     options = options or OptimizeOptions()
     hooks = hooks or Hooks()
     progress, measure_progress = hooks.progress, hooks.measure_progress
@@ -264,7 +271,7 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
     # Decide first, check what is returned: a result that is not returned needs no
     # check (timing an unchecked candidate writes nothing).
     decision = decide(graph, None if unwritable else ext.graph, before, after, decision_options.min_gain,
-                      decision_options.measure, phase, measure_progress, reference, unwritable)
+                      decision_options.measure, phase, measure_progress, reference, unwritable, as_written)
     # The returned graph is checked once: in onnxruntime (float32) where that proves
     # something, else in our executor (float64, tracked exponents).
     t_check = time.perf_counter()

@@ -271,7 +271,7 @@ def _measured(next_round, names: list[str], most: int) -> dict:
     start = time.perf_counter()
     first = [next_round()]
     rounds = max(MIN_ROUNDS, min(most, int(TIME_BUDGET / max(time.perf_counter() - start, 1e-6))))
-    replay = lambda: first.pop() if first else next_round()  # noqa: E731  the first round counts
+    replay = lambda timed: first.pop() if first else next_round(timed)  # noqa: E731  the first round counts
     report = run_guard(replay, names, min_rounds=rounds, max_rounds=rounds, seconds=math.inf)
     return dict(report.comparisons)
 

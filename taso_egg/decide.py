@@ -137,47 +137,64 @@ def compare(original, candidate, alpha: float = ALPHA, margin: float = MARGIN) -
 
 def looks(min_rounds: int, max_rounds: int, growth: float = GROWTH) -> list[int]:
     """The rounds after which the guard looks: ``min_rounds``, then each about
-    ``growth`` times the last (rounded up to even), and ``max_rounds``."""
+    ``growth`` times the last (rounded up to even) while the next would still leave
+    that much room before ``max_rounds``, and ``max_rounds``: a look just before the
+    last one would take a share of the level for almost no more rounds."""
     out = [min(min_rounds, max_rounds)]
     while out[-1] < max_rounds:
         nxt = math.ceil(out[-1] * growth)
-        out.append(min(max_rounds, nxt + nxt % 2))
+        nxt += nxt % 2
+        out.append(nxt if nxt * growth <= max_rounds else max_rounds)
     return out
 
 
-def run_guard(next_round: Callable[[], dict[str, float]], names, min_rounds: int = MIN_ROUNDS,
+def run_guard(next_round: Callable[[list[str]], dict[str, float]], names, min_rounds: int = MIN_ROUNDS,
               max_rounds: int = MAX_ROUNDS, seconds: float = TIME_BUDGET, alpha: float = ALPHA,
               margin: float = MARGIN, progress=None, clock=time.monotonic) -> GuardReport:
     """Time ``names`` (the original first, then the candidates) with ``next_round``
-    (each call times one more round and returns every name's time) until each
-    candidate is settled, confirmed faster or shown not to be (its interval below
-    1 + ``margin``), or ``max_rounds`` are timed, or ``seconds`` have passed (after
-    ``min_rounds`` at least; the look then is one of the schedule's, brought
-    forward). Each look at each candidate gets an equal share of ``alpha``.
-    ``progress(done, max_rounds)`` follows each round (and ``(done, done)`` at the
-    end)."""
+    (each call times one more round of the names it is given, the original first, and
+    returns their times) until each candidate is settled, confirmed faster or shown
+    not to be (its interval below 1 + ``margin``: it is timed no more), or the rounds
+    run out: ``max_rounds``, or as many as fit in ``seconds`` at the first round's pace
+    (after ``min_rounds`` at least; should later rounds run slower, the look when the
+    time is up is one of the schedule's, brought forward). The schedule of looks is
+    fixed after the first round, and each look at each candidate gets an equal share of
+    ``alpha``: looks that the budget would never reach take none.
+    ``progress(done, most)`` follows each round (and ``(done, done)`` at the end)."""
     original, *candidates = names
-    schedule = looks(min_rounds, max_rounds)
-    share = alpha / (len(schedule) * len(candidates))
+    share, schedule, most = 0.0, [], max_rounds
     times = {name: [] for name in names}
+    timed = list(names)  # the original and the candidates not yet settled "not faster"
+    comparisons: dict[str, Comparison] = {}
     start = clock()
     while True:
-        for name, t in next_round().items():
-            times[name].append(t)
+        for name, t in next_round(list(timed)).items():
+            if name in timed:
+                times[name].append(t)
         done = len(times[original])
+        if done == 1:  # fix the schedule: as many rounds as fit in the budget at this pace
+            pace = max(clock() - start, 1e-9)
+            most = max_rounds if math.isinf(seconds) else \
+                max(min(min_rounds, max_rounds), min(max_rounds, int(seconds / pace)))
+            schedule = looks(min_rounds, most)
+            share = alpha / (len(schedule) * len(candidates))
         if progress is not None:
-            progress(done, max_rounds)
+            progress(done, most)
         out_of_time = done >= min_rounds and clock() - start >= seconds
         if done not in schedule and not out_of_time:
             continue
-        comparisons = {c: compare(times[original], times[c], share, margin) for c in candidates}
-        settled = all(c.decision == "faster" or c.high < 1 + margin for c in comparisons.values())
-        if settled or out_of_time or done >= max_rounds:
+        for c in timed[1:]:
+            comparisons[c] = compare(times[original], times[c], share, margin)
+            if comparisons[c].high < 1 + margin:
+                timed.remove(c)
+        settled = all(comparisons[c].decision == "faster" for c in timed[1:])
+        if settled or out_of_time or done >= most:
             break
     if progress is not None:
         progress(done, done)
     stopped = "decided" if settled else "rounds" if done >= max_rounds else "time"
-    return GuardReport(comparisons, {k: statistics.median(v) for k, v in times.items()}, done,
+    return GuardReport({c: comparisons[c] for c in candidates},
+                       {k: statistics.median(v) for k, v in times.items()}, done,
                        clock() - start, stopped, 1 - 2 * alpha)
 
 
@@ -225,14 +242,16 @@ class Decision:
 
 
 def decide(graph: Graph, result: Graph | None, before: float, after: float, min_gain: float, measure: int,
-           phase, measure_progress, reference=None, no_result: str = "") -> Decision:
+           phase, measure_progress, reference=None, no_result: str = "", as_written=None) -> Decision:
     """Without ``measure``: the result when its predicted cost falls by more than
     ``min_gain``, else the original. With ``measure`` (the most rounds): every
     candidate timed by the guard in onnxruntime; the fastest confirmed faster than the
     original is returned, else the original; measurement overrides the prediction
     both ways. A candidate that computes node for node what an earlier one does (the
     result what the re-export does, say) is not timed apart. ``result`` None: there is
-    none to weigh (``no_result`` says why)."""
+    none to weigh (``no_result`` says why). ``as_written(candidate)``: the model a
+    candidate graph is written as, what is timed (None: it cannot be written, and is
+    not a candidate); the graph exported when not given."""
     if result is None:
         predicted = f"the extracted graph cannot be written: {no_result}"
     elif before <= 0:
@@ -248,11 +267,16 @@ def decide(graph: Graph, result: Graph | None, before: float, after: float, min_
         return Decision(result, not_measured=unmeasured)
     # candidates as FedModels: the re-export's weights are the graph's arrays, the
     # result's too where it keeps them, so onnxruntime gets no copy of them to time
+    written = as_written or export_fed
     models = {"original": reference if reference is not None else export_fed(graph)}
     if reference is not None:
-        models["re-export"] = export_fed(graph)
+        models["re-export"] = written(graph)
     if result is not None:
-        models["result"] = export_fed(result)
+        models["result"] = written(result)
+    unwritten = [name for name, model in models.items() if model is None]
+    models = {name: model for name, model in models.items() if model is not None}
+    if "result" in unwritten:  # ``writable`` accepted it: a fault of ours
+        raise ValueError("as_written refused the result that writable accepted")
     # a candidate that computes node for node what an earlier one does is not timed
     # (the earlier one stands for it), so that noise does not choose between twins
     seen: dict[tuple, str] = {}

@@ -76,19 +76,30 @@ def optimize_onnx(source, *, rules=None, options: OptimizeOptions | None = None,
               + ("written fixed there (fix_shapes)" if dyn.fixed else
                  f"written symbolic, checked there and at {describe_sizes(dyn.second)}"))
     symbolic = dyn.symbolic and not dyn.fixed
-    writes: dict = {}  # id(extracted graph) -> its SymbolicWrite (made once, reused when chosen)
+    # id(candidate graph) -> its SymbolicWrite, made once: the re-export's, and the last
+    # extraction's (what is timed is reused when it is chosen)
+    writes: dict = {}
 
     def writable(ext, sat):
         """An extraction written with the input's symbolic dims (what ``optimize`` times
         is what can be written): ("", ()), else why not and the tensors responsible."""
         phase("writing the extracted graph with the input's symbolic dims, checked at both sizes")
         written = write_symbolic(dyn, ext.graph, ext.classes, tensor_classes(sat))
-        writes.clear()
+        for key in [key for key in writes if key != id(dyn.graph)]:
+            del writes[key]
         writes[id(ext.graph)] = written
         return ("", ()) if written.model is not None else (written.why, written.culprits)
 
+    def as_written(candidate):
+        """The model ``candidate`` is written as, what the guard times (None: it cannot
+        be written with the input's symbolic dims)."""
+        if id(candidate) not in writes:  # the re-export: the result passed ``writable``
+            phase("writing the re-export with the input's symbolic dims, checked at both sizes")
+            writes[id(candidate)] = write_symbolic(dyn, candidate)
+        return writes[id(candidate)].model
+
     result = optimize(dyn.graph, rules=rules, options=options, hooks=hooks, reference=dyn.reference,
-                      writable=writable if symbolic else None)
+                      writable=writable if symbolic else None, as_written=as_written if symbolic else None)
     chosen = result.stats.chosen
     out = OnnxOptimization(source.original if chosen == "original" else result.exported_fed, source, chosen, result)
     ext = result.stats.extraction
@@ -108,7 +119,7 @@ def _keep_symbolic_dims(out: OnnxOptimization, written=None) -> None:
     """The chosen candidate with the input's symbolic dims, checked at two sizes
     (``written``, where already made); else the original, with the reason in ``notes``."""
     result, dyn = out.result, out.source.dynamic
-    if out.chosen == "re-export":
+    if written is None and out.chosen == "re-export":
         written = write_symbolic(dyn, dyn.graph)
     elif written is None:
         written = write_symbolic(dyn, result.graph, result.stats.extraction.classes,

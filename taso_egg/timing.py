@@ -251,9 +251,11 @@ def ort_rounds(models: dict, feeds, threads: int = 1):
     for every model."""
     done, calls, per_session = 0, None, None
 
-    def next_round() -> dict[str, float]:
+    def next_round(names=None) -> dict[str, float]:
+        """One more round of ``names`` (default: every model)."""
         nonlocal done, calls, per_session
-        names = list(models) if done % 2 == 0 else list(reversed(models))
+        names = list(models if names is None else names)
+        names = names if done % 2 == 0 else names[::-1]
         out = {}
         for name in names:
             start = time.perf_counter()

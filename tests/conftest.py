@@ -112,7 +112,7 @@ def fake_timer(monkeypatch):
         state.timed.append(list(models))
         done = 0
 
-        def next_round():
+        def next_round(names=None):
             nonlocal done
             done += 1
             state.rounds += 1

@@ -95,8 +95,7 @@ def test_onnx_folder_without_models(tmp_path, capsys):
 def test_the_peers_measurement_gives_every_candidate_a_finite_interval(monkeypatch):
     """Six candidates timed for the fewest rounds (rounds as slow as a transformer's,
     next to the guard's time budget): one look, the level split over the candidates
-    only, so every interval is finite and holds the true ratio; the guard's looks
-    would have split it too finely for ten rounds to give any."""
+    only, so every interval is finite and holds the true ratio."""
     import itertools
     import time
 
@@ -107,12 +106,10 @@ def test_the_peers_measurement_gives_every_candidate_a_finite_interval(monkeypat
     names = ["original", "a", "b", "c", "d", "e"]
     noise = itertools.cycle([1.0, 1.01, 0.99, 1.02, 0.98, 1.005, 0.995])
 
-    def slow_round():
+    def slow_round(timed=None):
         time.sleep(0.02)
         return {n: (100.0 if n == "original" else 90.0) * next(noise) for n in names}
 
     monkeypatch.setattr(decide, "TIME_BUDGET", 0.03)  # a round takes most of the budget
     for c in _measured(slow_round, names, 200).values():
         assert c.rounds == MIN_ROUNDS and 0 < c.low <= 100 / 90 <= c.high < float("inf")
-    looked = decide.run_guard(slow_round, names, seconds=0)  # the guard: stopped by its budget
-    assert looked.comparisons["a"].high == float("inf")

@@ -26,7 +26,7 @@ def _rounds(rng, ratios: dict[str, float], cv: float, spikes: float = 0.0, drift
         t = ms * load * math.exp(rng.normal(0, cv))
         return t * (1 + rng.exponential(1.0)) if spikes and rng.random() < spikes else t
 
-    def next_round():
+    def next_round(names=None):
         load = math.exp(rng.normal(0, drift))
         return {"original": one(10.0, load), **{k: one(10.0 / r, load) for k, r in ratios.items()}}
 
@@ -84,7 +84,8 @@ def test_decisions_follow_the_interval_and_margin():
 
 
 def test_looks():
-    assert looks(10, 60) == [10, 16, 24, 36, 54, 60]
+    assert looks(10, 60) == [10, 16, 24, 36, 60]  # 54 would leave too little room
+    assert looks(10, 17) == [10, 17]
     assert looks(10, 10) == [10] and looks(10, 12) == [10, 12]
 
 
@@ -147,7 +148,7 @@ def test_several_candidates_share_the_level():
 def test_the_time_budget_stops_timing_after_the_minimum():
     rounds, timed = _rounds(np.random.default_rng(0), {"result": 1.0}, cv=0.10), []
 
-    def one_second_a_round():
+    def one_second_a_round(names=None):
         timed.append(1.0)
         return rounds()
 
@@ -155,6 +156,40 @@ def test_the_time_budget_stops_timing_after_the_minimum():
     assert report.stopped == "time" and report.rounds == MIN_ROUNDS and report.seconds == 10
     report = run_guard(one_second_a_round, ["original", "result"], seconds=15, clock=lambda: sum(timed))
     assert report.stopped == "time" and report.rounds == 15
+
+
+def test_the_schedule_fits_the_rounds_the_budget_allows():
+    """Rounds of 3 s in a 60 s budget: 20 rounds, looked at after 10 and 20, each look
+    with a quarter of the level (two looks, two candidates), not a share of the nine
+    looks up to MAX_ROUNDS that the budget would never reach."""
+    rounds, elapsed = _rounds(np.random.default_rng(0), {"re-export": 1.0, "result": 1.0}, cv=0.10), []
+
+    def three_seconds_a_round(names=None):
+        elapsed.append(3.0)
+        return rounds()
+
+    report = run_guard(three_seconds_a_round, ["original", "re-export", "result"], seconds=60,
+                       clock=lambda: sum(elapsed))
+    assert report.rounds == 20 and report.stopped == "time"
+    assert decide.looks(MIN_ROUNDS, 20) == [10, 20]
+
+
+def test_a_candidate_shown_not_faster_is_timed_no_more():
+    """A re-export 20 % slower is settled at the first look and dropped: the later
+    rounds time the original and the result alone (a transformer's rounds a third
+    shorter), and the result's 4 % gain is confirmed."""
+    rounds, asked = _rounds(np.random.default_rng(3), {"re-export": 0.8, "result": 1.04}, cv=0.02), []
+
+    def recording(names):
+        asked.append(tuple(names))
+        return rounds()
+
+    report = run_guard(recording, ["original", "re-export", "result"])
+    assert report.comparisons["re-export"].decision == "slower"
+    assert report.comparisons["re-export"].rounds == MIN_ROUNDS
+    assert asked[:MIN_ROUNDS] == [("original", "re-export", "result")] * MIN_ROUNDS
+    assert set(asked[MIN_ROUNDS:]) == {("original", "result")}
+    assert report.comparisons["result"].decision == "faster" and report.rounds > MIN_ROUNDS
 
 
 def test_progress_ends_where_timing_ends():

@@ -101,7 +101,7 @@ def test_peers_cells_faked_and_missing(tmp_path, monkeypatch, capsys):
         raise ValueError("unsupported opset")
 
     def every_candidate_twice_as_fast(models, feeds, threads=1):
-        return lambda: {name: 2.0 if name == "original" else 1.0 for name in models}
+        return lambda names=None: {name: 2.0 if name == "original" else 1.0 for name in models}
 
     monkeypatch.setattr(peers, "PEERS", {"onnxsim": missing, "onnxslim": PeerOutput,
                                          "ort-transformers": failing, "wrong": _wrong})

@@ -325,7 +325,7 @@ def test_cli_search_writes_the_input_when_the_result_measures_slower(tmp_path, c
     from taso_egg.onnx_io.exporter import export_onnx
 
     monkeypatch.setattr(timing, "ort_rounds", lambda models, feeds, threads=1:
-                        lambda: {"original": 1.0, "optimized": 2.0})
+                        lambda names=None: {"original": 1.0, "optimized": 2.0})
     out = tmp_path / "bert.onnx"
     assert main(["search", "bert-small", "-o", str(out), "--budget", "5", "--profile", "analytic"]) == 0
     text = capsys.readouterr().out
