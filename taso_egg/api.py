@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from .check.onnx_precision import check_precision_kept
 from .check.regions import LocalCheck, check_locally
@@ -34,6 +34,19 @@ from .rules.corpus import FUSIONS, RuleFamily, load_corpus
 if TYPE_CHECKING:
     import onnx
 
+@dataclass(frozen=True)
+class Writer:
+    """How ``optimize``'s candidates are written where that is not the graph exported
+    as it is (a model with symbolic dims: ``onnx_optimize``): ``refusal(extraction,
+    saturation)`` is ``("", ())`` for an extraction that can be written, else why not
+    and sets of its tensors responsible, the narrowest first; ``model(candidate)`` the
+    ONNX model a candidate graph (the input graph, or an extraction ``refusal``
+    accepted) is written as, or None where it cannot be."""
+
+    refusal: Callable
+    model: Callable
+
+
 @dataclass
 class Extraction:
     graph: Graph
@@ -47,7 +60,7 @@ class Extraction:
     classes: dict | None = None
     cpu_seconds: float = 0.0  # this process's CPU time: pricing, the extractor, the rebuild
     chosen: dict = field(default_factory=dict)  # class id -> the e-node id chosen there
-    # ``optimize``'s ``writable``: why each earlier extraction was refused, and the e-nodes
+    # ``optimize``'s ``writer``: why each earlier extraction was refused, and the e-nodes
     # forbidden for it (this one extracted without them)
     refused: list[str] = field(default_factory=list)
     forbidden: frozenset = frozenset()
@@ -178,7 +191,7 @@ def extract_graph(saturation: Saturation, extractor: str = ExtractionOptions.ext
 
 
 def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None, hooks: Hooks | None = None,
-             reference=None, writable=None, as_written=None) -> OptimizeResult:
+             reference=None, writer: Writer | None = None) -> OptimizeResult:
     """Saturate, extract, decide what to return, and check what is returned.
 
     ``options`` (``taso_egg.options.OptimizeOptions``, every default in one place) say
@@ -229,20 +242,15 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
     after each saturation iteration, ``phase(message)`` when a later phase starts (and
     with notes), and ``measure_progress(done, total)`` after each measured round.
 
-    ``writable(extraction, saturation)``, when given, says whether an extracted graph can be written
-    (a model with symbolic dims: ``dynamic.write_symbolic``): ``("", ())``, else why not
-    and sets of tensors responsible, the narrowest first. The chosen e-nodes of the
-    first set that leaves something to extract are then forbidden and the
-    e-graph extracted again (``MAX_REEXTRACTIONS`` times at most; saturation is not
-    redone), so that what is timed and returned is the best graph that can be written;
-    where none is found the result is no candidate (``Extraction.refused`` says why).
-
-    ``as_written(candidate)``, when given, is the ONNX model a candidate graph (``graph``
-    for the re-export, an extraction ``writable`` accepted for the result) is written
-    as, or None where it cannot be written: the guard times that, not the graph
-    exported at the priced sizes, because onnxruntime runs the two differently (a BERT
-    exported with its sizes fixed got Gemm and SkipLayerNormalization fusions and ran
-    4 % slower than the same graph with the input's symbolic dims)."""
+    ``writer`` (``Writer``), when given, writes the candidates: an extraction it refuses
+    has the chosen e-nodes of the first set of tensors responsible that leaves
+    something to extract forbidden, and the e-graph extracted again
+    (``MAX_REEXTRACTIONS`` times at most; saturation is not redone), so that what is
+    timed and returned is the best graph that can be written; where none is found the
+    result is no candidate (``Extraction.refused`` says why). The guard times each
+    candidate as the writer writes it, not exported at the priced sizes: onnxruntime
+    runs the two differently (a BERT exported with its sizes fixed got Gemm and
+    SkipLayerNormalization fusions and ran 4 % slower than with its symbolic dims)."""
     options = options or OptimizeOptions()
     hooks = hooks or Hooks()
     progress, measure_progress = hooks.progress, hooks.measure_progress
@@ -265,13 +273,14 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
     phase(f"extracting ({extraction.extractor}, time limit {extraction.time_limit:g} s)")
     ext = extract_graph(sat, extraction.extractor, model, extraction.time_limit)
     unwritable = ""
-    if writable is not None:
-        ext, unwritable = _writable_extraction(sat, ext, writable, model, extraction, phase)
+    if writer is not None:
+        ext, unwritable = _writable_extraction(sat, ext, writer.refusal, model, extraction, phase)
     before, after = graph_cost(form, model), graph_cost(ext.graph, model)
     # Decide first, check what is returned: a result that is not returned needs no
     # check (timing an unchecked candidate writes nothing).
     decision = decide(graph, None if unwritable else ext.graph, before, after, decision_options.min_gain,
-                      decision_options.measure, phase, measure_progress, reference, unwritable, as_written)
+                      decision_options.measure, phase, measure_progress, reference, unwritable,
+                      writer.model if writer is not None else None)
     # The returned graph is checked once: in onnxruntime (float32) where that proves
     # something, else in our executor (float64, tracked exponents).
     t_check = time.perf_counter()
@@ -315,7 +324,7 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
                           stats, checked)
 
 
-# Extractions after the first that ``writable`` may refuse: each forbids more e-nodes
+# Extractions after the first that the writer may refuse: each forbids more e-nodes
 # (extraction is cheap next to saturation, which is not redone).
 MAX_REEXTRACTIONS = 8
 

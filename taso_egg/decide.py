@@ -275,8 +275,8 @@ def decide(graph: Graph, result: Graph | None, before: float, after: float, min_
         models["result"] = written(result)
     unwritten = [name for name, model in models.items() if model is None]
     models = {name: model for name, model in models.items() if model is not None}
-    if "result" in unwritten:  # ``writable`` accepted it: a fault of ours
-        raise ValueError("as_written refused the result that writable accepted")
+    if "result" in unwritten:  # the writer accepted it: a fault of ours
+        raise ValueError("the writer cannot write the result it accepted")
     # a candidate that computes node for node what an earlier one does is not timed
     # (the earlier one stands for it), so that noise does not choose between twins
     seen: dict[tuple, str] = {}

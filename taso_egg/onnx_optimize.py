@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from .api import OptimizeResult, optimize
+from .api import OptimizeResult, Writer, optimize
 from .dynamic import DynamicModel, write_symbolic
 from .egraph.saturate import tensor_classes
 from .onnx_io.counts import describe
@@ -93,13 +93,13 @@ def optimize_onnx(source, *, rules=None, options: OptimizeOptions | None = None,
     def as_written(candidate):
         """The model ``candidate`` is written as, what the guard times (None: it cannot
         be written with the input's symbolic dims)."""
-        if id(candidate) not in writes:  # the re-export: the result passed ``writable``
+        if id(candidate) not in writes:  # the re-export (the result was written by ``writable``)
             phase("writing the re-export with the input's symbolic dims, checked at both sizes")
             writes[id(candidate)] = write_symbolic(dyn, candidate)
         return writes[id(candidate)].model
 
     result = optimize(dyn.graph, rules=rules, options=options, hooks=hooks, reference=dyn.reference,
-                      writable=writable if symbolic else None, as_written=as_written if symbolic else None)
+                      writer=Writer(writable, as_written) if symbolic else None)
     chosen = result.stats.chosen
     out = OnnxOptimization(source.original if chosen == "original" else result.exported_fed, source, chosen, result)
     ext = result.stats.extraction
