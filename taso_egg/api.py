@@ -34,6 +34,7 @@ from .rules.corpus import FUSIONS, RuleFamily, load_corpus
 if TYPE_CHECKING:
     import onnx
 
+
 @dataclass(frozen=True)
 class Writer:
     """How ``optimize``'s candidates are written where that is not the graph exported

@@ -95,7 +95,10 @@ def optimize_onnx(source, *, rules=None, options: OptimizeOptions | None = None,
         be written with the input's symbolic dims)."""
         if id(candidate) not in writes:  # the re-export (the result was written by ``writable``)
             phase("writing the re-export with the input's symbolic dims, checked at both sizes")
-            writes[id(candidate)] = write_symbolic(dyn, candidate)
+            writes[id(candidate)] = written = write_symbolic(dyn, candidate)
+            if written.model is None:
+                phase(f"note: the re-export is no candidate: it cannot be written with the input's "
+                      f"symbolic dims ({written.why})")
         return writes[id(candidate)].model
 
     result = optimize(dyn.graph, rules=rules, options=options, hooks=hooks, reference=dyn.reference,
