@@ -35,7 +35,7 @@ def onnx_outputs(model, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray
         feeds = {**feeds, **weights}
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 3
+    options.log_severity_level = 4  # fatal only: a failed run raises, with its message, here
     # no prepacked copy of the weights, for models read from a file too: a run or two
     # does not pay for it, and fed weights, being inputs, are not prepacked either
     options.add_session_config_entry("session.disable_prepacking", "1")

@@ -190,7 +190,7 @@ def _session(op_type, domain, opset, attrs, in_types, n_outputs, empty_inputs, c
                               opset_imports=opsets,
                               ir_version=ir_version_for(opset if not domain else 17))
     options = ort.SessionOptions()
-    options.log_severity_level = 3
+    options.log_severity_level = 4  # fatal only: a failed run raises, with its message, here
     options.intra_op_num_threads = 1
     try:
         return ort.InferenceSession(model.SerializeToString(), options,
