@@ -265,12 +265,13 @@ def _measured(next_round, names: list[str], most: int) -> dict:
     five candidates timed for ten rounds would get no finite interval)."""
     import math
 
-    from .decide import TIME_BUDGET, run_guard
+    from .decide import run_guard, time_budget
     from .options import MIN_ROUNDS
 
     start = time.perf_counter()
     first = [next_round()]
-    rounds = max(MIN_ROUNDS, min(most, int(TIME_BUDGET / max(time.perf_counter() - start, 1e-6))))
+    pace = max(time.perf_counter() - start, 1e-6)
+    rounds = max(MIN_ROUNDS, min(most, int(time_budget(pace) / pace)))
     replay = lambda timed: first.pop() if first else next_round(timed)  # noqa: E731  the first round counts
     report = run_guard(replay, names, min_rounds=rounds, max_rounds=rounds, seconds=math.inf)
     return dict(report.comparisons)

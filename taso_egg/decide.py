@@ -43,6 +43,11 @@ if TYPE_CHECKING:
 # always run): on a model of a second a run, 60 rounds of three candidates take three
 # minutes, more than a saturation.
 TIME_BUDGET = 60.0
+# Rounds slower than TIME_BUDGET / ENOUGH_ROUNDS (a transformer's three sessions built
+# and timed take seconds) stretch the budget to fit ENOUGH_ROUNDS, up to
+# MAX_TIME_BUDGET: twelve rounds left BERT's 10 % gain undecided ([1.009, 1.187]).
+ENOUGH_ROUNDS = 30
+MAX_TIME_BUDGET = 180.0
 # A false "faster" (or "slower") has at most this probability over the whole session:
 # every look and every candidate together (the intervals are two-sided at 1 - 2 ALPHA,
 # 95 %).
@@ -84,6 +89,7 @@ class GuardReport:
     seconds: float
     stopped: str
     confidence: float
+    budget: float = TIME_BUDGET  # the seconds the rounds were given (``time_budget``)
 
 
 # --- the statistics -------------------------------------------------------------------
@@ -135,6 +141,15 @@ def compare(original, candidate, alpha: float = ALPHA, margin: float = MARGIN) -
     return Comparison(centre, low, high, decision, len(d))
 
 
+def time_budget(pace: float, seconds: float | None = None, longest: float | None = None) -> float:
+    """The seconds to time rounds of ``pace`` seconds for: ``seconds`` (TIME_BUDGET),
+    stretched to fit ENOUGH_ROUNDS where that takes longer, up to ``longest``
+    (MAX_TIME_BUDGET)."""
+    seconds = TIME_BUDGET if seconds is None else seconds
+    longest = MAX_TIME_BUDGET if longest is None else longest
+    return max(seconds, min(longest, ENOUGH_ROUNDS * pace))
+
+
 def looks(min_rounds: int, max_rounds: int, growth: float = GROWTH) -> list[int]:
     """The rounds after which the guard looks: ``min_rounds``, then each about
     ``growth`` times the last (rounded up to even) while the next would still leave
@@ -149,20 +164,21 @@ def looks(min_rounds: int, max_rounds: int, growth: float = GROWTH) -> list[int]
 
 
 def run_guard(next_round: Callable[[list[str]], dict[str, float]], names, min_rounds: int = MIN_ROUNDS,
-              max_rounds: int = MAX_ROUNDS, seconds: float = TIME_BUDGET, alpha: float = ALPHA,
-              margin: float = MARGIN, progress=None, clock=time.monotonic) -> GuardReport:
+              max_rounds: int = MAX_ROUNDS, seconds: float = TIME_BUDGET, longest: float = MAX_TIME_BUDGET,
+              alpha: float = ALPHA, margin: float = MARGIN, progress=None, clock=time.monotonic) -> GuardReport:
     """Time ``names`` (the original first, then the candidates) with ``next_round``
     (each call times one more round of the names it is given, the original first, and
     returns their times) until each candidate is settled, confirmed faster or shown
     not to be (its interval below 1 + ``margin``: it is timed no more), or the rounds
-    run out: ``max_rounds``, or as many as fit in ``seconds`` at the first round's pace
-    (after ``min_rounds`` at least; should later rounds run slower, the look when the
-    time is up is one of the schedule's, brought forward). The schedule of looks is
+    run out: ``max_rounds``, or as many as fit at the first round's pace in ``seconds``
+    (stretched up to ``longest`` for slow rounds: ``time_budget``; after ``min_rounds``
+    at least; should later rounds run slower, the look when the time is up is one of
+    the schedule's, brought forward). The schedule of looks is
     fixed after the first round, and each look at each candidate gets an equal share of
     ``alpha``: looks that the budget would never reach take none.
     ``progress(done, most)`` follows each round (and ``(done, done)`` at the end)."""
     original, *candidates = names
-    share, schedule, most = 0.0, [], max_rounds
+    share, schedule, most, budget = 0.0, [], max_rounds, seconds
     times = {name: [] for name in names}
     timed = list(names)  # the original and the candidates not yet settled "not faster"
     comparisons: dict[str, Comparison] = {}
@@ -174,13 +190,14 @@ def run_guard(next_round: Callable[[list[str]], dict[str, float]], names, min_ro
         done = len(times[original])
         if done == 1:  # fix the schedule: as many rounds as fit in the budget at this pace
             pace = max(clock() - start, 1e-9)
-            most = max_rounds if math.isinf(seconds) else \
-                max(min(min_rounds, max_rounds), min(max_rounds, int(seconds / pace)))
+            budget = seconds if math.isinf(seconds) else time_budget(pace, seconds, longest)
+            most = max_rounds if math.isinf(budget) else \
+                max(min(min_rounds, max_rounds), min(max_rounds, int(budget / pace)))
             schedule = looks(min_rounds, most)
             share = alpha / (len(schedule) * len(candidates))
         if progress is not None:
             progress(done, most)
-        out_of_time = done >= min_rounds and clock() - start >= seconds
+        out_of_time = done >= min_rounds and clock() - start >= budget
         if done not in schedule and not out_of_time:
             continue
         for c in timed[1:]:
@@ -195,7 +212,7 @@ def run_guard(next_round: Callable[[list[str]], dict[str, float]], names, min_ro
     stopped = "decided" if settled else "rounds" if done >= max_rounds else "time"
     return GuardReport({c: comparisons[c] for c in candidates},
                        {k: statistics.median(v) for k, v in times.items()}, done,
-                       clock() - start, stopped, 1 - 2 * alpha)
+                       clock() - start, stopped, 1 - 2 * alpha, budget)
 
 
 def time_in_onnxruntime(models: dict, feeds, max_rounds: int = MAX_ROUNDS, progress=None) -> GuardReport:
@@ -218,7 +235,7 @@ def not_faster_why(report: GuardReport, name: str, against: str) -> str:
         return f"the result measured slower than {against}: {format_ratio(c)}"
     if c.high < 1 + MARGIN:
         return f"the result measured no faster than {against} beyond {MARGIN:.0%}: {format_ratio(c)}"
-    budget = (f"the time budget ({TIME_BUDGET:g} s) ran out after {report.rounds} rounds"
+    budget = (f"the time budget ({report.budget:.0f} s) ran out after {report.rounds} rounds"
               if report.stopped == "time" else f"{report.rounds} rounds, the most allowed (--measure)")
     return (f"could not decide whether the result is faster than {against}: {format_ratio(c)} after "
             f"{budget} (the machine too noisy, or the gain too small, to confirm)")
@@ -291,7 +308,7 @@ def decide(graph: Graph, result: Graph | None, before: float, after: float, min_
                         "every candidate computes node for node what the original does", chosen="original")
     names = " and ".join(", ".join(models).rsplit(", ", 1))
     phase(f"timing {names} in onnxruntime (paired interleaved rounds, {MIN_ROUNDS} to {measure}, "
-          f"at most {TIME_BUDGET:g} s)")
+          f"at most {TIME_BUDGET:g} s, {MAX_TIME_BUDGET:g} s for slow rounds)")
     try:
         report = time_in_onnxruntime(models, random_inputs(graph), measure, measure_progress)
     except ProfileError:

@@ -152,10 +152,28 @@ def test_the_time_budget_stops_timing_after_the_minimum():
         timed.append(1.0)
         return rounds()
 
-    report = run_guard(one_second_a_round, ["original", "result"], seconds=5, clock=lambda: sum(timed))
+    report = run_guard(one_second_a_round, ["original", "result"], seconds=5, longest=5, clock=lambda: sum(timed))
     assert report.stopped == "time" and report.rounds == MIN_ROUNDS and report.seconds == 10
-    report = run_guard(one_second_a_round, ["original", "result"], seconds=15, clock=lambda: sum(timed))
+    report = run_guard(one_second_a_round, ["original", "result"], seconds=15, longest=15,
+                       clock=lambda: sum(timed))
     assert report.stopped == "time" and report.rounds == 15
+
+
+def test_slow_rounds_stretch_the_budget_to_enough_rounds():
+    """Rounds of 5 s (BERT's three sessions): the 60 s budget would give twelve, too
+    few to confirm a 10 % gain through a session's luck; it stretches to fit
+    ENOUGH_ROUNDS, and no further than MAX_TIME_BUDGET for slower rounds."""
+    for pace, rounds in [(1.0, 60), (5.0, decide.ENOUGH_ROUNDS), (15.0, int(decide.MAX_TIME_BUDGET / 15))]:
+        elapsed = []
+        noisy = _rounds(np.random.default_rng(0), {"result": 1.0}, cv=0.10)
+
+        def one_round(names=None):
+            elapsed.append(pace)
+            return noisy()
+
+        report = run_guard(one_round, ["original", "result"], clock=lambda: sum(elapsed))
+        assert report.rounds == rounds and report.stopped == "time", (pace, report.rounds)
+        assert report.budget == max(decide.TIME_BUDGET, min(decide.MAX_TIME_BUDGET, rounds * pace))
 
 
 def test_the_schedule_fits_the_rounds_the_budget_allows():
@@ -168,7 +186,7 @@ def test_the_schedule_fits_the_rounds_the_budget_allows():
         elapsed.append(3.0)
         return rounds()
 
-    report = run_guard(three_seconds_a_round, ["original", "re-export", "result"], seconds=60,
+    report = run_guard(three_seconds_a_round, ["original", "re-export", "result"], seconds=60, longest=60,
                        clock=lambda: sum(elapsed))
     assert report.rounds == 20 and report.stopped == "time"
     assert decide.looks(MIN_ROUNDS, 20) == [10, 20]
