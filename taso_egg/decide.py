@@ -2,14 +2,15 @@
 predicted cost or, when measured, by the guard.
 
 The guard times the original and its candidates in onnxruntime in paired,
-interleaved rounds (``timing.Rounds``: each round runs each once, the order
-alternating) and keeps timing until the answer is clear or its budget (rounds,
+interleaved rounds (``timing.ort_rounds``: each round runs each once, in an order
+drawn afresh) and keeps timing until the answer is clear or its budget (rounds,
 seconds) runs out. Per candidate it takes the log of the original's time over the
 candidate's in each round, and at each look of a fixed schedule puts a confidence
 interval on their centre: the Hodges-Lehmann estimate with the Wilcoxon signed-rank
 interval (exact, distribution-free, robust: a load spike moves one rank, not the
-estimate). Under no difference the paired log-ratio of two exchangeable runs is
-symmetric about 0, which is all the interval assumes. Its level is split
+estimate). Under no difference, with the order a fair draw, each round's log-ratio
+is as likely to be negative as positive whatever the machine's load does, which is
+all the interval assumes. Its level is split
 (Bonferroni) over every look and every candidate, so that stopping as soon as the
 answer looks clear, and choosing among several candidates, keeps a false "faster"
 at ALPHA at most. A candidate is "faster" when its whole interval lies above

@@ -149,21 +149,33 @@ def median_times(runs: dict, repeats: int, progress=None) -> dict[str, tuple[flo
     return {k: (float(np.median(cpu[k])), float(np.median(wall[k]))) for k in runs}
 
 
+def round_order(names: list, rng) -> list:
+    """``names`` in a random order of their own for one round. Not alternating: load
+    that lasts a few seconds hits the last run of a round and the first of the next,
+    and in forward-backward order (A B, B A) that is one model twice, so neighbouring
+    rounds erred alike (their log-ratios' lag-1 correlation 0.2-0.3 in A/A runs of
+    BERT), the intervals were too narrow, and a byte-identical copy measured "faster"
+    in 2 of 5 such runs. A fair draw per round makes each round's sign a coin flip
+    under no difference, which is exactly what the signed-rank interval assumes,
+    whatever the load does."""
+    return [names[i] for i in rng.permutation(len(names))]
+
+
 class Rounds:
     """Callables timed round by round, interleaved: each round times every callable
-    once, in alternating order (forward, then backward), so that load drifts hit all
-    alike and no callable always follows the same one (the one before warms or
-    pollutes the caches). Built with a warm-up call each. Where the fastest callable
+    once, in an order drawn afresh (``round_order``), so that load drifts hit all alike
+    and no callable always follows the same one (the one before warms or pollutes the
+    caches). Built with a warm-up call each. Where the fastest callable
     takes less than ``MIN_SAMPLE_SECONDS``, a sample times that many seconds' worth of
     its calls and divides, so that a model of a few microseconds is not measured at the
     clock's resolution and scheduler noise; every callable is called as many times per
     sample (``calls``), so that samples compare like with like: with counts of their
     own, two byte-identical models measured 1-3 % apart, the one with fewer calls per
     sample (a colder first call) slower. ``calls`` given: that many, as another
-    ``Rounds`` chose them."""
+    ``Rounds`` chose them; ``rng`` draws the orders."""
 
-    def __init__(self, runs: dict, calls: int | None = None):
-        self.runs, self.done = runs, 0
+    def __init__(self, runs: dict, calls: int | None = None, rng=None):
+        self.runs, self.rng = runs, rng if rng is not None else np.random.default_rng()
         fastest = math.inf
         for fn in runs.values():  # warm-up, and the fastest call
             fn()
@@ -174,8 +186,8 @@ class Rounds:
 
     def next(self) -> tuple[dict[str, float], dict[str, float]]:
         """One more round: CPU and wall seconds per call of each callable."""
-        names = list(self.runs) if self.done % 2 == 0 else list(reversed(self.runs))
         cpu, wall = {}, {}
+        names = round_order(list(self.runs), self.rng)
         for name in names:
             fn, n = self.runs[name], self.calls
             c0, w0 = time.process_time(), time.perf_counter()
@@ -183,7 +195,6 @@ class Rounds:
                 fn()
             cpu[name] = (time.process_time() - c0) / n
             wall[name] = (time.perf_counter() - w0) / n
-        self.done += 1
         return cpu, wall
 
 
@@ -236,11 +247,12 @@ def ort_ms(models: dict, feeds, repeats: int, progress=None) -> dict[str, float]
     return {k: float(np.median(v)) for k, v in ort_runs(models, feeds, repeats, progress).items()}
 
 
-def ort_rounds(models: dict, feeds, threads: int = 1):
+def ort_rounds(models: dict, feeds, threads: int = 1, rng=None):
     """A callable that times one more interleaved round of the ONNX models in
     onnxruntime (ORT_ENABLE_ALL) and returns each one's milliseconds: CPU time on one
     thread (other processes' load does not count), wall time with more (CPU time would
-    add the threads up). In each round (alternating order) every model's session is
+    add the threads up). In each round (in an order drawn afresh: ``round_order``, from
+    ``rng``) every model's session is
     built, warmed up, sampled and freed: one session (its prepacked copy of the
     weights) is alive at a time, and each round is an independent replicate with a
     fresh session's luck inside it (two sessions of one model's bytes have measured
@@ -249,19 +261,19 @@ def ort_rounds(models: dict, feeds, threads: int = 1):
     ``SESSION_SAMPLES`` runs (as many as the first build took the time of, within its
     bounds), each of ``Rounds.calls`` calls; both counts are the first session's, kept
     for every model."""
-    done, calls, per_session = 0, None, None
+    calls, per_session = None, None
+    rng = rng if rng is not None else np.random.default_rng()
 
     def next_round(names=None) -> dict[str, float]:
         """One more round of ``names`` (default: every model)."""
-        nonlocal done, calls, per_session
-        names = list(models if names is None else names)
-        names = names if done % 2 == 0 else names[::-1]
+        nonlocal calls, per_session
         out = {}
+        names = round_order(list(models if names is None else names), rng)
         for name in names:
             start = time.perf_counter()
             session = make_session(models[name], threads=threads)
             built = time.perf_counter() - start
-            rounds = Rounds({name: lambda: session.run(None, feeds)}, calls)
+            rounds = Rounds({name: lambda: session.run(None, feeds)}, calls, rng)
             calls = rounds.calls
             samples = []
             while per_session is None or len(samples) < per_session:
@@ -273,7 +285,6 @@ def ort_rounds(models: dict, feeds, threads: int = 1):
             del session, rounds
             return_freed_memory()
             out[name] = float(np.median(samples)) * 1e3
-        done += 1
         return out
 
     return next_round

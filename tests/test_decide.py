@@ -239,7 +239,7 @@ def test_a_clear_gain_is_confirmed_at_the_first_look_among_two_candidates():
 # --- how rounds are timed ------------------------------------------------------------------
 
 
-def test_rounds_alternate_and_call_each_alike():
+def test_rounds_draw_their_order_and_call_each_alike():
     from taso_egg.timing import Rounds
 
     calls, order = Counter(), []
@@ -250,17 +250,69 @@ def test_rounds_alternate_and_call_each_alike():
             order.append(name)
         return call
 
-    rounds = Rounds({"original": fn("original"), "copy": fn("copy")})
+    rounds = Rounds({"original": fn("original"), "copy": fn("copy"), "result": fn("result")},
+                    rng=np.random.default_rng(0))
     calls.clear()
-    order.clear()
-    rounds.next()
-    first = list(dict.fromkeys(order))
-    order.clear()
-    rounds.next()
-    assert first == ["original", "copy"] and list(dict.fromkeys(order)) == ["copy", "original"]
+    orders = Counter()
+    for _ in range(60):
+        order.clear()
+        rounds.next()
+        orders[tuple(dict.fromkeys(order))] += 1
+    # every round times each once, in one of the six orders, each drawn about as often
+    assert len(orders) == 6 and min(orders.values()) >= 4
     # as many calls per sample for each: byte-identical models with counts of their own
     # measured apart
-    assert calls["original"] == calls["copy"] == 2 * rounds.calls
+    assert calls["original"] == calls["copy"] == calls["result"] == 60 * rounds.calls
+
+
+class _Alternating:
+    """The order rounds had before: forward, then backward (A B, B A, A B, ...)."""
+
+    def __init__(self):
+        self.rounds = 0
+
+    def permutation(self, n):
+        self.rounds += 1
+        return np.arange(n) if self.rounds % 2 else np.arange(n)[::-1]
+
+
+def _false_decisions(monkeypatch, order_rng, trials: int) -> float:
+    """The share of A/A sessions (a model against a byte-identical copy, timed through
+    ``timing.ort_rounds``) the guard decided either way, under a load that comes back
+    every two rounds (four sessions; period and phase random per session): in
+    forward-backward order the same model's sessions meet it every time."""
+    from taso_egg import timing
+
+    noise = np.random.default_rng(1)
+    monkeypatch.setattr(timing, "make_session", lambda model, threads=1: model)
+    false = 0
+    for _ in range(trials):
+        period, phase = noise.uniform(3.8, 4.2), noise.uniform(0, 2 * math.pi)
+        slot = itertools.count()
+
+        class Session:  # one session's runs, slowed by the load when it was built
+            def __init__(self, runs, calls=None, rng=None):
+                (self.name,) = runs
+                self.calls = calls or 1
+                t = next(slot)
+                self.ms = math.exp(0.05 * math.sin(2 * math.pi * t / period + phase) + noise.normal(0, 0.01))
+
+            def next(self):
+                return {self.name: self.ms}, {self.name: self.ms}
+
+        monkeypatch.setattr(timing, "Rounds", Session)
+        next_round = timing.ort_rounds({"original": "m", "copy": "m"}, {}, rng=order_rng())
+        report = run_guard(next_round, ["original", "copy"], max_rounds=30, seconds=math.inf)
+        false += report.comparisons["copy"].decision in ("faster", "slower")
+    return false / trials
+
+
+def test_load_that_comes_back_every_two_rounds_makes_no_copy_faster(monkeypatch):
+    """An order drawn per round makes each round's log-ratio of two identical models a
+    coin flip in sign, whatever the load does: the guard's level holds. In alternating
+    order the load met one model every time, and most A/A sessions were decided."""
+    assert _false_decisions(monkeypatch, lambda: np.random.default_rng(2), 300) <= 2 * ALPHA
+    assert _false_decisions(monkeypatch, _Alternating, 100) > 0.5
 
 
 def test_a_session_built_for_one_round_is_sampled_by_a_median(monkeypatch):
@@ -272,7 +324,7 @@ def test_a_session_built_for_one_round_is_sampled_by_a_median(monkeypatch):
     sampled = Counter()
 
     class Scripted:  # the first timed run of every session is ten times slower
-        def __init__(self, runs, calls=None):
+        def __init__(self, runs, calls=None, rng=None):
             (self.name,) = runs
             self.count, self.calls = 0, calls or 1
 
