@@ -149,16 +149,20 @@ def median_times(runs: dict, repeats: int, progress=None) -> dict[str, tuple[flo
     return {k: (float(np.median(cpu[k])), float(np.median(wall[k]))) for k in runs}
 
 
-def round_order(names: list, rng) -> list:
-    """``names`` in a random order of their own for one round. Not alternating: load
-    that lasts a few seconds hits the last run of a round and the first of the next,
-    and in forward-backward order (A B, B A) that is one model twice, so neighbouring
+# the orders of rounds timed without a generator of their own (tests pass one)
+_ORDERS = np.random.default_rng()
+
+
+def round_order(names: list, rng=None) -> list:
+    """``names`` in a random order of their own for one round (drawn by ``rng``, else
+    by ours). Not alternating: load that lasts a few seconds hits the last run of a
+    round and the first of the next, and in forward-backward order (A B, B A) that is one model twice, so neighbouring
     rounds erred alike (their log-ratios' lag-1 correlation 0.2-0.3 in A/A runs of
     BERT), the intervals were too narrow, and a byte-identical copy measured "faster"
     in 2 of 5 such runs. A fair draw per round makes each round's sign a coin flip
     under no difference, which is exactly what the signed-rank interval assumes,
     whatever the load does."""
-    return [names[i] for i in rng.permutation(len(names))]
+    return [names[i] for i in (rng or _ORDERS).permutation(len(names))]
 
 
 class Rounds:
@@ -175,7 +179,7 @@ class Rounds:
     ``Rounds`` chose them; ``rng`` draws the orders."""
 
     def __init__(self, runs: dict, calls: int | None = None, rng=None):
-        self.runs, self.rng = runs, rng if rng is not None else np.random.default_rng()
+        self.runs, self.rng = runs, rng
         fastest = math.inf
         for fn in runs.values():  # warm-up, and the fastest call
             fn()
@@ -262,7 +266,6 @@ def ort_rounds(models: dict, feeds, threads: int = 1, rng=None):
     bounds), each of ``Rounds.calls`` calls; both counts are the first session's, kept
     for every model."""
     calls, per_session = None, None
-    rng = rng if rng is not None else np.random.default_rng()
 
     def next_round(names=None) -> dict[str, float]:
         """One more round of ``names`` (default: every model)."""
@@ -273,7 +276,7 @@ def ort_rounds(models: dict, feeds, threads: int = 1, rng=None):
             start = time.perf_counter()
             session = make_session(models[name], threads=threads)
             built = time.perf_counter() - start
-            rounds = Rounds({name: lambda: session.run(None, feeds)}, calls, rng)
+            rounds = Rounds({name: lambda: session.run(None, feeds)}, calls)  # one callable: no order
             calls = rounds.calls
             samples = []
             while per_session is None or len(samples) < per_session:

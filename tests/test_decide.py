@@ -291,7 +291,7 @@ def _false_decisions(monkeypatch, order_rng, trials: int) -> float:
         slot = itertools.count()
 
         class Session:  # one session's runs, slowed by the load when it was built
-            def __init__(self, runs, calls=None, rng=None):
+            def __init__(self, runs, calls=None):
                 (self.name,) = runs
                 self.calls = calls or 1
                 t = next(slot)
@@ -324,7 +324,7 @@ def test_a_session_built_for_one_round_is_sampled_by_a_median(monkeypatch):
     sampled = Counter()
 
     class Scripted:  # the first timed run of every session is ten times slower
-        def __init__(self, runs, calls=None, rng=None):
+        def __init__(self, runs, calls=None):
             (self.name,) = runs
             self.count, self.calls = 0, calls or 1
 
