@@ -12,7 +12,8 @@ from .options import (CheckOptions, CostOptions, DecisionOptions, ExtractionOpti
 # Saturation and extraction need egglog and HiGHS; they load when first named, so that
 # the graph IR, the executor and the profiler run where those are not installed (the
 # GPU machine: scripts/gpu_run.sh).
-_LAZY = {"optimize": "api", "OptimizeResult": "api", "extract_graph": "api", "Extraction": "api",
+_LAZY = {"optimize_model": "onnx_optimize", "OptimizeReport": "onnx_optimize",
+         "optimize": "api", "OptimizeResult": "api", "extract_graph": "api", "Extraction": "api",
          "saturate": "egraph.saturate", "Saturation": "egraph.saturate"}
 
 
@@ -27,6 +28,7 @@ def __getattr__(name):
 
 
 __all__ = [
+    "optimize_model", "OptimizeReport",
     "Graph", "Node", "Tensor", "new_graph", "run", "random_inputs", "load_onnx", "export_onnx",
     "optimize", "OptimizeResult", "saturate", "Saturation", "extract_graph", "Extraction",
     "OptimizeOptions", "Limits", "ExtractionOptions", "CostOptions", "DecisionOptions", "CheckOptions",

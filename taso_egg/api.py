@@ -27,6 +27,7 @@ from .egraph.saturate import Saturation, saturate, tensor_classes
 from .errors import CannotRun, ExtractionError
 from .graph import Graph
 from .options import ExtractionOptions, Hooks, Limits, OptimizeOptions
+from .phases import PhaseTimes
 from .onnx_io.exporter import export_for_check, fed_from_check
 from .onnx_io.fed import FedModel, feed, inline
 from .rules.corpus import FUSIONS, RuleFamily, load_corpus
@@ -109,6 +110,9 @@ class OptimizeStats:
     input_cost: float               # the input, every operator priced alone, no fusions
     total_seconds: float
     cost_lookups: dict[str, int] | None = None    # a profiled model: measured vs estimated
+    # wall seconds per phase, each its own (``taso_egg.phases``): the caller's PhaseTimes,
+    # its phases before optimize (reading the model) included
+    phases: PhaseTimes = field(default_factory=PhaseTimes)
 
     # The decision's record, which most callers read:
     @property
@@ -192,7 +196,7 @@ def extract_graph(saturation: Saturation, extractor: str = ExtractionOptions.ext
 
 
 def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None, hooks: Hooks | None = None,
-             reference=None, writer: Writer | None = None) -> OptimizeResult:
+             reference=None, writer: Writer | None = None, phases: PhaseTimes | None = None) -> OptimizeResult:
     """Saturate, extract, decide what to return, and check what is returned.
 
     ``options`` (``taso_egg.options.OptimizeOptions``, every default in one place) say
@@ -251,7 +255,12 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
     result is no candidate (``Extraction.refused`` says why). The guard times each
     candidate as the writer writes it, not exported at the priced sizes: onnxruntime
     runs the two differently (a BERT exported with its sizes fixed got Gemm and
-    SkipLayerNormalization fusions and ran 4 % slower than with its symbolic dims)."""
+    SkipLayerNormalization fusions and ran 4 % slower than with its symbolic dims).
+
+    ``phases`` (``taso_egg.phases.PhaseTimes``), when given, gets the seconds of each
+    phase (a caller's own phases, reading the model say, beside them);
+    ``OptimizeStats.phases`` holds them either way."""
+    phases = phases if phases is not None else PhaseTimes()
     options = options or OptimizeOptions()
     hooks = hooks or Hooks()
     progress, measure_progress = hooks.progress, hooks.measure_progress
@@ -260,55 +269,42 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
     model = options.costs.model or load_cost_model(options.costs.profile)
     graph.validate()
     t0 = time.perf_counter()
-    rules = tuple(load_corpus() if rules is None else rules)
-    form = runtime_form(graph, rules, model)  # the input as the runtime runs it: what a gain is over
+    with phases("saturation"):  # the corpus, and the runtime form's own small saturation
+        rules = tuple(load_corpus() if rules is None else rules)
+        form = runtime_form(graph, rules, model)  # the input as the runtime runs it: what a gain is over
     if options.costs.calibration == "runtime" or (options.costs.calibration == "auto" and decision_options.measure):
         phase("calibrating the costs on one onnxruntime profile of the input")
-        model = runtime_calibrated(form, model, seed, phase)
+        with phases("calibration"):
+            model = runtime_calibrated(form, model, seed, phase)
     limits = options.limits
     phase(f"saturating with {len(rules)} rules (limits: {limits.nodes} e-nodes, {limits.iterations} iterations, "
           f"{limits.seconds:g} s, multi-pattern iterations {limits.multi_iterations})")
     # Counting e-classes serializes the e-graph: per iteration only for a progress display.
-    sat = saturate(graph, rules=rules, limits=options.limits, progress=progress,
-                   count_classes=progress is not None)
+    with phases("saturation"):
+        sat = saturate(graph, rules=rules, limits=options.limits, progress=progress,
+                       count_classes=progress is not None)
     phase(f"extracting ({extraction.extractor}, time limit {extraction.time_limit:g} s)")
-    ext = extract_graph(sat, extraction.extractor, model, extraction.time_limit)
-    unwritable = ""
-    if writer is not None:
-        ext, unwritable = _writable_extraction(sat, ext, writer.refusal, model, extraction, phase)
-    before, after = graph_cost(form, model), graph_cost(ext.graph, model)
+    with phases("extraction"):
+        ext = extract_graph(sat, extraction.extractor, model, extraction.time_limit)
+        unwritable = ""
+        if writer is not None:
+            ext, unwritable = _writable_extraction(sat, ext, phases.wrap("writing", writer.refusal), model,
+                                                   extraction, phase)
+        before, after = graph_cost(form, model), graph_cost(ext.graph, model)
     # Decide first, check what is returned: a result that is not returned needs no
     # check (timing an unchecked candidate writes nothing).
     decision = decide(graph, None if unwritable else ext.graph, before, after, decision_options.min_gain,
                       decision_options.measure, phase, measure_progress, reference, unwritable,
-                      writer.model if writer is not None else None)
+                      phases.wrap("writing", writer.model) if writer is not None else None, phases)
     # The returned graph is checked once: in onnxruntime (float32) where that proves
     # something, else in our executor (float64, tracked exponents).
     t_check = time.perf_counter()
-    checked, ort, check, check_error, local = None, None, "", None, None
-    if options.check.verify and decision.chosen != "original":
-        ort, written = _check_in_onnxruntime(graph, decision.graph, reference, phase, decision.exported, seed)
-        unchecked = ""  # why no check can run on the candidate: then the input is returned
-        if ort.error is not None:
-            check = "onnxruntime"
-        elif decision.chosen == "result":
-            try:
-                check, check_error, local = _check_numerically(graph, sat, ext, seed, phase, ort.skipped)
-            except CannotRun as e:  # an operator neither onnxruntime nor the table runs
-                unchecked = f"{ort.skipped}, and our executor cannot run the input either ({e})"
-        else:  # the input exported: our executor would compare the graph with itself
-            unchecked = f"{ort.skipped}, and the re-export can be checked nowhere else"
-        if unchecked:
-            phase(f"note: no check can run on the {decision.chosen}: {unchecked}; the input is returned")
-            decision = Decision(graph, f"no check can run on the {decision.chosen}: {unchecked}",
-                                decision.measured_ms, "original")
-        elif not ort.reference_run and not (local is not None and local.outputs_beyond_float32):
-            # the written model's float32 outputs proved nothing: neither may the input's
-            check_float32_proves_nothing(export_for_check(graph) if reference is None else reference, graph,
-                                         ort.skipped, seed)
-        checked = written if not unchecked else None
+    with phases("check"):
+        decision, check_report, checked = _check_returned(graph, sat, ext, decision, reference, options.check.verify,
+                                                          seed, phase)
+    check_report.seconds = time.perf_counter() - t_check
     stats = OptimizeStats(
-        check=CheckReport(check, time.perf_counter() - t_check, ort, check_error, local),
+        check=check_report,
         total_seconds=time.perf_counter() - t0,
         saturation=sat,
         extraction=ext,
@@ -319,10 +315,41 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
         extracted_cost=after,
         input_cost=graph_cost(graph, model),
         cost_lookups=model.lookups() if hasattr(model, "lookups") else None,
+        phases=phases,
     )
     cost_after = after if decision.graph is ext.graph else before
     return OptimizeResult(decision.graph, graph, before, cost_after, getattr(model, "name", "cost model"),
                           stats, checked)
+
+
+def _check_returned(graph: Graph, sat: Saturation, ext: Extraction, decision: Decision, reference, verify: bool,
+                    seed: int, phase) -> tuple[Decision, CheckReport, object]:
+    """The returned candidate checked once (see ``optimize``): the decision (the input's,
+    where no check can run on the candidate), the check's report, and what was checked
+    in onnxruntime (None where nothing was)."""
+    if not verify or decision.chosen == "original":
+        return decision, CheckReport(), None
+    check, check_error, local = "", None, None
+    ort, written = _check_in_onnxruntime(graph, decision.graph, reference, phase, decision.exported, seed)
+    unchecked = ""  # why no check can run on the candidate: then the input is returned
+    if ort.error is not None:
+        check = "onnxruntime"
+    elif decision.chosen == "result":
+        try:
+            check, check_error, local = _check_numerically(graph, sat, ext, seed, phase, ort.skipped)
+        except CannotRun as e:  # an operator neither onnxruntime nor the table runs
+            unchecked = f"{ort.skipped}, and our executor cannot run the input either ({e})"
+    else:  # the input exported: our executor would compare the graph with itself
+        unchecked = f"{ort.skipped}, and the re-export can be checked nowhere else"
+    if unchecked:
+        phase(f"note: no check can run on the {decision.chosen}: {unchecked}; the input is returned")
+        decision = Decision(graph, f"no check can run on the {decision.chosen}: {unchecked}",
+                            decision.measured_ms, "original", predictions=decision.predictions)
+    elif not ort.reference_run and not (local is not None and local.outputs_beyond_float32):
+        # the written model's float32 outputs proved nothing: neither may the input's
+        check_float32_proves_nothing(export_for_check(graph) if reference is None else reference, graph,
+                                     ort.skipped, seed)
+    return decision, CheckReport(check, 0.0, ort, check_error, local), None if unchecked else written
 
 
 # Extractions after the first that the writer may refuse: each forbids more e-nodes

@@ -108,7 +108,7 @@ def _cmd_optimize(args) -> int:
     # Everything a user can get wrong is checked before anything heavy loads.
     from .cost import load_cost_model
     from .files import check_writable
-    from .onnx_optimize import OnnxInput, optimize_onnx
+    from .onnx_optimize import optimize_model
     from .rules.corpus import blame_user_rules, load_corpus, load_user_rules
 
     options = optimize_options_from_args(args)
@@ -116,17 +116,10 @@ def _cmd_optimize(args) -> int:
     check_writable(args.output, ExportError, inputs=[args.model])
     load_cost_model(options.costs.profile)  # loaded again (cached) where it is used
     extra = load_user_rules(args.rules or (), args.allow_unproved)
-    try:
-        source = OnnxInput.read(args.model, shapes, fix_shapes=args.fix_shapes)
-    except NotModelled as e:  # a valid model, but not one the table models: carried whole
-        return _write_unchanged(args.model, args.output, e)
 
     from .onnx_io.counts import describe, format_table, operator_counts
-    from .onnx_io.exporter import save_atomically
 
-    rules = load_corpus() + extra
     say = _stderr_line
-
     applied = set()  # rules that matched, to name the user's when the check fails
 
     def progress(it):
@@ -136,27 +129,20 @@ def _cmd_optimize(args) -> int:
             f"{it.seconds:6.2f} s  " + ", ".join(f"{k} x{v}" for k, v in top))
 
     with _Rounds("timing") as rounds, blame_user_rules(extra, applied):
-        out = optimize_onnx(source, rules=rules, options=options,
-                            hooks=Hooks(progress=progress, phase=say, measure_progress=rounds.update))
-    _print_summary(out.result)
+        written, report = optimize_model(args.model, args.output, input_shapes=shapes, fix_shapes=args.fix_shapes,
+                                         rules=load_corpus() + extra, options=options,
+                                         hooks=Hooks(progress=progress, phase=say, measure_progress=rounds.update))
+    out = report.details
+    if out is None:  # a valid model, but not one the table models: carried whole
+        say(f"note: {report.why}")
+        print(f"wrote {args.output}: {describe(written)} (the input, unchanged)")
+        return 0
+    _print_summary(out.result, report)
     for note in out.notes:
         print(note)
-    print(format_table(operator_counts(source.original), operator_counts(out.model)))
-    save_atomically(out.model, args.output, external_data=source.external_data)
-    print(f"wrote {args.output}: {describe(out.model)}"
+    print(format_table(operator_counts(out.source.original), operator_counts(written)))
+    print(f"wrote {args.output}: {describe(written)}"
           + (f" ({_CANDIDATE_NAMES[out.chosen]})" if out.chosen != "result" else ""))
-    return 0
-
-
-def _write_unchanged(path, output, why) -> int:
-    from .onnx_io.counts import describe
-    from .onnx_io.exporter import save_atomically
-    from .onnx_io.reading import read_model_file
-
-    model, external = read_model_file(path, validate=False)
-    _stderr_line(f"note: {why}: the input is written unchanged")
-    save_atomically(model, output, external_data=external)
-    print(f"wrote {output}: {describe(model)} (the input, unchanged)")
     return 0
 
 
@@ -165,13 +151,19 @@ _CANDIDATE_NAMES = {"original": "the input, unchanged",
                     "result": "the extracted graph"}
 
 
-def _print_summary(result) -> None:
+def _print_summary(result, report) -> None:
+    from .decide import TIME_ABOVE
+
     st = result.stats
     kept = st.kept_input
     before, extracted = result.cost_before, st.extracted_cost  # as a runtime runs each
     predicted = before / extracted if extracted > 0 else math.inf
     if st.guard:
         _print_guard(st.guard, st.chosen, predicted, result.cost_model)
+    elif st.decision.predictions:  # asked to measure, but nothing could gain: timed nothing
+        shown = ", ".join(f"{name} {ratio:.3f}x" for name, ratio in st.decision.predictions.items())
+        print(f"speedup: none predicted, so nothing was timed (predicted over the original: {shown}; "
+              f"timing starts at {TIME_ABOVE:.2f}x)")
     else:
         print(f"speedup: not measured; predicted {predicted:.3f}x ({result.cost_model})")
     if st.decision.not_measured:
@@ -186,9 +178,7 @@ def _print_summary(result) -> None:
     sat, ext = st.saturation, st.extraction
     print(f"e-graph: {sat.enodes} e-nodes, {st.eclasses} e-classes after {len(sat.iterations)} "
           f"iterations; stopped: {sat.stop_reason}")
-    print(f"time: saturation {sat.seconds:.2f} s, extraction ({ext.extractor}, "
-          f"{ext.status}) {ext.seconds:.2f} s, check "
-          f"{st.check.seconds:.2f} s, total {st.total_seconds:.2f} s")
+    print(f"time: {report.seconds:.1f} s: {st.phases.line()}; extraction {ext.extractor}, {ext.status}")
     if st.check.kind == "onnxruntime":
         print(f"check: the written model's outputs equal the input's within {st.check.ort_error:.2g} "
               f"relative in onnxruntime (float32, random inputs)")

@@ -23,7 +23,7 @@ import functools
 import math
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
@@ -35,6 +35,7 @@ from .graph import Graph
 from .onnx_io.exporter import export_fed
 from .onnx_io.fed import array_of
 from .options import MAX_ROUNDS, MIN_ROUNDS
+from .phases import PhaseTimes
 
 if TYPE_CHECKING:
     import onnx
@@ -61,6 +62,16 @@ MARGIN = 0.01
 # Looks at MIN_ROUNDS, then each about GROWTH times the last (even: both orders alike),
 # and at the most: few looks keep each one's share of ALPHA large.
 GROWTH = 1.5
+# Candidates are timed only where a gain can be: where each is predicted below this
+# speedup over the original, none is timed and the original is written. It is
+# 1 + MARGIN and twice MARGIN for the prediction's error on small changes: on ten
+# real exports every gain the guard confirmed was predicted at 1.045x or more, and
+# every prediction below 1.01x measured within 0.7 % of it (docs/history.md).
+TIME_ABOVE = 1.03
+# Profiled runs of the original and its re-export (each kernel's median over them),
+# whose ratio predicts the re-export's speedup where the cost model, which prices the
+# two alike, cannot.
+PREDICTION_RUNS = 5
 
 
 @dataclass(frozen=True)
@@ -81,7 +92,8 @@ class Comparison:
 class GuardReport:
     """What the guard measured: per candidate its ``Comparison`` (the original has
     none), each one's median milliseconds, the rounds timed, the seconds they took,
-    why timing stopped ("decided", "rounds": the most allowed, "time": the budget)
+    why timing stopped ("decided", "rounds": the most allowed, "time": the budget,
+    "futile": no candidate left that could be confirmed faster by the last look)
     and the intervals' confidence."""
 
     comparisons: dict[str, Comparison]
@@ -91,6 +103,10 @@ class GuardReport:
     stopped: str
     confidence: float
     budget: float = TIME_BUDGET  # the seconds the rounds were given (``time_budget``)
+    most: int = 0                # the rounds that budget fits (the schedule's last look)
+    # candidates timed no more because their interval could no longer clear the margin
+    # by the last look (``cannot_clear``)
+    futile: tuple[str, ...] = ()
 
 
 # --- the statistics -------------------------------------------------------------------
@@ -182,6 +198,7 @@ def run_guard(next_round: Callable[[list[str]], dict[str, float]], names, min_ro
     share, schedule, most, budget = 0.0, [], max_rounds, seconds
     times = {name: [] for name in names}
     timed = list(names)  # the original and the candidates not yet settled "not faster"
+    futile: list[str] = []  # dropped: their interval could no longer clear the margin in time
     comparisons: dict[str, Comparison] = {}
     start = clock()
     while True:
@@ -205,15 +222,45 @@ def run_guard(next_round: Callable[[list[str]], dict[str, float]], names, min_ro
             comparisons[c] = compare(times[original], times[c], share, margin)
             if comparisons[c].high < 1 + margin:
                 timed.remove(c)
+            elif done < most and comparisons[c].decision != "faster" and \
+                    cannot_clear(np.log(times[original]) - np.log(times[c]), share, most, margin):
+                timed.remove(c)
+                futile.append(c)
         settled = all(comparisons[c].decision == "faster" for c in timed[1:])
         if settled or out_of_time or done >= most:
             break
     if progress is not None:
         progress(done, done)
-    stopped = "decided" if settled else "rounds" if done >= max_rounds else "time"
+    stopped = ("futile" if futile and not any(comparisons[c].decision == "faster" for c in comparisons)
+               else "decided") if settled else "rounds" if done >= max_rounds else "time"
     return GuardReport({c: comparisons[c] for c in candidates},
                        {k: statistics.median(v) for k, v in times.items()}, done,
-                       clock() - start, stopped, 1 - 2 * alpha, budget)
+                       clock() - start, stopped, 1 - 2 * alpha, budget, most, tuple(futile))
+
+
+def cannot_clear(d, alpha: float, most: int, margin: float = MARGIN) -> bool:
+    """Whether a candidate whose per-round log-ratios so far are ``d`` can no longer be
+    confirmed faster (its interval at ``alpha`` a side above 1 + ``margin``) by round
+    ``most``, even were the rounds still to come centred at the upper end of its
+    interval now. The spread is robust (the median absolute deviation: a load spike
+    moves it little) and the interval projected as a normal one, narrowing as the
+    square root of the rounds: the signed-rank interval itself, at a look's small
+    share of the level, spans nearly the extreme rounds at first, so projecting its own
+    ends would drop a 3 % gain that spikes widened (a third of them, on a simulated
+    machine with 15 % of runs spiked)."""
+    d = np.asarray(d, dtype=float)
+    n = len(d)
+    if n >= most or n < 2:
+        return False
+    centre = signed_rank_interval(d, 0.5)[0]
+    spread = 1.4826 * float(np.median(np.abs(d - np.median(d))))
+    if spread == 0.0:
+        return centre < math.log(1 + margin)
+    # the Hodges-Lehmann estimate's standard error is about 1.02 sd / sqrt(n) on normal data
+    z = statistics.NormalDist().inv_cdf(1 - alpha) * 1.02 * spread
+    hoped = centre + z / math.sqrt(n)
+    pooled = (n * centre + (most - n) * hoped) / most
+    return pooled - z / math.sqrt(most) < math.log(1 + margin)
 
 
 def time_in_onnxruntime(models: dict, feeds, max_rounds: int = MAX_ROUNDS, progress=None) -> GuardReport:
@@ -236,6 +283,10 @@ def not_faster_why(report: GuardReport, name: str, against: str) -> str:
         return f"the result measured slower than {against}: {format_ratio(c)}"
     if c.high < 1 + MARGIN:
         return f"the result measured no faster than {against} beyond {MARGIN:.0%}: {format_ratio(c)}"
+    if name in report.futile:
+        return (f"the result could not be confirmed faster than {against} within the budget: "
+                f"{format_ratio(c)} after {c.rounds} rounds, too low to clear {MARGIN:.0%} by round "
+                f"{report.most}")
     budget = (f"the time budget ({report.budget:.0f} s) ran out after {report.rounds} rounds"
               if report.stopped == "time" else f"{report.rounds} rounds, the most allowed (--measure)")
     return (f"could not decide whether the result is faster than {against}: {format_ratio(c)} after "
@@ -257,10 +308,14 @@ class Decision:
     not_measured: tuple[str, ...] = ()
     exported: onnx.ModelProto | None = None      # the chosen candidate's ONNX, when timed
     guard: GuardReport | None = None             # when timed
+    # each candidate's predicted speedup over the original (``predicted_speedups``),
+    # where measurement was asked for: what decided whether any was timed
+    predictions: dict[str, float] = field(default_factory=dict)
 
 
 def decide(graph: Graph, result: Graph | None, before: float, after: float, min_gain: float, measure: int,
-           phase, measure_progress, reference=None, no_result: str = "", as_written=None) -> Decision:
+           phase, measure_progress, reference=None, no_result: str = "", as_written=None,
+           phases: PhaseTimes | None = None) -> Decision:
     """Without ``measure``: the result when its predicted cost falls by more than
     ``min_gain``, else the original. With ``measure`` (the most rounds): every
     candidate timed by the guard in onnxruntime; the fastest confirmed faster than the
@@ -269,7 +324,11 @@ def decide(graph: Graph, result: Graph | None, before: float, after: float, min_
     result what the re-export does, say) is not timed apart. ``result`` None: there is
     none to weigh (``no_result`` says why). ``as_written(candidate)``: the model a
     candidate graph is written as, what is timed (None: it cannot be written, and is
-    not a candidate); the graph exported when not given."""
+    not a candidate); the graph exported when not given. Where no candidate is
+    predicted faster than the original by TIME_ABOVE (``predicted_speedups``), none is
+    timed and the original is returned. ``phases`` records the seconds predicting and
+    timing take."""
+    phases = phases or PhaseTimes()
     if result is None:
         predicted = f"the extracted graph cannot be written: {no_result}"
     elif before <= 0:
@@ -307,11 +366,25 @@ def decide(graph: Graph, result: Graph | None, before: float, after: float, min_
     if len(models) == 1:
         return Decision(graph, predicted if result is None else
                         "every candidate computes node for node what the original does", chosen="original")
-    names = " and ".join(", ".join(models).rsplit(", ", 1))
-    phase(f"timing {names} in onnxruntime (paired interleaved rounds, {MIN_ROUNDS} to {measure}, "
-          f"at most {TIME_BUDGET:g} s, {MAX_TIME_BUDGET:g} s for slow rounds)")
+    feeds = random_inputs(graph)
     try:
-        report = time_in_onnxruntime(models, random_inputs(graph), measure, measure_progress)
+        with phases("calibration"):
+            predictions = predicted_speedups(models, twins, None if result is None else
+                                             before / after if after > 0 else math.inf, feeds, phase)
+        if max(predictions.values()) < TIME_ABOVE:
+            shown = ", ".join(f"the {name} {ratio:.3f}x" for name, ratio in predictions.items())
+            return Decision(graph, f"no candidate is predicted faster than the original by {TIME_ABOVE:.2f}x "
+                                   f"or more ({shown}), so none was timed", chosen="original",
+                            predictions=predictions)
+        # a candidate predicted to gain nothing is not timed beside one that may: its
+        # rounds and its share of the level go to the other
+        models = {name: model for name, model in models.items()
+                  if name == "original" or predictions[name] >= TIME_ABOVE}
+        names = " and ".join(", ".join(models).rsplit(", ", 1))
+        phase(f"timing {names} in onnxruntime (paired interleaved rounds, {MIN_ROUNDS} to {measure}, "
+              f"at most {TIME_BUDGET:g} s, {MAX_TIME_BUDGET:g} s for slow rounds)")
+        with phases("timing"):
+            report = time_in_onnxruntime(models, feeds, measure, measure_progress)
     except ProfileError:
         why = timing.cannot_build(models["original"])
         if not why:  # the original runs: a candidate does not, which is a fault of ours
@@ -321,17 +394,50 @@ def decide(graph: Graph, result: Graph | None, before: float, after: float, min_
     faster = {k: c for k, c in report.comparisons.items() if c.decision == "faster"}
     best = max(faster, key=lambda k: faster[k].ratio, default="original")
     if best == "result":
-        return Decision(result, "", report.medians, "result", exported=models["result"], guard=report)
-    why = predicted if result is None else _why_not_the_result(report, twins, best)
+        return Decision(result, "", report.medians, "result", exported=models["result"], guard=report,
+                        predictions=predictions)
+    why = predicted if result is None else _why_not_the_result(report, twins, best, predictions)
     if predicted and result is not None:
         why += f" ({predicted})"
     return Decision(graph, why, report.medians, best, exported=models[best] if best == "re-export" else None,
-                    guard=report)
+                    guard=report, predictions=predictions)
 
 
-def _why_not_the_result(report: GuardReport, twins: dict[str, str], best: str) -> str:
+def predicted_speedups(models: dict, twins: dict[str, str], result_over_input: float | None, feeds,
+                       phase=None) -> dict[str, float]:
+    """Each candidate of ``models`` (the original first; twins already left out) with
+    its predicted speedup over the original. The cost model prices the re-export as
+    the input, so its speedup is predicted by profiling both in onnxruntime (each
+    kernel's median over PREDICTION_RUNS runs, summed); the result's is the cost
+    model's over the input (``result_over_input``) times the re-export's, the input
+    as the cost model prices it being the re-export."""
+    out: dict[str, float] = {}
+    reexport = 1.0  # the re-export's over the original: 1 where it computes what the original does
+    if "re-export" in models:
+        if phase is not None:
+            phase("predicting the re-export's speedup: one onnxruntime profile of it and of the original")
+        reexport = profiled_seconds(models["original"], feeds) / profiled_seconds(models["re-export"], feeds)
+        out["re-export"] = reexport
+    if result_over_input is not None and "result" in models:
+        out["result"] = result_over_input * reexport
+    return out
+
+
+def profiled_seconds(model, feeds, runs: int = PREDICTION_RUNS) -> float:
+    """The seconds one run of ``model`` spends in its kernels in onnxruntime (one thread,
+    ORT_ENABLE_ALL): each kernel's median over ``runs`` profiled runs, summed."""
+    from .calibrate import seconds_per_run
+
+    with timing.pinned_threads():
+        return sum(seconds_per_run(timing.kernel_times(model, feeds, runs), runs).values())
+
+
+def _why_not_the_result(report: GuardReport, twins: dict[str, str], best: str, predictions: dict[str, float]) -> str:
     if "result" in twins:
         return f"the result computes node for node what the {twins['result']} does"
+    if "result" not in report.comparisons:
+        return (f"the result was predicted at {predictions['result']:.3f}x the original, below "
+                f"{TIME_ABOVE:.2f}x, and not timed")
     c = report.comparisons["result"]
     if c.decision == "faster":  # and the re-export more so
         return (f"the {best} measured faster than the result ({format_ratio(report.comparisons[best])} "

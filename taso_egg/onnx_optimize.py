@@ -12,6 +12,8 @@ so gives way to the original, with the reason). Nothing here writes a file.
 
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
@@ -22,6 +24,7 @@ from .onnx_io.counts import describe
 from .onnx_io.reading import read_model_file, upgraded
 from .onnx_io.symbolic import describe_sizes
 from .options import Hooks, OptimizeOptions
+from .phases import PhaseTimes
 
 
 @dataclass
@@ -45,7 +48,8 @@ class OnnxInput:
         # onnxruntime sessions share, never whole into protobuf
         original, external = read_model_file(path, fed=True)
         reference = upgraded(original)  # what onnxruntime runs as the original
-        return cls(str(path), original, external, DynamicModel.load(reference, input_shapes, fixed=fix_shapes))
+        where = os.fspath(path) if isinstance(path, (str, os.PathLike)) else "model"
+        return cls(where, original, external, DynamicModel.load(reference, input_shapes, fixed=fix_shapes))
 
 
 @dataclass
@@ -62,12 +66,14 @@ class OnnxOptimization:
 
 
 def optimize_onnx(source, *, rules=None, options: OptimizeOptions | None = None,
-                  hooks: Hooks | None = None) -> OnnxOptimization:
+                  hooks: Hooks | None = None, phases: PhaseTimes | None = None) -> OnnxOptimization:
     """Optimize an ONNX file (see the module docstring): ``source`` is an ``OnnxInput``
     or a path (read at the default sizes, symbolic dims kept: they are fixed only
-    where ``OnnxInput.read`` is asked to)."""
+    where ``OnnxInput.read`` is asked to). ``phases`` gets each phase's seconds."""
+    phases = phases if phases is not None else PhaseTimes()
     if not isinstance(source, OnnxInput):
-        source = OnnxInput.read(source)
+        with phases("reading"):
+            source = OnnxInput.read(source)
     dyn = source.dynamic
     phase = (hooks or Hooks()).phase or (lambda message: None)
     phase(f"{source.path}: {describe(source.original)}")
@@ -102,7 +108,7 @@ def optimize_onnx(source, *, rules=None, options: OptimizeOptions | None = None,
         return writes[id(candidate)].model
 
     result = optimize(dyn.graph, rules=rules, options=options, hooks=hooks, reference=dyn.reference,
-                      writer=Writer(writable, as_written) if symbolic else None)
+                      writer=Writer(writable, as_written) if symbolic else None, phases=phases)
     chosen = result.stats.chosen
     out = OnnxOptimization(source.original if chosen == "original" else result.exported_fed, source, chosen, result)
     ext = result.stats.extraction
@@ -114,7 +120,8 @@ def optimize_onnx(source, *, rules=None, options: OptimizeOptions | None = None,
                           f"responsible, and holds at both sizes" if last is not None and last.model is not None
                           else "no graph extracted without the e-nodes responsible holds at both sizes"))
     if symbolic and chosen != "original":
-        _keep_symbolic_dims(out, writes.get(id(result.graph)))
+        with phases("writing"):
+            _keep_symbolic_dims(out, writes.get(id(result.graph)))
     return out
 
 
@@ -140,3 +147,110 @@ def _keep_symbolic_dims(out: OnnxOptimization, written=None) -> None:
 def at_sizes(errors: Mapping[str, float]) -> str:
     """Relative errors by the sizes they were measured at, as one phrase."""
     return "; ".join(f"{e:.2g} at {where}" for where, e in errors.items())
+
+
+# Past this many bytes of weights a model is written with external data whatever its
+# input had: protobuf cannot serialize a message of 2 GB.
+EXTERNAL_DATA_BYTES = 1 << 31
+
+
+@dataclass
+class OptimizeReport:
+    """What ``optimize_model`` decided and measured, for a caller that does not read the
+    stages' own records (``details`` holds them)."""
+
+    written: str                     # "result", "re-export" or "original": what the returned model is
+    why: str                         # why the input was written ("" when the result is)
+    speedup: float | None            # measured: the written candidate over the original (None: not timed)
+    interval: tuple[float, float] | None  # the speedup's interval (the guard's confidence)
+    predicted: dict[str, float]      # each candidate's predicted speedup over the original
+    phases: dict[str, float]         # wall seconds per phase (reading, saturation, ..., writing)
+    seconds: float                   # all of them
+    notes: list[str] = field(default_factory=list)
+    details: OnnxOptimization | None = field(default=None, repr=False)  # None: carried whole
+
+    def headline(self) -> str:
+        """One line: what was written, at what speed, and where the time went."""
+        if self.speedup is not None and self.written != "original":
+            low, high = self.interval
+            what = f"{self.written} written, {self.speedup:.3f}x [{low:.3f}, {high:.3f}] measured"
+        else:
+            what = f"the input written: {self.why}"
+        phases = ", ".join(f"{name} {s:.1f} s" for name, s in self.phases.items())
+        return f"{what} ({self.seconds:.1f} s: {phases})"
+
+
+def optimize_model(model, output=None, *, input_shapes: Mapping[str, Sequence[int]] | None = None,
+                   fix_shapes: bool = False, rules=None, options: OptimizeOptions | None = None,
+                   hooks: Hooks | None = None, **option_changes):
+    """``model`` (an ``onnx.ModelProto`` or a path) optimized: ``(ModelProto, OptimizeReport)``.
+
+    The returned model has the input's interface (inputs, outputs, names, dtypes,
+    symbolic dims) and precision, and was checked against it; it is the input itself
+    where nothing was confirmed faster (``report.written`` says which candidate it is,
+    ``report.why`` why the input was kept). ``option_changes`` are ``OptimizeOptions``
+    fields by name (``measure=0``, ``extractor="greedy-dag"``, ``nodes=5000``), applied
+    over ``options``; ``input_shapes`` (input name -> shape) size the symbolic dims
+    (``fix_shapes``: written fixed there). With ``output`` (a path) the model is written
+    there as ``taso-egg optimize`` writes it, all or nothing, with external data
+    (``OUT.data``) where the input had it or its weights pass 2 GB, and the model
+    returned is that file read back, external data left on disk as ``onnx.load(path,
+    load_external_data=False)`` leaves it; without ``output`` the returned model holds
+    its weights (past 2 GB too, in memory: ``onnx.save(model, path,
+    save_as_external_data=True)`` writes it). A model the operator table cannot model
+    (sequences, a custom operator nothing can type) comes back unchanged, with the
+    reason. Errors a caller can cause are ``TasoEggError``s naming what is wrong."""
+    from .errors import ExportError, NotModelled
+    from .files import check_writable
+    from .onnx_io.exporter import save_atomically
+    from .onnx_io.fed import FedModel, inline
+
+    options = (options or OptimizeOptions()).replace(**option_changes)
+    path_given = isinstance(model, (str, os.PathLike))
+    if output is not None:
+        check_writable(output, ExportError, inputs=[model] if path_given else [])
+    start = time.perf_counter()
+    phases = PhaseTimes()
+    try:
+        with phases("reading"):
+            source = OnnxInput.read(model, input_shapes, fix_shapes=fix_shapes)
+    except NotModelled as e:  # valid, but not what the table models: carried whole
+        with phases("writing"):
+            original, external = read_model_file(model, validate=False)
+            if output is not None:
+                save_atomically(original, output, external_data=external)
+        why = f"{e}: the input is written unchanged"
+        report = OptimizeReport("original", why, None, None, {}, dict(phases.ordered()),
+                                time.perf_counter() - start)
+        return _returned(original if output is None else None, output, external), report
+    out = optimize_onnx(source, rules=rules, options=options, hooks=hooks, phases=phases)
+    external = source.external_data or _weight_bytes(out.model) >= EXTERNAL_DATA_BYTES
+    with phases("writing"):
+        if output is not None:
+            save_atomically(out.model, output, external_data=external)
+        returned = None if output is not None else \
+            (inline(out.model) if isinstance(out.model, FedModel) else out.model)
+    st = out.result.stats
+    measured = st.guard.comparisons.get(out.chosen) if st.guard is not None else None
+    report = OptimizeReport(out.chosen, st.kept_input if out.chosen != "result" else "",
+                            measured.ratio if measured else None,
+                            (measured.low, measured.high) if measured else None,
+                            dict(st.decision.predictions), dict(phases.ordered()), time.perf_counter() - start,
+                            list(out.notes), out)
+    return _returned(returned, output, external), report
+
+
+def _returned(model, output, external: bool):
+    """The model to hand back: ``model``, or the file written at ``output`` read back."""
+    import onnx
+
+    if model is not None:
+        return model
+    return onnx.load(os.fspath(output), load_external_data=not external)
+
+
+def _weight_bytes(model) -> int:
+    """The bytes of ``model``'s initializers (a ModelProto or a FedModel)."""
+    from .onnx_io.fed import array_of
+
+    return sum(array_of(model, t).nbytes for t in model.graph.initializer)

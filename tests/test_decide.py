@@ -111,11 +111,28 @@ def test_a_clear_loss_is_called_slower():
     assert got == Counter(slower=20)
 
 
-def test_pure_noise_on_a_loaded_machine_is_undecided():
+def test_pure_noise_on_a_loaded_machine_is_undecided_and_stopped_early():
     rng = np.random.default_rng(7)
     report = run_guard(_rounds(rng, {"result": 1.0}, cv=0.10, spikes=0.2), ["original", "result"])
     assert report.comparisons["result"].decision == "undecided"
-    assert report.stopped == "rounds" and report.rounds == MAX_ROUNDS
+    # its interval could no longer clear the margin by the last look: timed no more
+    assert report.stopped == "futile" and report.futile == ("result",) and report.rounds < MAX_ROUNDS // 2
+
+
+def test_no_gain_stops_early_and_real_gains_keep_their_power(monkeypatch):
+    # 8 % per-run noise (a transformer's fresh sessions on a loaded machine)
+    for most, at_most in [(MAX_ROUNDS, MAX_ROUNDS // 2), (30, 16)]:
+        stops = [run_guard(_rounds(np.random.default_rng(s), {"result": 1.0}, cv=0.08), ["original", "result"],
+                           max_rounds=most) for s in range(50)]
+        assert all(r.comparisons["result"].decision != "faster" for r in stops)
+        assert np.median([r.rounds for r in stops]) <= at_most
+    # gains are confirmed as often as when every round is timed (within 3 in 100)
+    cases = [({"result": 1.07}, 0.08, 0.0, 30), ({"result": 1.05}, 0.08, 0.0, 30), ({"result": 1.03}, 0.03, 0.15, 200)]
+    with_futility = [_decisions(r, cv=cv, seeds=100, spikes=sp, max_rounds=m)["result"]["faster"]
+                     for r, cv, sp, m in cases]
+    monkeypatch.setattr(decide, "cannot_clear", lambda *args, **kwargs: False)
+    without = [_decisions(r, cv=cv, seeds=100, spikes=sp, max_rounds=m)["result"]["faster"] for r, cv, sp, m in cases]
+    assert all(a >= b - 3 for a, b in zip(with_futility, without)), (with_futility, without)
 
 
 @pytest.mark.parametrize("margin", [0.0, decide.MARGIN])
@@ -145,7 +162,8 @@ def test_several_candidates_share_the_level():
     assert got["re-export"]["faster"] + got["result"]["faster"] <= ALPHA * seeds
 
 
-def test_the_time_budget_stops_timing_after_the_minimum():
+def test_the_time_budget_stops_timing_after_the_minimum(monkeypatch):
+    monkeypatch.setattr(decide, "cannot_clear", lambda *args, **kwargs: False)  # the budget alone stops
     rounds, timed = _rounds(np.random.default_rng(0), {"result": 1.0}, cv=0.10), []
 
     def one_second_a_round(names=None):
@@ -159,10 +177,11 @@ def test_the_time_budget_stops_timing_after_the_minimum():
     assert report.stopped == "time" and report.rounds == 15
 
 
-def test_slow_rounds_stretch_the_budget_to_enough_rounds():
+def test_slow_rounds_stretch_the_budget_to_enough_rounds(monkeypatch):
     """Rounds of 5 s (BERT's three sessions): the 60 s budget would give twelve, too
     few to confirm a 10 % gain through a session's luck; it stretches to fit
     ENOUGH_ROUNDS, and no further than MAX_TIME_BUDGET for slower rounds."""
+    monkeypatch.setattr(decide, "cannot_clear", lambda *args, **kwargs: False)  # the budget alone stops
     for pace, rounds in [(1.0, 60), (5.0, decide.ENOUGH_ROUNDS), (15.0, int(decide.MAX_TIME_BUDGET / 15))]:
         elapsed = []
         noisy = _rounds(np.random.default_rng(0), {"result": 1.0}, cv=0.10)
@@ -176,10 +195,11 @@ def test_slow_rounds_stretch_the_budget_to_enough_rounds():
         assert report.budget == max(decide.TIME_BUDGET, min(decide.MAX_TIME_BUDGET, rounds * pace))
 
 
-def test_the_schedule_fits_the_rounds_the_budget_allows():
+def test_the_schedule_fits_the_rounds_the_budget_allows(monkeypatch):
     """Rounds of 3 s in a 60 s budget: 20 rounds, looked at after 10 and 20, each look
     with a quarter of the level (two looks, two candidates), not a share of the nine
     looks up to MAX_ROUNDS that the budget would never reach."""
+    monkeypatch.setattr(decide, "cannot_clear", lambda *args, **kwargs: False)  # the budget alone stops
     rounds, elapsed = _rounds(np.random.default_rng(0), {"re-export": 1.0, "result": 1.0}, cv=0.10), []
 
     def three_seconds_a_round(names=None):

@@ -28,6 +28,8 @@ def read_model_file(model, validate: bool = True, fed: bool = False):
     import onnx
     from google.protobuf.message import DecodeError
 
+    if isinstance(model, onnx.ModelProto) and fed:  # a caller's model in memory: read as a file would be
+        return _fed_in_memory(model, validate), False
     if isinstance(model, (onnx.ModelProto, FedModel)):
         return model, False
     where, external = "bytes", False
@@ -59,6 +61,21 @@ def read_model_file(model, validate: bool = True, fed: bool = False):
         except (ValueError, OSError) as e:
             raise OnnxImportError(f"{where}: its external weight data cannot be read ({first_line(e)})") from None
     return proto, external
+
+
+def _fed_in_memory(proto, validate: bool) -> FedModel:
+    """A ModelProto given in memory, checked as a file is and fed. Its weights must be
+    in it: external data it still points to has no folder to be read from."""
+    where = "model"
+    if has_external_data(proto):
+        raise OnnxImportError(f"{where}: its weights point to external data files that were not loaded; "
+                              f"pass the model's path, or load it with onnx.load(path)")
+    if not proto.graph.node and not proto.graph.output:
+        raise OnnxImportError(f"{where}: not an ONNX model (no graph)")
+    _check_opset(proto, where)
+    if validate:
+        validate_model(proto, where)
+    return feed(proto)
 
 
 def has_external_data(proto) -> bool:
