@@ -196,7 +196,7 @@ def extract_graph(saturation: Saturation, extractor: str = ExtractionOptions.ext
 
 
 def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None, hooks: Hooks | None = None,
-             reference=None, writer: Writer | None = None, phases: PhaseTimes | None = None) -> OptimizeResult:
+             reference=None, writer: Writer | None = None) -> OptimizeResult:
     """Saturate, extract, decide what to return, and check what is returned.
 
     ``options`` (``taso_egg.options.OptimizeOptions``, every default in one place) say
@@ -257,12 +257,12 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
     runs the two differently (a BERT exported with its sizes fixed got Gemm and
     SkipLayerNormalization fusions and ran 4 % slower than with its symbolic dims).
 
-    ``phases`` (``taso_egg.phases.PhaseTimes``), when given, gets the seconds of each
-    phase (a caller's own phases, reading the model say, beside them);
+    ``hooks.phase_times`` (``taso_egg.phases.PhaseTimes``), when given, gets the seconds
+    of each phase (beside a caller's own, reading the model say);
     ``OptimizeStats.phases`` holds them either way."""
-    phases = phases if phases is not None else PhaseTimes()
     options = options or OptimizeOptions()
     hooks = hooks or Hooks()
+    phases = hooks.phase_times if hooks.phase_times is not None else PhaseTimes()
     progress, measure_progress = hooks.progress, hooks.measure_progress
     phase = hooks.phase or (lambda message: None)
     extraction, decision_options, seed = options.extraction, options.decision, options.check.seed

@@ -31,6 +31,7 @@ from pathlib import Path
 from .cli_args import CommandParser
 from .errors import TasoEggError
 from .ops import OPAQUE
+from .phases import ORDER, PhaseTimes
 
 # Tensat's search seconds for TASO's models (Yang et al. 2021, Table 2; V100 host).
 TENSAT_SECONDS = {"bert": 1.4, "resnext50": 0.7, "nasnet-a": 10.6, "nasrnn": 0.5,
@@ -176,13 +177,16 @@ def _zoo_row(name: str, kwargs: dict, extractor: str, corpus: str, options: dict
 # --- real exports --------------------------------------------------------------------------
 
 def _onnx_table(args) -> int:
+    from .decide import TIME_ABOVE
+
     measure = _optimize_options(vars(args)).decision.measure
     files = sorted(Path(args.onnx).glob("*.onnx"))
     if not files:
         print(f"error: {args.onnx}: no *.onnx files", file=sys.stderr)
         return 2
-    print(f"{'model':<28}{'corpus':<10}{'nodes':>6}{'opaque':>8}{'optimize s':>11}{'predicted':>10}{'result':>21}{'error':>8}"
-          f"{'1 thread':>21}{'2 threads':>21}{'max rel err':>12}{'RSS MB':>8}  written", flush=True)
+    print(f"{'model':<28}{'corpus':<10}{'nodes':>6}{'opaque':>8}{'optimize s':>11}{'predicted':>10}{'re-export':>10}"
+          f"{'result':>21}{'error':>8}{'1 thread':>21}{'2 threads':>21}{'max rel err':>12}{'RSS MB':>8}  written; "
+          f"seconds per phase ({'/'.join(PHASE_ABBREVIATIONS.values())})", flush=True)
     context = multiprocessing.get_context("spawn")
     peer_rows = []
     for path, corpus in ((p, c) for p in files for c in args.corpora):
@@ -196,10 +200,14 @@ def _onnx_table(args) -> int:
         if row["peers"]:
             peer_rows.append((path.name, label, row["peers"]))
         err = "-" if row["error"] is None else f"{row['error']:.1e}"
+        reexport = row["predictions"].get("re-export")
         print(f"{path.name:<28}{label:<10}{row['nodes']:>6}{row['opaque']:>8}{row['seconds']:>11.1f}"
-              f"{row['predicted']:>9.3f}x{_ratio(row['result'], 21)}{_prediction_error(row['predicted'], row['result'])}"
+              f"{row['predicted']:>9.3f}x{_or_dash(reexport, '>9.3f') + ('x' if reexport else ''):>10}"
+              f"{_ratio(row['result'], 21, '-' if row['timed'] else 'not timed')}"
+              f"{_prediction_error(row['predicted'], row['result'])}"
               f"{_ratio(row['speedup1'], 21, 'same')}"
-              f"{_ratio(row['speedup2'], 21, 'same')}{err:>12}{row['rss_mb']:>8.0f}  {row['chosen']}", flush=True)
+              f"{_ratio(row['speedup2'], 21, 'same')}{err:>12}{row['rss_mb']:>8.0f}  {row['chosen']}; "
+              f"{_phase_cells(row['phases'])}", flush=True)
         if row["shares"]:
             print("    kernel time of the original by operator: " + ", ".join(
                 f"{op} {100 * share:.1f} %" for op, share in row["shares"]), flush=True)
@@ -209,7 +217,9 @@ def _onnx_table(args) -> int:
           f"(onnxruntime, one thread, CPU time, paired interleaved rounds, at most {measure}: "
           f"Hodges-Lehmann ratio (95 % interval); - when it computes what the input does); error = "
           f"predicted over result, less 1 (the cost model's, costs calibrated on one onnxruntime profile "
-          f"of the input unless --calibration none); 1/2 "
+          f"of the input unless --calibration none); re-export = its speedup predicted from one "
+          f"onnxruntime profile of it and of the original (not timed: no candidate was predicted to "
+          f"gain {TIME_ABOVE:.2f}x or more); 1/2 "
           f"threads = the written model against the original file by the same guard, onnxruntime "
           f"ORT_ENABLE_ALL (2 threads: wall time; same: the original was written); written = the "
           f"candidate optimize wrote (original, re-export or result); max "
@@ -223,13 +233,16 @@ def _onnx_row(path: str, corpus: str, options: dict) -> dict:
     from . import timing
     from .executor import random_inputs
     from .onnx_optimize import OnnxInput, optimize_onnx
+    from .options import Hooks
 
-    source = OnnxInput.read(path)  # symbolic dims at optimize's default sizes
-    reference = source.dynamic.reference  # what onnxruntime runs as the original
+    phases = PhaseTimes()
     t0 = time.perf_counter()
+    with phases("reading"):
+        source = OnnxInput.read(path)  # symbolic dims at optimize's default sizes
+    reference = source.dynamic.reference  # what onnxruntime runs as the original
     optimize_options = _optimize_options(options)
     measure = optimize_options.decision.measure
-    out = optimize_onnx(source, rules=_corpus(corpus), options=optimize_options)
+    out = optimize_onnx(source, rules=_corpus(corpus), options=optimize_options, hooks=Hooks(phase_times=phases))
     seconds = time.perf_counter() - t0
     r = out.result
     st = r.stats
@@ -250,6 +263,8 @@ def _onnx_row(path: str, corpus: str, options: dict) -> dict:
             cell.speedup1, cell.speedup2 = speedups[1][name], speedups[2][name]
     return {"nodes": len(reference.graph.node), "opaque": st.ops_before.get(OPAQUE.name, 0),
             "seconds": seconds, "predicted": r.cost_before / st.extracted_cost if st.extracted_cost else 1.0,
+            "phases": dict(phases.ordered()), "predictions": dict(st.decision.predictions),
+            "timed": st.guard is not None,
             "result": st.guard.comparisons.get("result") if st.guard else None,
             "speedup1": speedups[1].get(TASO_EGG), "speedup2": speedups[2].get(TASO_EGG), "error": _error(st.check),
             "chosen": out.chosen, "rss_mb": _peak_rss_mb(),
@@ -442,6 +457,14 @@ def _prediction_error(predicted: float, measured, width: int = 8) -> str:
     in percent of the measured: ``+9.4%`` predicted too fast."""
     text = f"{100 * (predicted / measured.ratio - 1):+.1f}%" if measured is not None else "-"
     return format(text, f">{width}")
+
+
+PHASE_ABBREVIATIONS = dict(zip(ORDER, ("read", "cal", "sat", "ext", "write", "time", "check")))
+
+
+def _phase_cells(phases: dict[str, float]) -> str:
+    """``1.2/3.0/...``: seconds per phase in ``ORDER`` (0 for a phase not entered)."""
+    return "/".join(f"{phases.get(name, 0.0):.1f}" for name in PHASE_ABBREVIATIONS)
 
 
 def _or_dash(value, spec: str) -> str:

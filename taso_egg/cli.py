@@ -109,7 +109,7 @@ def _cmd_optimize(args) -> int:
     from .cost import load_cost_model
     from .files import check_writable
     from .onnx_optimize import optimize_model
-    from .rules.corpus import blame_user_rules, load_corpus, load_user_rules
+    from .rules.corpus import blame_user_rules, load_user_rules
 
     options = optimize_options_from_args(args)
     shapes = parse_input_shapes(args.input_shape)
@@ -130,7 +130,7 @@ def _cmd_optimize(args) -> int:
 
     with _Rounds("timing") as rounds, blame_user_rules(extra, applied):
         written, report = optimize_model(args.model, args.output, input_shapes=shapes, fix_shapes=args.fix_shapes,
-                                         rules=load_corpus() + extra, options=options,
+                                         extra_rules=extra, options=options,
                                          hooks=Hooks(progress=progress, phase=say, measure_progress=rounds.update))
     out = report.details
     if out is None:  # a valid model, but not one the table models: carried whole

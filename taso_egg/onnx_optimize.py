@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
 from .api import OptimizeResult, Writer, optimize
@@ -66,11 +66,14 @@ class OnnxOptimization:
 
 
 def optimize_onnx(source, *, rules=None, options: OptimizeOptions | None = None,
-                  hooks: Hooks | None = None, phases: PhaseTimes | None = None) -> OnnxOptimization:
+                  hooks: Hooks | None = None) -> OnnxOptimization:
     """Optimize an ONNX file (see the module docstring): ``source`` is an ``OnnxInput``
     or a path (read at the default sizes, symbolic dims kept: they are fixed only
-    where ``OnnxInput.read`` is asked to). ``phases`` gets each phase's seconds."""
-    phases = phases if phases is not None else PhaseTimes()
+    where ``OnnxInput.read`` is asked to). ``hooks.phase_times`` gets each phase's seconds."""
+    hooks = hooks or Hooks()
+    if hooks.phase_times is None:
+        hooks = replace(hooks, phase_times=PhaseTimes())
+    phases = hooks.phase_times
     if not isinstance(source, OnnxInput):
         with phases("reading"):
             source = OnnxInput.read(source)
@@ -108,7 +111,7 @@ def optimize_onnx(source, *, rules=None, options: OptimizeOptions | None = None,
         return writes[id(candidate)].model
 
     result = optimize(dyn.graph, rules=rules, options=options, hooks=hooks, reference=dyn.reference,
-                      writer=Writer(writable, as_written) if symbolic else None, phases=phases)
+                      writer=Writer(writable, as_written) if symbolic else None)
     chosen = result.stats.chosen
     out = OnnxOptimization(source.original if chosen == "original" else result.exported_fed, source, chosen, result)
     ext = result.stats.extraction
@@ -181,7 +184,7 @@ class OptimizeReport:
 
 
 def optimize_model(model, output=None, *, input_shapes: Mapping[str, Sequence[int]] | None = None,
-                   fix_shapes: bool = False, rules=None, options: OptimizeOptions | None = None,
+                   fix_shapes: bool = False, rules=None, extra_rules=(), options: OptimizeOptions | None = None,
                    hooks: Hooks | None = None, **option_changes):
     """``model`` (an ``onnx.ModelProto`` or a path) optimized: ``(ModelProto, OptimizeReport)``.
 
@@ -199,7 +202,9 @@ def optimize_model(model, output=None, *, input_shapes: Mapping[str, Sequence[in
     its weights (past 2 GB too, in memory: ``onnx.save(model, path,
     save_as_external_data=True)`` writes it). A model the operator table cannot model
     (sequences, a custom operator nothing can type) comes back unchanged, with the
-    reason. Errors a caller can cause are ``TasoEggError``s naming what is wrong."""
+    reason. ``rules`` replace the proved corpus, ``extra_rules`` are added to it (or to
+    ``rules``), loaded once the model is read. Errors a caller can cause are
+    ``TasoEggError``s naming what is wrong."""
     from .errors import ExportError, NotModelled
     from .files import check_writable
     from .onnx_io.exporter import save_atomically
@@ -210,7 +215,7 @@ def optimize_model(model, output=None, *, input_shapes: Mapping[str, Sequence[in
     if output is not None:
         check_writable(output, ExportError, inputs=[model] if path_given else [])
     start = time.perf_counter()
-    phases = PhaseTimes()
+    phases = hooks.phase_times if hooks is not None and hooks.phase_times is not None else PhaseTimes()
     try:
         with phases("reading"):
             source = OnnxInput.read(model, input_shapes, fix_shapes=fix_shapes)
@@ -223,7 +228,12 @@ def optimize_model(model, output=None, *, input_shapes: Mapping[str, Sequence[in
         report = OptimizeReport("original", why, None, None, {}, dict(phases.ordered()),
                                 time.perf_counter() - start)
         return _returned(original if output is None else None, output, external), report
-    out = optimize_onnx(source, rules=rules, options=options, hooks=hooks, phases=phases)
+    if extra_rules:
+        from .rules.corpus import load_corpus
+
+        rules = list(load_corpus() if rules is None else rules) + list(extra_rules)
+    hooks = replace(hooks or Hooks(), phase_times=phases)
+    out = optimize_onnx(source, rules=rules, options=options, hooks=hooks)
     external = source.external_data or _weight_bytes(out.model) >= EXTERNAL_DATA_BYTES
     with phases("writing"):
         if output is not None:

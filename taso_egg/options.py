@@ -260,7 +260,9 @@ class OptimizeOptions:
 class Hooks:
     """What ``optimize`` reports as it goes: ``progress(iteration_stats)`` after each
     saturation iteration, ``phase(message)`` when a later phase starts (and with
-    notes), ``measure_progress(done, total)`` after each measured run."""
+    notes), ``measure_progress(done, total)`` after each measured run, and
+    ``phase_times`` (a ``taso_egg.phases.PhaseTimes``) gets each phase's seconds."""
     progress: Callable | None = None
     phase: Callable[[str], None] | None = None
     measure_progress: Callable[[int, int], None] | None = None
+    phase_times: Any = None

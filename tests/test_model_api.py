@@ -1,0 +1,126 @@
+"""``taso_egg.optimize_model``: a ModelProto or a path in, a ModelProto and a report
+out, the same model the command writes; models past 2 GB through the call."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import taso_egg
+from taso_egg.check.runtime import onnx_outputs
+from taso_egg.cli import main
+from taso_egg.errors import OnnxImportError, TasoEggError
+
+RNG = np.random.default_rng(0)
+
+
+def _shared_input_mlp(hidden: int = 64, weights=None) -> onnx.ModelProto:
+    """Three matmuls of one input summed, batch symbolic: the rules merge them into one."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 32])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", hidden])
+    nodes = [helper.make_node("MatMul", ["x", f"w{i}"], [f"m{i}"]) for i in range(3)]
+    nodes += [helper.make_node("Add", ["m0", "m1"], ["s"]), helper.make_node("Add", ["s", "m2"], ["t"]),
+              helper.make_node("Relu", ["t"], ["y"])]
+    weights = weights or [numpy_helper.from_array((RNG.standard_normal((32, hidden)) * 0.1).astype(np.float32),
+                                                  f"w{i}") for i in range(3)]
+    return helper.make_model(helper.make_graph(nodes, "mlp", [x], [y], weights),
+                             opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_modelproto_in_gives_what_the_command_writes(tmp_path):
+    model = _shared_input_mlp()
+    returned, report = taso_egg.optimize_model(model, measure=0)
+    assert isinstance(returned, onnx.ModelProto)
+    assert report.written == "result" and report.why == "" and report.speedup is None
+    assert {"reading", "saturation", "extraction", "writing", "check"} <= set(report.phases)
+    assert report.seconds >= sum(report.phases.values()) * 0.99
+    # the command, on the same model as a file, writes the same model
+    src, out = tmp_path / "mlp.onnx", tmp_path / "mlp.opt.onnx"
+    onnx.save(model, src)
+    assert main(["optimize", str(src), "-o", str(out), "--measure", "0"]) == 0
+    assert onnx.load(out).SerializeToString() == returned.SerializeToString()
+    # and the interface is the input's; the outputs too, at two batch sizes
+    assert [i.name for i in returned.graph.input] == ["x"] and [o.name for o in returned.graph.output] == ["y"]
+    assert returned.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+    assert len([n for n in returned.graph.node if n.op_type == "MatMul"]) < 3
+    for batch in (1, 4):
+        feeds = {"x": RNG.standard_normal((batch, 32)).astype(np.float32)}
+        assert np.allclose(onnx_outputs(model, feeds)["y"], onnx_outputs(returned, feeds)["y"], rtol=1e-5, atol=1e-6)
+
+
+def test_a_path_in_with_an_output_writes_it_and_returns_it(tmp_path):
+    src, out = tmp_path / "mlp.onnx", tmp_path / "out.onnx"
+    onnx.save(_shared_input_mlp(), src)
+    returned, report = taso_egg.optimize_model(src, out, measure=0, extractor="greedy-dag")
+    assert out.is_file() and onnx.load(out).SerializeToString() == returned.SerializeToString()
+    assert report.details.result.stats.extraction.extractor == "greedy-dag"
+    assert "written" in report.headline() and "saturation" in report.headline()
+
+
+def test_nothing_to_gain_is_not_timed(tmp_path, monkeypatch):
+    """A model the rules cannot improve is written unchanged without a round of timing:
+    its re-export (the importer's clean-up) is predicted at no gain."""
+    from taso_egg import decide
+
+    monkeypatch.setattr(decide, "time_in_onnxruntime",
+                        lambda *args, **kwargs: pytest.fail("a model predicted to gain nothing was timed"))
+    # a matmul of a millisecond, which the Identity's copy does not move beyond the profiles' noise
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64, 512])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 64, 512])
+    w = numpy_helper.from_array(RNG.standard_normal((512, 512)).astype(np.float32), "w")
+    # an Identity the importer drops: the re-export differs from the original, and the
+    # profiles predict it no faster
+    model = helper.make_model(helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["m"]),
+                                                 helper.make_node("Identity", ["m"], ["i"]),
+                                                 helper.make_node("Relu", ["i"], ["y"])], "g", [x], [y], [w]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    returned, report = taso_egg.optimize_model(model)  # measurement on, as by default
+    assert report.written == "original" and "none was timed" in report.why
+    assert report.predicted and max(report.predicted.values()) < decide.TIME_ABOVE
+    assert "timing" not in report.phases
+    assert returned.SerializeToString() == model.SerializeToString()
+
+
+def test_bad_input_is_one_error_naming_it(tmp_path):
+    broken = _shared_input_mlp()
+    broken.graph.node[0].input[1] = "nowhere"
+    with pytest.raises(OnnxImportError, match="model: not a valid ONNX model"):
+        taso_egg.optimize_model(broken, measure=0)
+    unloaded = _shared_input_mlp()
+    onnx.save(unloaded, tmp_path / "ext.onnx", save_as_external_data=True, size_threshold=0)
+    with pytest.raises(OnnxImportError, match="external data"):
+        taso_egg.optimize_model(onnx.load(tmp_path / "ext.onnx", load_external_data=False), measure=0)
+    with pytest.raises(TasoEggError, match="no option"):
+        taso_egg.optimize_model(_shared_input_mlp(), no_such_option=1)
+
+
+def test_a_model_past_2_gb_goes_through_the_call(tmp_path):
+    """Three weights of 0.8 GB each, read from a ModelProto in memory: imported,
+    saturated, decided and written with external data (protobuf writes no message of
+    2 GB), the interface kept, computing what the input does."""
+    rows, hidden = 1024, 200_000
+    xs = [helper.make_tensor_value_info(f"x{i}", TensorProto.FLOAT, ["batch", rows]) for i in range(3)]
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", hidden])
+    nodes = [helper.make_node("MatMul", [f"x{i}", f"w{i}"], [f"m{i}"]) for i in range(3)]
+    nodes += [helper.make_node("Add", ["m0", "m1"], ["s"]), helper.make_node("Add", ["s", "m2"], ["y"])]
+    weights = [numpy_helper.from_array(np.full((rows, hidden), 0.001 * (i + 1), np.float32), f"w{i}")
+               for i in range(3)]
+    model = helper.make_model(helper.make_graph(nodes, "big", xs, [y], weights),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    del weights
+    weight_bytes = 3 * rows * hidden * 4
+    assert weight_bytes > 2 ** 31
+    out = tmp_path / "big.opt.onnx"
+    returned, report = taso_egg.optimize_model(model, out, measure=0)
+    del model
+    assert report.details.result.stats.saturation.enodes > 0
+    assert (tmp_path / "big.opt.onnx.data").stat().st_size >= weight_bytes
+    assert all(t.data_location == TensorProto.EXTERNAL for t in returned.graph.initializer)
+    assert [i.name for i in returned.graph.input] == ["x0", "x1", "x2"]
+    assert [o.name for o in returned.graph.output] == ["y"]
+    feeds = {f"x{i}": RNG.standard_normal((1, rows)).astype(np.float32) for i in range(3)}
+    expected = sum(feeds[f"x{i}"].sum() * 0.001 * (i + 1) for i in range(3))
+    got = onnx_outputs(str(out), feeds)["y"]
+    assert got.shape == (1, hidden) and np.allclose(got, expected, rtol=1e-4, atol=1e-3)
