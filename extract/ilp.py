@@ -13,7 +13,10 @@
    solutions (on bert the full MIP alone stalls far above them). It gets at most
    LNS_SHARE of the time, and stops early once no region improves.
 5. The full MIP, warm-started from the best solution so far, runs for the rest of the
-   time: it proves optimality, and its dual bound is the proven lower bound.
+   time, or until it stalls: as long as half the time spent before it (at least 2 s)
+   passes with neither a better solution nor the gap shrinking by a fifth. It proves
+   optimality, and its dual bound is the proven lower bound; where its relaxation is
+   weak it would otherwise spend the whole limit proving nothing.
 Every phase stops at the deadline, and every phase stops once the proven gap (the
 incumbent against the best bound so far, the longest-path bound or HiGHS's dual bound)
 is at most ``gap_tolerance``, 0.1 % by default: on the zoo's e-graphs the costs are
@@ -50,7 +53,8 @@ from .greedy_dag import first_choice
 from .ilp_model import IlpModel
 from .lns import NeighbourhoodSearch
 from .result import (
-    NO_IMPROVEMENT, OPTIMAL, OPTIMAL_GAP, PATH_BOUND, SOLVER_BOUND, TIME_LIMIT, WITHIN_GAP, agrees, relative_gap,
+    NO_IMPROVEMENT, OPTIMAL, OPTIMAL_GAP, PATH_BOUND, SOLVER_BOUND, STALLED, STALLED_NO_IMPROVEMENT, TIME_LIMIT,
+    WITHIN_GAP, agrees, relative_gap,
 )
 from .shrink import shrink
 
@@ -61,6 +65,12 @@ WARM_SHARE = 0.2  # of the time limit, at most, for greedy DAG in step 1
 SCOUT_SHARE = 0.05  # of the time limit, at most, for step 3
 LNS_SHARE = 0.7  # of the time limit, at most, for steps 1-4 together
 SUB_MIP_SHARE = 0.1  # of the time limit, at most, for one sub-model of step 4
+# The last full MIP stops after this share of the time spent before it without progress
+# (a better solution, or the proven gap down by STALL_GAP_SHRINK of itself), and never
+# sooner than STALL_FLOOR seconds: the time follows what it still finds, up to the limit.
+STALL_SHARE = 0.5
+STALL_FLOOR = 2.0
+STALL_GAP_SHRINK = 0.2
 # (warm start, presolve): the configurations a model is solved in, safest last.
 CONFIGS = ((True, "on"), (False, "on"), (False, "off"))
 # A solve that starts with less than this share of the whole time limit left runs without
@@ -101,12 +111,14 @@ class IlpExtractor(Extractor):
         optimality, or run to the time limit)."""
         super().__init__(verbose)
         self._presolve_until = math.inf  # the running solve's: no presolve starts later
+        self.stalled = False  # the last solve stopped for want of progress, not at the limit
         if isinstance(gap_tolerance, bool) or not isinstance(gap_tolerance, (int, float)) \
                 or not 0 <= gap_tolerance < 1:
             raise LimitError(f"gap tolerance must be a number in [0, 1), got {gap_tolerance!r}")
         self.gap_tolerance = float(gap_tolerance)
 
     def solve(self, egraph: EGraph, roots: tuple[int, ...], time_limit: float | None) -> Solution:
+        self.stalled = False
         limit = ExtractionOptions.time_limit if time_limit is None else time_limit
         start = time.perf_counter()
         deadline = start + limit
@@ -148,21 +160,29 @@ class IlpExtractor(Extractor):
         if lower.close():
             return lower.proven(None)
 
-        answer = self._mip(model, best, deadline, full)
+        # The last run gets as long without progress as half of what came before (at least
+        # STALL_FLOOR): where its relaxation is weak (many merges of one input) HiGHS
+        # neither improves nor proves for the rest of the limit.
+        stall = max(STALL_FLOOR, STALL_SHARE * (time.perf_counter() - start))
+        answer = self._mip(model, best, deadline, full, stall=stall)
         if answer is not None:
             lower.offer(answer.bound, SOLVER_BOUND)
             if answer.status == _OPTIMAL or lower.close():
                 return lower.proven(answer)
+        if self.stalled:
+            return Solution(best.choice, STALLED if best.improved else STALLED_NO_IMPROVEMENT, lower.value,
+                            best.cost, lower.source)
         return Solution(best.choice, TIME_LIMIT if best.improved else NO_IMPROVEMENT, lower.value, best.cost,
                         lower.source)
 
     def _mip(self, model: IlpModel, best: _Incumbent, deadline: float, configs: _Configs,
-             log_solver: bool = True, gap: float | None = None) -> Answer | None:
+             log_solver: bool = True, gap: float | None = None, stall: float | None = None) -> Answer | None:
         """Solve ``model`` until the deadline, from the incumbent where the configuration
         says so; keep every valid point that improves it. Returns the first answer that
         passes the check, or None (no time, or no configuration gave a sound answer).
         ``log_solver``: show the solver's log if verbose (not for the many sub-models).
-        ``gap``: the relative gap HiGHS may stop at (default: the extractor's tolerance)."""
+        ``gap``: the relative gap HiGHS may stop at (default: the extractor's tolerance).
+        ``stall``: stop once this many seconds pass without progress (``_Stall``)."""
         gap = self.gap_tolerance if gap is None else gap
         for i in range(configs.first, len(CONFIGS)):
             warm, presolve = CONFIGS[i]
@@ -181,7 +201,13 @@ class IlpExtractor(Extractor):
             if seconds <= 0.05:
                 return None
             h.setOptionValue("time_limit", seconds)
+            if stall is not None:
+                watch = _Stall(stall)
+                h.cbMipImprovingSolution.subscribe(watch.improved)
+                h.cbMipInterrupt.subscribe(watch.interrupt)
             h.run()
+            if stall is not None and watch.stopped:
+                self.stalled = True
             configs.runs += 1
             answer = read_answer(h)
             fault = _check(model, best, answer, gap)
@@ -192,6 +218,28 @@ class IlpExtractor(Extractor):
             log.log(configs.level, "%s: %s (start point %s, presolve %s): %s", best.egraph.source,
                     configs.what, "given" if warm else "not given", presolve, fault)
         return None
+
+
+class _Stall:
+    """HiGHS's callbacks: interrupt the solve once ``seconds`` pass without progress, a
+    better solution or the gap shrunk by STALL_GAP_SHRINK of itself."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.last = time.perf_counter()
+        self.gap = math.inf
+        self.stopped = False
+
+    def improved(self, event) -> None:
+        self.last = time.perf_counter()
+
+    def interrupt(self, event) -> None:
+        gap = event.data_out.mip_gap
+        if math.isfinite(gap) and gap < self.gap * (1 - STALL_GAP_SHRINK):
+            self.gap, self.last = gap, time.perf_counter()
+        if time.perf_counter() - self.last > self.seconds:
+            event.data_in.user_interrupt = True
+            self.stopped = True
 
 
 class _Configs:

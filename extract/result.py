@@ -10,6 +10,8 @@ WITHIN_GAP = "within gap"  # proven within the extractor's gap tolerance of the 
 HEURISTIC = "heuristic"  # no claim of optimality
 TIME_LIMIT = "time-limit"  # stopped by the clock; lower_bound says how far off it may be
 NO_IMPROVEMENT = "time-limit, greedy kept"  # the ILP found nothing better than its warm start
+STALLED = "stalled"  # stopped once it no longer progressed, before the clock; lower_bound says how far off
+STALLED_NO_IMPROVEMENT = "stalled, greedy kept"
 REJECTED = "claim rejected"  # the solver's objective or bound disagreed with the recomputed cost
 
 

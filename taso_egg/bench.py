@@ -185,8 +185,8 @@ def _onnx_table(args) -> int:
         print(f"error: {args.onnx}: no *.onnx files", file=sys.stderr)
         return 2
     print(f"{'model':<28}{'corpus':<10}{'nodes':>6}{'opaque':>8}{'optimize s':>11}{'predicted':>10}{'re-export':>10}"
-          f"{'result':>21}{'error':>8}{'1 thread':>21}{'2 threads':>21}{'max rel err':>12}{'RSS MB':>8}  written; "
-          f"seconds per phase ({'/'.join(PHASE_ABBREVIATIONS.values())})", flush=True)
+          f"{'result':>21}{'error':>8}{'1 thread':>21}{'2 threads':>21}{'max rel err':>12}{'RSS MB':>8}"
+          f"  {'s per phase: ' + '/'.join(PHASE_ABBREVIATIONS.values()):<40}  written", flush=True)
     context = multiprocessing.get_context("spawn")
     peer_rows = []
     for path, corpus in ((p, c) for p in files for c in args.corpora):
@@ -203,11 +203,11 @@ def _onnx_table(args) -> int:
         reexport = row["predictions"].get("re-export")
         print(f"{path.name:<28}{label:<10}{row['nodes']:>6}{row['opaque']:>8}{row['seconds']:>11.1f}"
               f"{row['predicted']:>9.3f}x{_or_dash(reexport, '>9.3f') + ('x' if reexport else ''):>10}"
-              f"{_ratio(row['result'], 21, '-' if row['timed'] else 'not timed')}"
+              f"{_ratio(row['result'], 21, '-' if row['timed'] else 'untimed')}"
               f"{_prediction_error(row['predicted'], row['result'])}"
               f"{_ratio(row['speedup1'], 21, 'same')}"
-              f"{_ratio(row['speedup2'], 21, 'same')}{err:>12}{row['rss_mb']:>8.0f}  {row['chosen']}; "
-              f"{_phase_cells(row['phases'])}", flush=True)
+              f"{_ratio(row['speedup2'], 21, 'same')}{err:>12}{row['rss_mb']:>8.0f}  "
+              f"{_phase_cells(row['phases']):<40}  {row['chosen']}", flush=True)
         if row["shares"]:
             print("    kernel time of the original by operator: " + ", ".join(
                 f"{op} {100 * share:.1f} %" for op, share in row["shares"]), flush=True)
@@ -215,7 +215,8 @@ def _onnx_table(args) -> int:
           f"cost model's speedup of the extracted result over the input as a runtime runs it (what "
           f"optimize's decision weighs); result = its speedup as optimize's guard measured it "
           f"(onnxruntime, one thread, CPU time, paired interleaved rounds, at most {measure}: "
-          f"Hodges-Lehmann ratio (95 % interval); - when it computes what the input does); error = "
+          f"Hodges-Lehmann ratio (95 % interval); - when it computes what the input does or was "
+          f"not timed beside a re-export that was; untimed: no candidate was); error = "
           f"predicted over result, less 1 (the cost model's, costs calibrated on one onnxruntime profile "
           f"of the input unless --calibration none); re-export = its speedup predicted from one "
           f"onnxruntime profile of it and of the original (not timed: no candidate was predicted to "
@@ -223,7 +224,9 @@ def _onnx_table(args) -> int:
           f"threads = the written model against the original file by the same guard, onnxruntime "
           f"ORT_ENABLE_ALL (2 threads: wall time; same: the original was written); written = the "
           f"candidate optimize wrote (original, re-export or result); max "
-          f"rel err = the check of the written model against the original (- when it is the original)")
+          f"rel err = the check of the written model against the original (- when it is the original); "
+          f"s per phase = optimize's seconds reading, calibrating and predicting, saturating, extracting, "
+          f"writing with symbolic dims, timing, checking")
     if args.peers:
         _peers_table(peer_rows, measure)
     return 0

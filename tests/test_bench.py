@@ -56,19 +56,22 @@ def test_onnx_folder_table(tmp_path, capsys):
     assert row[1] == "default" and row[2] == "9"  # the corpus; the file's nodes, clutter included
     row = row[1:]
     assert row[2] == "0" and row[4].endswith("x")  # nothing opaque; the predicted speedup
+    assert row[5] == "-" or row[5].endswith("x")  # the re-export's predicted speedup
     assert row[-1] in ("original", "re-export", "result")
-    if row[5] == "-":  # the result computes what the input does: no measured speedup, no error
-        assert row[6] == "-"
+    phases = [float(s) for s in row[-2].split("/")]  # seconds per phase
+    assert len(phases) == 7 and all(s >= 0 for s in phases) and sum(phases) <= float(row[3]) * 1.01
+    if row[6] in ("-", "untimed"):  # computes what the input does, or not timed: no error
+        assert row[7] == "-"
     else:  # the prediction's error against the guard's measured speedup of the result
-        predicted, measured = float(row[4].rstrip("x")), _cell(row[5])[0]
-        assert abs(float(row[6].rstrip("%")) - 100 * (predicted / measured - 1)) < 0.06
+        predicted, measured = float(row[4].rstrip("x")), _cell(row[6])[0]
+        assert abs(float(row[7].rstrip("%")) - 100 * (predicted / measured - 1)) < 0.06
     if row[-1] == "original":  # the written file is the original: nothing to time against it
-        assert row[7] == row[8] == "same" and row[9] == "-"
+        assert row[8] == row[9] == "same" and row[10] == "-"
     else:
-        for cell in row[7:9]:
+        for cell in row[8:10]:
             ratio, low, high = _cell(cell)
             assert 0 < low <= ratio <= high
-        assert float(row[9]) >= 0
+        assert float(row[10]) >= 0
 
 
 def _cell(cell: str) -> tuple[float, float, float]:
