@@ -152,7 +152,7 @@ _CANDIDATE_NAMES = {"original": "the input, unchanged",
 
 
 def _print_summary(result, report) -> None:
-    from .decide import TIME_ABOVE
+    from .decide import predicted_below
 
     st = result.stats
     kept = st.kept_input
@@ -161,9 +161,8 @@ def _print_summary(result, report) -> None:
     if st.guard:
         _print_guard(st.guard, st.chosen, predicted, result.cost_model)
     elif st.decision.predictions:  # asked to measure, but nothing could gain: timed nothing
-        shown = ", ".join(f"{name} {ratio:.3f}x" for name, ratio in st.decision.predictions.items())
-        print(f"speedup: none predicted, so nothing was timed (predicted over the original: {shown}; "
-              f"timing starts at {TIME_ABOVE:.2f}x)")
+        print(f"speedup: none predicted, so nothing was timed (predicted over the original: "
+              f"{predicted_below(st.decision.predictions)})")
     else:
         print(f"speedup: not measured; predicted {predicted:.3f}x ({result.cost_model})")
     if st.decision.not_measured:

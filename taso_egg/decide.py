@@ -62,12 +62,17 @@ MARGIN = 0.01
 # Looks at MIN_ROUNDS, then each about GROWTH times the last (even: both orders alike),
 # and at the most: few looks keep each one's share of ALPHA large.
 GROWTH = 1.5
-# Candidates are timed only where a gain can be: where each is predicted below this
-# speedup over the original, none is timed and the original is written. It is
-# 1 + MARGIN and twice MARGIN for the prediction's error on small changes: on ten
-# real exports every gain the guard confirmed was predicted at 1.045x or more, and
-# every prediction below 1.01x measured within 0.7 % of it (docs/history.md).
-TIME_ABOVE = 1.03
+# Candidates are timed only where a gain can be: one predicted below its threshold is
+# not timed, and where none is above it nothing is and the original is written. The
+# result's prediction (the calibrated cost model) missed its measured speedup by up
+# to 1.2 points on small changes (wav2vec2: predicted 1.007x, measured 1.019x and
+# written; CLIP's vision tower: 1.023x, 1.031x), so a predicted gain of half a percent
+# is timed. The re-export's (profiles of it and of the original, in onnxruntime)
+# scatters by a point either way where nothing changed (0.989x-1.005x on eight
+# exports), so it counts from 2 % (the re-exports that gain gain far more: a ResNet-50
+# from the dynamo exporter without its optimizer, 1.24x). docs/history.md has the table.
+TIME_ABOVE = 1.005
+REEXPORT_ABOVE = 1.02
 # Profiled runs of the original and its re-export (each kernel's median over them),
 # whose ratio predicts the re-export's speedup where the cost model, which prices the
 # two alike, cannot.
@@ -228,7 +233,7 @@ def run_guard(next_round: Callable[[list[str]], dict[str, float]], names, min_ro
                 timed.remove(c)
             elif done < most and comparisons[c].decision != "faster" and \
                     cannot_clear(np.log(times[original]) - np.log(times[c]), share, most, margin):
-                timed.remove(c)
+                timed.remove(c)  # dropping decides nothing "faster": it spends none of the level
                 futile.append(c)
         settled = all(comparisons[c].decision == "faster" for c in timed[1:])
         if settled or out_of_time or done >= most:
@@ -260,11 +265,19 @@ def cannot_clear(d, alpha: float, most: int, margin: float = MARGIN) -> bool:
     spread = 1.4826 * float(np.median(np.abs(d - np.median(d))))
     if spread == 0.0:
         return centre < math.log(1 + margin)
-    # the Hodges-Lehmann estimate's standard error is about 1.02 sd / sqrt(n) on normal data
-    z = statistics.NormalDist().inv_cdf(1 - alpha) * 1.02 * spread
+    # the Hodges-Lehmann estimate's standard error is about 1.02 sd / sqrt(n) on normal
+    # data; Student's quantile, as the spread itself is estimated from n rounds
+    z = _t_quantile(1 - alpha, n - 1) * 1.02 * spread
     hoped = centre + z / math.sqrt(n)
     pooled = (n * centre + (most - n) * hoped) / most
     return pooled - z / math.sqrt(most) < math.log(1 + margin)
+
+
+def _t_quantile(p: float, df: int) -> float:
+    """Student's t quantile, by its Cornish-Fisher expansion about the normal one (within
+    about 1 % from 4 degrees of freedom on)."""
+    z = statistics.NormalDist().inv_cdf(p)
+    return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
 
 
 def time_in_onnxruntime(models: dict, feeds, max_rounds: int = MAX_ROUNDS, progress=None) -> GuardReport:
@@ -375,15 +388,14 @@ def decide(graph: Graph, result: Graph | None, before: float, after: float, min_
         with phases("calibration"):
             predictions = predicted_speedups(models, twins, None if result is None else
                                              before / after if after > 0 else math.inf, feeds, phase)
-        if max(predictions.values()) < TIME_ABOVE:
-            shown = ", ".join(f"the {name} {ratio:.3f}x" for name, ratio in predictions.items())
-            return Decision(graph, f"no candidate is predicted faster than the original by {TIME_ABOVE:.2f}x "
-                                   f"or more ({shown}), so none was timed", chosen="original",
+        if all(ratio < timed_from(name) for name, ratio in predictions.items()):
+            return Decision(graph, f"no candidate is predicted to gain enough to be timed "
+                                   f"({predicted_below(predictions)}), so none was", chosen="original",
                             predictions=predictions)
         # a candidate predicted to gain nothing is not timed beside one that may: its
         # rounds and its share of the level go to the other
         models = {name: model for name, model in models.items()
-                  if name == "original" or predictions[name] >= TIME_ABOVE}
+                  if name == "original" or predictions[name] >= timed_from(name)}
         names = " and ".join(", ".join(models).rsplit(", ", 1))
         phase(f"timing {names} in onnxruntime (paired interleaved rounds, {MIN_ROUNDS} to {measure}, "
               f"at most {TIME_BUDGET:g} s, {MAX_TIME_BUDGET:g} s for slow rounds)")
@@ -414,7 +426,8 @@ def predicted_speedups(models: dict, twins: dict[str, str], result_over_input: f
     the input, so its speedup is predicted by profiling both in onnxruntime (each
     kernel's median over PREDICTION_RUNS runs, summed); the result's is the cost
     model's over the input (``result_over_input``) times the re-export's, the input
-    as the cost model prices it being the re-export."""
+    as the cost model prices it being the re-export (where that is predicted to gain
+    REEXPORT_ABOVE at least; else the original's speed)."""
     out: dict[str, float] = {}
     reexport = 1.0  # the re-export's over the original: 1 where it computes what the original does
     if "re-export" in models:
@@ -425,11 +438,23 @@ def predicted_speedups(models: dict, twins: dict[str, str], result_over_input: f
         if max(seconds.values()) < QUICK_PROFILE:  # cheap to repeat, and noisy: again in the other order
             for name in reversed(pair):
                 seconds[name] = min(seconds[name], profiled_seconds(models[name], feeds))
-        reexport = seconds["original"] / seconds["re-export"]
-        out["re-export"] = reexport
+        out["re-export"] = seconds["original"] / seconds["re-export"]
+        # within the profiles' scatter the re-export runs as the original does
+        reexport = out["re-export"] if out["re-export"] >= REEXPORT_ABOVE else 1.0
     if result_over_input is not None and "result" in models:
         out["result"] = result_over_input * reexport
     return out
+
+
+def timed_from(name: str) -> float:
+    """The predicted speedup from which candidate ``name`` is timed."""
+    return REEXPORT_ABOVE if name == "re-export" else TIME_ABOVE
+
+
+def predicted_below(predictions: dict[str, float]) -> str:
+    """``the re-export 1.003x (below 1.02x), the result 1.001x (below 1.005x)``."""
+    return ", ".join(f"the {name} {ratio:.3f}x ({'below' if ratio < timed_from(name) else 'from'} "
+                     f"{timed_from(name):g}x)" for name, ratio in predictions.items())
 
 
 def profiled_seconds(model, feeds, runs: int = PREDICTION_RUNS) -> float:
@@ -446,7 +471,7 @@ def _why_not_the_result(report: GuardReport, twins: dict[str, str], best: str, p
         return f"the result computes node for node what the {twins['result']} does"
     if "result" not in report.comparisons:
         return (f"the result was predicted at {predictions['result']:.3f}x the original, below "
-                f"{TIME_ABOVE:.2f}x, and not timed")
+                f"{TIME_ABOVE:g}x, and not timed")
     c = report.comparisons["result"]
     if c.decision == "faster":  # and the re-export more so
         return (f"the {best} measured faster than the result ({format_ratio(report.comparisons[best])} "

@@ -266,6 +266,23 @@ def test_the_original_measured_fastest_is_returned(fake_timer):
     assert optimize(g, reference=model, options=OptimizeOptions().replace(measure=10)).stats.chosen == "original"
 
 
+def test_candidates_predicted_to_gain_nothing_are_not_timed(fake_timer):
+    """The guard times only candidates predicted to gain enough (decide.timed_from):
+    none when none is (the original written, the predictions in the reason)."""
+    from taso_egg.decide import REEXPORT_ABOVE
+
+    g, model = _cluttered()
+    fake_timer.ms = {"original": 2.0, "re-export": 1.0, "result": 1.0}
+    fake_timer.predicted = {"re-export": REEXPORT_ABOVE * 0.99}
+    r = optimize(g, reference=model, options=OptimizeOptions().replace(measure=10))
+    assert fake_timer.timed == [] and r.stats.chosen == "original" and r.stats.guard is None
+    assert "so none was" in r.stats.kept_input and "the re-export 1.010x (below 1.02x)" in r.stats.kept_input
+    # the re-export predicted to gain: timed alone (the result computes what it does)
+    fake_timer.predicted = {"re-export": REEXPORT_ABOVE}
+    r = optimize(g, reference=model, options=OptimizeOptions().replace(measure=10))
+    assert fake_timer.timed == [["original", "re-export"]] and r.stats.chosen == "re-export"
+
+
 def test_the_re_export_measured_fastest_is_returned_checked(fake_timer):
     g, model = _cluttered()
     fake_timer.ms = {"original": 1.3, "re-export": 1.0, "result": 1.1}

@@ -426,7 +426,7 @@ def test_the_guard_times_each_candidate_as_it_is_written(tmp_path, capsys, monke
     rc = main(["optimize", str(path), "-o", str(out)])
     cap = capsys.readouterr()
     assert rc == 0, cap.err
-    # the re-export is timed too unless its profile predicts no gain (decide.TIME_ABOVE)
+    # the re-export is timed too unless its profile predicts no gain (decide.REEXPORT_ABOVE)
     assert {"original", "result"} <= set(timed) and all(dims == ["batch", "seq", 32] for dims in timed.values())
     assert "check: written with the input's symbolic dims" in cap.out
     _assert_interface_kept(onnx.load(path), onnx.load(out))
