@@ -58,8 +58,9 @@ def test_onnx_folder_table(tmp_path, capsys):
     assert row[2] == "0" and row[4].endswith("x")  # nothing opaque; the predicted speedup
     assert row[5] == "-" or row[5].endswith("x")  # the re-export's predicted speedup
     assert row[-1] in ("original", "re-export", "result")
-    phases = [float(s) for s in row[-2].split("/")]  # seconds per phase
-    assert len(phases) == 7 and all(s >= 0 for s in phases) and sum(phases) <= float(row[3]) * 1.01
+    phases = [float(s) for s in row[-2].split("/")]  # seconds per phase, each rounded to 0.1 s
+    assert len(phases) == 7 and all(s >= 0 for s in phases)
+    assert sum(phases) <= float(row[3]) * 1.01 + 0.05 * (len(phases) + 1)
     if row[6] in ("-", "untimed"):  # computes what the input does, or not timed: no error
         assert row[7] == "-"
     else:  # the prediction's error against the guard's measured speedup of the result
