@@ -23,12 +23,14 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .errors import ExecutionError, ShapeError, VerificationError
+from .errors import ExecutionError, OnnxImportError, ShapeError, VerificationError
 from .graph import Graph
+from .onnx_io.dim_relations import dim_relations
 from .onnx_io.importer import OtherSizes, load_onnx, value_types
 from .ops import INPUT, OPAQUE, RESHAPE, SPLIT, WEIGHT
 from .onnx_io.symbolic import (Interface, NotSymbolic, check_feeds_fit, describe_sizes, grown_sizes, import_shapes,
-                               interface, representative_sizes, second_sizes, symbolize, writable_sizes)
+                               input_types, interface, leading_symbols, representative_sizes, second_sizes, symbolize,
+                               writable_sizes)
 
 
 @dataclass
@@ -42,6 +44,9 @@ class DynamicModel:
     second: dict[str, int]
     graph: Graph
     fixed: bool = False               # written with the symbolic dims fixed at ``first``
+    # sizes where a dim is 0 (an empty cache; a 0 given), where the written model is
+    # also checked: nothing is priced or imported there, the table models no empty tensor
+    empty: dict[str, int] | None = None
     _second_graph: Graph | None = field(default=None, repr=False)
 
     @classmethod
@@ -52,11 +57,20 @@ class DynamicModel:
         depends on them may fold."""
         given = dict(given or {})
         iface = interface(reference)
-        first = representative_sizes(iface, given)
+        relations = dim_relations(reference, iface.symbols, leading_symbols(iface)) if iface.symbolic else {}
+        zeros = {d: 0 for name, shape in given.items() for d, size in zip(iface.dims.get(name, ()), shape)
+                 if isinstance(d, str) and size == 0}
+        if zeros and fixed:
+            raise OnnxImportError(f"--fix-shapes with {describe_sizes(zeros)}: a model fixed at an empty "
+                                  f"tensor computes nothing; give sizes of 1 or more")
+        # an input given at an empty size is imported at the chosen sizes, checked at the empty ones
+        given = {name: shape for name, shape in given.items()
+                 if not any(isinstance(d, str) and d in zeros for d in iface.dims.get(name, ()))}
+        first = representative_sizes(iface, given, relations)
         check_feeds_fit(iface, first)
         while True:
-            second = second_sizes(first)
-            grown = grown_sizes(iface, first, given)
+            second = second_sizes(first, relations)
+            grown = grown_sizes(iface, first, given, relations)
             try:
                 other = None if fixed or not iface.symbolic else \
                     OtherSizes(value_types(reference, iface.shapes(second)), writable_sizes(first, second))
@@ -65,11 +79,14 @@ class DynamicModel:
                 # an opaque node's types probed in onnxruntime: a window longer than
                 # its input (a speech encoder's strided convolutions) at these sizes
                 if grown is None or not _too_small(e):
-                    raise
+                    raise _at_sizes(e, iface, first, given, relations) from None
                 first = grown
                 continue
+            except ShapeError as e:
+                raise _at_sizes(e, iface, first, given, relations) from None
             if grown is None or _runs(reference, graph):
-                return cls(reference, iface, first, second, graph, fixed=fixed)
+                empty = empty_sizes(first, zeros or {d: 0 for d in concatenated_dims(reference, iface)}, relations)
+                return cls(reference, iface, first, second, graph, fixed=fixed, empty=empty)
             first = grown
 
     @property
@@ -83,6 +100,52 @@ class DynamicModel:
                                                        writable_sizes(self.second, self.first))
             self._second_graph = load_onnx(self.reference, self.iface.shapes(self.second), other)
         return self._second_graph
+
+
+def empty_sizes(first: Mapping[str, int], zeros: Mapping[str, int], relations: Mapping) -> dict[str, int] | None:
+    """``first`` with the ``zeros`` (dims at 0) and the dims tied to them recomputed;
+    None where there are none, or a tied dim comes out empty too or negative."""
+    if not zeros:
+        return None
+    sizes = {s: v for s, v in first.items() if s not in relations}
+    sizes.update(zeros)
+    sizes = {**sizes, **{d: rel.value(sizes) for d, rel in relations.items()}}
+    return sizes if all(sizes[d] > 0 for d in relations if d not in zeros) else None
+
+
+def concatenated_dims(reference, iface: Interface) -> set[str]:
+    """The symbols along which an input is concatenated (a key/value cache's past
+    length, the present cache being the past one and the new positions): an empty
+    cache is how such a model is first called."""
+    dims: set[str] = set()
+    inputs = {vi.name for vi in iface.inputs}
+    for node in reference.graph.node:
+        if node.op_type != "Concat":
+            continue
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        for name in node.input:
+            if name in inputs:
+                shape = iface.dims[name]
+                d = shape[axis] if -len(shape) <= axis < len(shape) else None
+                if isinstance(d, str):
+                    dims.add(d)
+    return dims
+
+
+def _at_sizes(error: Exception, iface: Interface, sizes: Mapping[str, int], given: Mapping,
+              relations: Mapping) -> Exception:
+    """``error`` (a node that cannot take the sizes a symbolic model was imported at)
+    naming those sizes, which of them were chosen rather than given, the ties found
+    among them, and the flag that sets them."""
+    if not iface.symbolic:
+        return error
+    set_by_given = {d for name in given for d in iface.dims.get(name, ()) if isinstance(d, str)}
+    chosen = [s for s in iface.symbols if s not in set_by_given]
+    ties = "; ties read from the graph: " + ", ".join(f"{d} = {r}" for d, r in relations.items()) if relations else ""
+    why = (f" (at {describe_sizes(sizes)}{ties}; " +
+           (f"{', '.join(chosen)} chosen by default: set them with --input-shape NAME=D0,D1,...)" if chosen
+            else "as given by --input-shape)"))
+    return type(error)(str(error) + why)
 
 
 def _runs(reference, graph: Graph) -> bool:
@@ -171,6 +234,8 @@ def check_at_sizes(dyn: DynamicModel, model, seed: int = 0) -> dict[str, float]:
     where the comparison would prove nothing."""
     from .check.runtime import check_onnx_model
 
+    from .executor import random_feeds
+
     errors = {}
     for sizes, graph in ((dyn.first, dyn.graph), (dyn.second, dyn.second_graph())):
         where = describe_sizes(sizes)
@@ -179,6 +244,14 @@ def check_at_sizes(dyn: DynamicModel, model, seed: int = 0) -> dict[str, float]:
         if check.error is None:
             raise NotSymbolic(f"at {where} onnxruntime's comparison proves nothing ({check.skipped})")
         errors[where] = check.error
+    if dyn.empty is not None:
+        # where a comparison proves nothing here (the input does not run empty, its
+        # outputs are empty), the two sizes above stand; a difference refuses the model
+        where = describe_sizes(dyn.empty)
+        check = check_onnx_model(dyn.reference, model, None, seed=seed, what=f"the model at {where},",
+                                 feeds=random_feeds(input_types(dyn.iface, dyn.empty), seed))
+        if check.error is not None:
+            errors[where] = check.error
     return errors
 
 

@@ -55,10 +55,10 @@ class OnnxCheck:
 
 
 def check_onnx_model(reference, model, graph, seed: int = 0, rtol: float = RTOL,
-                     what: str = "optimized model in onnxruntime") -> OnnxCheck:
+                     what: str = "optimized model in onnxruntime", feeds=None) -> OnnxCheck:
     """ONNX ``model`` against ``reference`` (an ONNX model, or a callable that makes
     one) in onnxruntime (float32) on random inputs for ``graph`` (the graph both
-    compute). Skipped, with the reason, where the comparison would prove nothing:
+    compute), or on ``feeds`` where given. Skipped, with the reason, where the comparison would prove nothing:
     onnxruntime cannot run the reference, a float output is not finite or is all
     zeros on these inputs, or round-off alone moves it by more than MAX_RTOL. The
     model runs first; where its outputs prove nothing the reference is not made or
@@ -68,7 +68,7 @@ def check_onnx_model(reference, model, graph, seed: int = 0, rtol: float = RTOL,
     float32 rounding error), or when the model does not run where the reference does."""
     from ..executor import random_inputs
 
-    feeds = random_inputs(graph, seed)
+    feeds = random_inputs(graph, seed) if feeds is None else feeds
     made: list = []
 
     def ref():

@@ -32,7 +32,7 @@ import numpy as np
 
 from ..errors import OnnxImportError, TasoEggError
 from .fed import FedModel, array_of, is_stub
-from .validate import without_weight_data
+from .validate import checker_complaint, without_weight_data
 
 DEFAULT_LEADING = 1    # a symbolic dim at axis 0 of an input: a batch
 DEFAULT_OTHER = 64     # any other symbolic dim: a sequence length, an image side
@@ -89,10 +89,19 @@ def interface(proto) -> Interface:
     return Interface(inputs, tuple(proto.graph.output), dims)
 
 
-def representative_sizes(iface: Interface, given: Mapping[str, Sequence[int]]) -> dict[str, int]:
+def leading_symbols(iface: Interface) -> set[str]:
+    """The symbols at axis 0 of an input: batches, which keep their default of 1."""
+    return {dims[0] for dims in iface.dims.values() if dims and isinstance(dims[0], str)}
+
+
+def representative_sizes(iface: Interface, given: Mapping[str, Sequence[int]],
+                         relations: Mapping | None = None) -> dict[str, int]:
     """One size per symbol: as ``given`` (input name -> shape, --input-shape) sets it,
-    else the defaults. One line (OnnxImportError) when two given shapes set one symbol
-    to different sizes; a given shape of the wrong rank is left for the importer."""
+    else the defaults, with each dim the graph ties to others (``relations``, from
+    ``dim_relations``) computed from them. One line (OnnxImportError) when two given
+    shapes set one symbol to different sizes, or the sizes given contradict a relation;
+    a given shape of the wrong rank is left for the importer."""
+    relations = dict(relations or {})
     sizes: dict[str, int] = {}
     setter: dict[str, str] = {}
     for name, shape in given.items():
@@ -107,10 +116,33 @@ def representative_sizes(iface: Interface, given: Mapping[str, Sequence[int]]) -
                                       f"dimension {d!r}, but the shapes given (--input-shape) set it "
                                       f"to {sizes[d]} and {int(size)}")
             sizes[d], setter[d] = int(size), name
-    leading = {dims[0] for dims in iface.dims.values() if dims and isinstance(dims[0], str)}
+    for d, rel in relations.items():  # a tied dim given, one dim it reads not: solved for that one
+        unset = [(s, k) for s, k in rel.terms if s not in sizes]
+        if d in sizes and len(unset) == 1 and abs(unset[0][1]) == 1:
+            s, k = unset[0]
+            sizes[s] = (sizes[d] - rel.value({**sizes, s: 0})) * k
+    leading = leading_symbols(iface)
     for s in iface.symbols:
-        sizes.setdefault(s, DEFAULT_LEADING if s in leading else DEFAULT_OTHER)
-    return sizes
+        if s not in relations:
+            sizes.setdefault(s, DEFAULT_LEADING if s in leading else DEFAULT_OTHER)
+    return tied_sizes(sizes, relations, setter)
+
+
+def tied_sizes(sizes: Mapping[str, int], relations: Mapping, setter: Mapping[str, str] = {}) -> dict[str, int]:
+    """``sizes`` with every tied dim computed from the dims it reads; one line
+    (OnnxImportError) where that contradicts a size given, or is negative."""
+    out = dict(sizes)
+    for d, rel in relations.items():
+        value = rel.value(out)
+        if d in setter and out[d] != value:
+            raise OnnxImportError(f"the graph ties the symbolic dimension {d!r} to {rel} "
+                                  f"({describe_sizes({s: out[s] for s, _ in rel.terms}) or 'constant'}: {value}), "
+                                  f"but the shapes given (--input-shape) set it to {out[d]}")
+        if value < 0:
+            raise OnnxImportError(f"the graph ties the symbolic dimension {d!r} to {rel}, which is {value} at "
+                                  f"{describe_sizes(out)}; set the dims it reads with --input-shape")
+        out[d] = value
+    return out
 
 
 def input_types(iface: Interface, sizes: Mapping[str, int]):
@@ -132,16 +164,18 @@ def check_feeds_fit(iface: Interface, sizes: Mapping[str, int]) -> None:
 
 
 def grown_sizes(iface: Interface, sizes: Mapping[str, int],
-                given: Mapping[str, Sequence[int]]) -> dict[str, int] | None:
-    """``sizes`` with every symbol that no given shape sets and that leads no input
-    doubled; None when there is none, or past ``_MAX_GROWN``."""
+                given: Mapping[str, Sequence[int]], relations: Mapping | None = None) -> dict[str, int] | None:
+    """``sizes`` with every symbol that no given shape sets, that leads no input and
+    that the graph ties to no other doubled (the tied ones follow); None when there is
+    none, or past ``_MAX_GROWN``."""
+    relations = dict(relations or {})
     set_by_given = {d for name, shape in given.items() for d in iface.dims.get(name, ())
                     if isinstance(d, str)}
-    leading = {dims[0] for dims in iface.dims.values() if dims and isinstance(dims[0], str)}
-    free = [s for s in iface.symbols if s not in set_by_given and s not in leading]
+    leading = leading_symbols(iface)
+    free = [s for s in iface.symbols if s not in set_by_given and s not in leading and s not in relations]
     if not free or any(sizes[s] * 2 > _MAX_GROWN for s in free):
         return None
-    return {s: v * 2 if s in free else v for s, v in sizes.items()}
+    return tied_sizes({s: v * 2 if s in free else v for s, v in sizes.items()}, relations)
 
 
 def import_shapes(iface: Interface, sizes: Mapping[str, int],
@@ -154,18 +188,22 @@ def import_shapes(iface: Interface, sizes: Mapping[str, int],
     return shapes
 
 
-def second_sizes(sizes: Mapping[str, int]) -> dict[str, int]:
-    """For each symbol the smallest prime above its size that divides no size and is
-    no other symbol's: the sizes the candidates are also written and checked at."""
+def second_sizes(sizes: Mapping[str, int], relations: Mapping | None = None) -> dict[str, int]:
+    """For each symbol the smallest prime above its size that divides no nonzero size
+    and is no other symbol's, each tied dim computed from those (``relations``): the
+    sizes the candidates are also written and checked at."""
+    relations = dict(relations or {})
     taken: set[int] = set()
     out = {}
     for s, size in sizes.items():
+        if s in relations:
+            continue
         p = size + 1
-        while not _is_prime(p) or p in taken or any(v % p == 0 for v in sizes.values()):
+        while not _is_prime(p) or p in taken or any(v and v % p == 0 for v in sizes.values()):
             p += 1
         taken.add(p)
         out[s] = p
-    return out
+    return tied_sizes(out, relations)
 
 
 def writable_sizes(here: Mapping[str, int], there: Mapping[str, int]):
@@ -240,10 +278,10 @@ def symbolize(at_first, at_second, original, first: Mapping[str, int], second: M
     graph.initializer.extend(kept + emit.initializers)
     _set_interface(graph, iface, g2, symbols, r, a)
     del graph.value_info[:]
-    try:
-        onnx.checker.check_model(without_weight_data(model))  # the checker reads no weight
-    except onnx.checker.ValidationError as e:
-        raise NotSymbolic(f"the model with symbolic dims fails onnx.checker: {e}") from None
+    # the checker reads no weight; operators it lacks that the input has were loaded in onnxruntime
+    complaint = checker_complaint(without_weight_data(model), {n.op_type for n in original.graph.node})
+    if complaint:
+        raise NotSymbolic(f"the model with symbolic dims fails onnx.checker: {complaint}")
     return FedModel(model, {t.name: fed[t.name] for t in graph.initializer if is_stub(t)})
 
 
