@@ -106,18 +106,24 @@ def _named_relation(name: str, symbols: list[str]) -> Relation | None:
 
 
 def _inferred_relations(proto, symbols: list[str]):
-    """``(dim, Relation)`` pairs from the merges onnxruntime's symbolic shape inference
-    records on the graph (its outputs' declared shapes cleared, so that the graph alone
-    speaks). Nothing where the inference fails: the import then says which node meets
-    sizes it cannot take."""
+    """``(dim, Relation)`` pairs that onnxruntime's symbolic shape inference finds in
+    the graph, run with the outputs' declared shapes cleared so that the graph alone
+    speaks: an output dim declared as an input dim's name that the graph computes as
+    an expression of others (a present cache's ``total_sequence``, computed
+    ``past_sequence + 1``), and the merges it records where two dims must be equal to
+    go on (a broadcast, a MatMul's inner dims). Nothing where the inference fails:
+    the import then says which node meets sizes it cannot take."""
     import sympy
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
     from .validate import without_weight_data
 
     light = without_weight_data(getattr(proto, "model", proto))  # a FedModel's protobuf: stubs for weights
+    declared = {}
     for out in light.graph.output:
-        out.type.tensor_type.ClearField("shape")
+        if out.type.HasField("tensor_type"):
+            declared[out.name] = [d.dim_param for d in out.type.tensor_type.shape.dim]
+            out.type.tensor_type.ClearField("shape")
     inference = SymbolicShapeInference(int_max=2**31 - 1, auto_merge=True, guess_output_rank=False, verbose=0)
     try:
         inference._preprocess(light)
@@ -125,7 +131,7 @@ def _inferred_relations(proto, symbols: list[str]):
             if not inference.run_:
                 break
             inference._infer_impl()
-    except Exception:  # its errors carry no common type; no relation is then known
+    except Exception:  # its errors carry no common type; what it found so far stands
         pass
     known = inference.symbolic_dims_
 
@@ -134,8 +140,17 @@ def _inferred_relations(proto, symbols: list[str]):
             return sympy.Integer(int(value))
         return known.get(value)
 
-    for merged, into in list(inference.suggested_merge_.items()):
-        a, b = as_expr(merged), as_expr(into)
+    pairs = [(as_expr(a), as_expr(b)) for a, b in list(inference.suggested_merge_.items())]
+    for name, dims in declared.items():
+        vi = inference.known_vi_.get(name)
+        inferred = vi.type.tensor_type.shape.dim if vi is not None and vi.type.HasField("tensor_type") else ()
+        if len(inferred) != len(dims):
+            continue
+        for want, got in zip(dims, inferred):
+            if want in symbols:
+                value = got.dim_value if got.HasField("dim_value") else got.dim_param
+                pairs.append((sympy.Symbol(want), as_expr(value) if value != "" else None))
+    for a, b in pairs:
         if a is None or b is None:
             continue
         for lone, other in ((b, a), (a, b)):

@@ -1,0 +1,168 @@
+"""Decoder models as deployed: dims the graph ties (a key/value cache concatenated
+with the new position), an empty cache, and contrib operators that onnxruntime runs
+in the default domain. Small ``onnx.helper`` models, shaped as exports are."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import taso_egg
+from taso_egg.check.runtime import onnx_outputs
+from taso_egg.cli import main
+from taso_egg.dynamic import check_at_sizes
+from taso_egg.errors import OnnxImportError
+from taso_egg.onnx_io.dim_relations import Relation, dim_relations
+from taso_egg.onnx_io.symbolic import interface, leading_symbols, representative_sizes, second_sizes
+
+RNG = np.random.default_rng(0)
+HEADS, HEAD = 2, 4
+HIDDEN = HEADS * HEAD
+
+
+def _weight(name, shape):
+    return numpy_helper.from_array((RNG.standard_normal(shape) * 0.3).astype(np.float32), name)
+
+
+def decode_step(mask_dim: str = "total", seq=1, wq: str = "Wq") -> onnx.ModelProto:
+    """One attention layer's decode step: the new key concatenated to the past ones
+    (``present``), the mask over all positions. The dims ``past`` and ``mask_dim`` are
+    named apart; the Concat ties them (mask_dim = past + seq)."""
+    inits = [_weight("Wq", (HIDDEN, HIDDEN)), _weight("Wk", (HIDDEN, HIDDEN)), _weight("Wo", (HIDDEN, HIDDEN)),
+             numpy_helper.from_array(np.array([0, 0, HEADS, HEAD], np.int64), "heads"),
+             numpy_helper.from_array(np.array([1], np.int64), "one"),
+             numpy_helper.from_array(np.array([0, 0, HIDDEN], np.int64), "merged")]
+    nodes = [
+        helper.make_node("MatMul", ["x", "Wk"], ["k0"]), helper.make_node("Reshape", ["k0", "heads"], ["k1"]),
+        helper.make_node("Transpose", ["k1"], ["k2"], perm=[0, 2, 1, 3]),
+        helper.make_node("Concat", ["past", "k2"], ["present"], axis=2),
+        helper.make_node("MatMul", ["x", wq], ["q0"]), helper.make_node("Reshape", ["q0", "heads"], ["q1"]),
+        helper.make_node("Transpose", ["q1"], ["q2"], perm=[0, 2, 1, 3]),
+        helper.make_node("Transpose", ["present"], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["q2", "kt"], ["s"]),
+        helper.make_node("Unsqueeze", ["mask", "one"], ["m1"]), helper.make_node("Unsqueeze", ["m1", "one"], ["m2"]),
+        helper.make_node("Add", ["s", "m2"], ["s2"]), helper.make_node("Softmax", ["s2"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "present"], ["o"]),
+        helper.make_node("Transpose", ["o"], ["o2"], perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["o2", "merged"], ["o3"]),
+        # two projections of one tensor: the merge the rules make
+        helper.make_node("MatMul", ["o3", "Wo"], ["y0"]), helper.make_node("MatMul", ["o3", "Wq"], ["y1"]),
+        helper.make_node("Add", ["y0", "y1"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "step",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", seq, HIDDEN]),
+         helper.make_tensor_value_info("past", TensorProto.FLOAT, ["batch", HEADS, "past", HEAD]),
+         helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["batch", mask_dim])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", seq, HIDDEN]),
+         helper.make_tensor_value_info("present", TensorProto.FLOAT, ["batch", HEADS, mask_dim, HEAD])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _feeds(batch, past, seq=1):
+    return {"x": RNG.standard_normal((batch, seq, HIDDEN)).astype(np.float32),
+            "past": RNG.standard_normal((batch, HEADS, past, HEAD)).astype(np.float32),
+            "mask": RNG.standard_normal((batch, past + seq)).astype(np.float32)}
+
+
+def test_the_dims_a_concat_ties_are_read_from_the_graph():
+    model = decode_step()
+    iface = interface(model)
+    relations = dim_relations(model, iface.symbols, leading_symbols(iface))
+    assert relations == {"total": Relation(1, (("past", 1),))}
+    first = representative_sizes(iface, {}, relations)
+    assert first["total"] == first["past"] + 1 and first["past"] > 1
+    second = second_sizes(first, relations)
+    assert second["total"] == second["past"] + 1 and second["past"] != first["past"]
+
+
+def test_a_dim_named_as_an_expression_is_its_value():
+    model = decode_step(mask_dim="past + sequence", seq="sequence")
+    iface = interface(model)
+    relations = dim_relations(model, iface.symbols, leading_symbols(iface))
+    assert str(relations["past + sequence"]) == "sequence + past"
+    sizes = representative_sizes(iface, {"x": (1, 5, HIDDEN)}, relations)
+    assert sizes["past + sequence"] == sizes["past"] + 5
+
+
+def test_a_decode_step_goes_through_written_symbolic_and_checked_at_an_empty_cache():
+    model = decode_step()
+    written, report = taso_egg.optimize_model(model, measure=0)
+    assert report.written == "result"
+    dyn = report.details.source.dynamic
+    assert dyn.empty == {"batch": 1, "past": 0, "total": 1}  # the first call of a generation loop
+    assert "batch=1, past=0, total=1" in check_at_sizes(dyn, written)  # compared there too
+    assert [vi.name for vi in written.graph.input] == ["x", "past", "mask"]
+    assert [d.dim_param or d.dim_value for d in written.graph.output[1].type.tensor_type.shape.dim] == \
+        ["batch", HEADS, "total", HEAD]
+    for batch, past in ((1, 0), (2, 31), (3, 7)):
+        feeds = _feeds(batch, past)
+        want, got = onnx_outputs(model, feeds), onnx_outputs(written, feeds)
+        for name in ("y", "present"):
+            assert np.allclose(want[name], got[name], rtol=1e-4, atol=1e-5)
+
+
+def test_sizes_given_against_the_graph_s_tie_are_one_line(tmp_path, capsys):
+    src = tmp_path / "step.onnx"
+    onnx.save(decode_step(), src)
+    code = main(["optimize", str(src), "-o", str(tmp_path / "out.onnx"),
+                 "--input-shape", "past=1,2,8,4", "--input-shape", "mask=1,8"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1 and "'total'" in err[0] and "past + 1" in err[0]
+    assert not (tmp_path / "out.onnx").exists()
+    # the tied dim given alone sizes the dim it reads
+    iface = interface(decode_step())
+    relations = dim_relations(decode_step(), iface.symbols, leading_symbols(iface))
+    assert representative_sizes(iface, {"mask": (1, 9)}, relations)["past"] == 8
+
+
+def test_a_zero_size_dim_given_is_checked_there_and_ends(tmp_path):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 5, 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 5, 8])
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Relu", ["h"], ["y"])], "g", [x], [y],
+        [_weight("W", (16, 8))]), opset_imports=[helper.make_opsetid("", 17)])
+    written, report = taso_egg.optimize_model(model, input_shapes={"x": (0, 5, 16)}, measure=0)
+    dyn = report.details.source.dynamic
+    assert dyn.first == {"N": 1} and dyn.empty == {"N": 0}
+    assert onnx_outputs(written, {"x": np.zeros((0, 5, 16), np.float32)})["y"].shape == (0, 5, 8)
+    with pytest.raises(OnnxImportError, match="empty"):
+        taso_egg.optimize_model(model, input_shapes={"x": (0, 5, 16)}, fix_shapes=True, measure=0)
+
+
+def _default_domain_rmsnorm() -> onnx.ModelProto:
+    """SimplifiedLayerNormalization in the default domain, as onnxruntime-genai writes
+    it: onnx's checker has no schema for it, onnxruntime runs it."""
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]),
+             helper.make_node("SimplifiedLayerNormalization", ["h", "g"], ["n"], axis=-1, epsilon=1e-6),
+             helper.make_node("MatMul", ["n", "W2"], ["a"]), helper.make_node("MatMul", ["n", "W"], ["b"]),
+             helper.make_node("Add", ["a", "b"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "sequence", 16])],
+        [_weight("g", (16,)), _weight("W", (16, 16)), _weight("W2", (16, 16))])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_default_domain_contrib_operator_onnxruntime_runs_is_carried():
+    model = _default_domain_rmsnorm()
+    with pytest.raises(onnx.checker.ValidationError):
+        onnx.checker.check_model(model)
+    written, report = taso_egg.optimize_model(model, measure=0)
+    assert report.written == "result"
+    assert [n.op_type for n in written.graph.node].count("SimplifiedLayerNormalization") == 1
+    assert [n.op_type for n in written.graph.node].count("MatMul") == 2  # the two reads of n merged
+    feeds = {"x": RNG.standard_normal((2, 3, 16)).astype(np.float32)}
+    assert np.allclose(onnx_outputs(model, feeds)["y"], onnx_outputs(written, feeds)["y"], rtol=1e-4, atol=1e-5)
+
+
+def test_an_unknown_operator_onnxruntime_refuses_is_still_one_line(tmp_path, capsys):
+    model = _default_domain_rmsnorm()
+    model.graph.node[1].op_type = "NoSuchNormalization"
+    src = tmp_path / "bad.onnx"
+    onnx.save(model, src)
+    assert main(["optimize", str(src), "-o", str(tmp_path / "out.onnx")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a valid ONNX model" in err[0] and "NoSuchNormalization" in err[0]
