@@ -13,6 +13,7 @@ import sys
 from .cli_args import (CommandParser, add_input_shape_argument, add_optimize_arguments, optimize_options_from_args,
                        parse_input_shapes)
 from .errors import ExportError, NotModelled, TasoEggError
+from .onnx_io.last_position import parse_last_position
 from .ops import OPAQUE
 from .onnx_io.symbolic import DEFAULT_LEADING, DEFAULT_OTHER
 from .options import Hooks
@@ -113,6 +114,7 @@ def _cmd_optimize(args) -> int:
 
     options = optimize_options_from_args(args)
     shapes = parse_input_shapes(args.input_shape)
+    last_position = parse_last_position(args.last_position)
     check_writable(args.output, ExportError, inputs=[args.model])
     load_cost_model(options.costs.profile)  # loaded again (cached) where it is used
     extra = load_user_rules(args.rules or (), args.allow_unproved)
@@ -130,19 +132,21 @@ def _cmd_optimize(args) -> int:
 
     with _Rounds("timing") as rounds, blame_user_rules(extra, applied):
         written, report = optimize_model(args.model, args.output, input_shapes=shapes, fix_shapes=args.fix_shapes,
-                                         extra_rules=extra, options=options,
+                                         last_position=last_position, extra_rules=extra, options=options,
                                          hooks=Hooks(progress=progress, phase=say, measure_progress=rounds.update))
     out = report.details
+    unchanged = "the input, its outputs read at the last position" if last_position else "the input, unchanged"
     if out is None:  # a valid model, but not one the table models: carried whole
         say(f"note: {report.why}")
-        print(f"wrote {args.output}: {describe(written)} (the input, unchanged)")
+        print(f"wrote {args.output}: {describe(written)} ({unchanged})")
         return 0
     _print_summary(out.result, report)
     for note in out.notes:
         print(note)
     print(format_table(operator_counts(out.source.original), operator_counts(written)))
+    names = {**_CANDIDATE_NAMES, "original": unchanged}
     print(f"wrote {args.output}: {describe(written)}"
-          + (f" ({_CANDIDATE_NAMES[out.chosen]})" if out.chosen != "result" else ""))
+          + (f" ({names[out.chosen]})" if out.chosen != "result" else ""))
     return 0
 
 
@@ -168,11 +172,13 @@ def _print_summary(result, report) -> None:
     if st.decision.not_measured:
         print(f"note: not measured: {', '.join(st.decision.not_measured)} (the re-exported input, "
               f"the importer's clean-up, may run faster than the original; --measure N times it)")
+    # the input as the caller asked it read (--last-position) is what candidates are compared with
+    change = f" ({report.interface_change})" if report.interface_change else ""
     if kept:
-        print(f"result: {_CANDIDATE_NAMES[st.chosen]} is written: {kept}; the extracted graph was "
+        print(f"result: {_CANDIDATE_NAMES[st.chosen]} is written{change}: {kept}; the extracted graph was "
               f"predicted at {extracted * 1e3:.4g} ms against the input's {before * 1e3:.4g} ms")
     else:
-        print(f"result: the extracted graph replaces the input (predicted "
+        print(f"result: the extracted graph replaces the input{change} (predicted "
               f"{extracted * 1e3:.4g} ms against {before * 1e3:.4g} ms)")
     sat, ext = st.saturation, st.extraction
     print(f"e-graph: {sat.enodes} e-nodes, {st.eclasses} e-classes after {len(sat.iterations)} "
@@ -295,6 +301,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "(taso-egg rules verify FILE writes them)")
     p.add_argument("--allow-unproved", action="store_true",
                    help="apply --rules' rules that are not proved (the check still guards the result)")
+    p.add_argument("--last-position", action="append", metavar="OUTPUT[:AXIS]",
+                   help="the caller reads only the last position of OUTPUT along AXIS (default 1), as a "
+                        "generation loop reads logits: that output becomes its last position (the axis "
+                        "becomes 1), the one change of interface optimize makes, and only when asked "
+                        "(repeatable)")
     p.set_defaults(func=_cmd_optimize)
 
     p = sub.add_parser("zoo", help="write one of TASO's benchmark graphs (builder-made) as ONNX")

@@ -21,6 +21,7 @@ from .api import OptimizeResult, Writer, optimize
 from .dynamic import DynamicModel, write_symbolic
 from .egraph.saturate import tensor_classes
 from .onnx_io.counts import describe
+from .onnx_io.last_position import describe as describe_last_position, parse_last_position, read_last_position
 from .onnx_io.reading import read_model_file, upgraded
 from .onnx_io.symbolic import describe_sizes
 from .options import Hooks, OptimizeOptions
@@ -39,14 +40,18 @@ class OnnxInput:
 
     @classmethod
     def read(cls, path, input_shapes: Mapping[str, Sequence[int]] | None = None,
-             fix_shapes: bool = False) -> OnnxInput:
+             fix_shapes: bool = False, last_position: Mapping[str, int] | None = None) -> OnnxInput:
         """Read and import ``path`` (one clear error for what is wrong with it, before
         any work). ``input_shapes`` (input name -> shape) are the sizes to price,
         saturate and time a model with symbolic dims at; with ``fix_shapes`` it is to
-        be written with those sizes fixed (so all that depends on them may fold)."""
+        be written with those sizes fixed (so all that depends on them may fold).
+        ``last_position`` (output name -> axis): those outputs become their last
+        position (``last_position.read_last_position``), and that model is the original."""
         # fed: the weights read once into arrays that the imports, candidates and
         # onnxruntime sessions share, never whole into protobuf
-        original, external = read_model_file(path, fed=True)
+        original, external = read_model_file(_own_copy(path) if last_position else path, fed=True)
+        if last_position:
+            read_last_position(original, last_position)
         reference = upgraded(original)  # what onnxruntime runs as the original
         where = os.fspath(path) if isinstance(path, (str, os.PathLike)) else "model"
         return cls(where, original, external, DynamicModel.load(reference, input_shapes, fixed=fix_shapes))
@@ -172,6 +177,7 @@ class OptimizeReport:
     seconds: float                   # all of them
     notes: list[str] = field(default_factory=list)
     details: OnnxOptimization | None = field(default=None, repr=False)  # None: carried whole
+    interface_change: str = ""       # what the caller asked to change (last_position), "" when nothing
 
     def headline(self) -> str:
         """One line: what was written, at what speed, and where the time went."""
@@ -181,11 +187,12 @@ class OptimizeReport:
         else:
             what = f"the input written: {self.why}"
         phases = ", ".join(f"{name} {s:.1f} s" for name, s in self.phases.items())
-        return f"{what} ({self.seconds:.1f} s: {phases})"
+        change = f"; {self.interface_change}" if self.interface_change else ""
+        return f"{what}{change} ({self.seconds:.1f} s: {phases})"
 
 
 def optimize_model(model, output=None, *, input_shapes: Mapping[str, Sequence[int]] | None = None,
-                   fix_shapes: bool = False, rules=None, extra_rules=(), options: OptimizeOptions | None = None,
+                   fix_shapes: bool = False, last_position: Mapping[str, int] | Sequence[str] | None = None, rules=None, extra_rules=(), options: OptimizeOptions | None = None,
                    hooks: Hooks | None = None, **option_changes):
     """``model`` (an ``onnx.ModelProto`` or a path) optimized: ``(ModelProto, OptimizeReport)``.
 
@@ -195,7 +202,10 @@ def optimize_model(model, output=None, *, input_shapes: Mapping[str, Sequence[in
     ``report.why`` why the input was kept). ``option_changes`` are ``OptimizeOptions``
     fields by name (``measure=0``, ``extractor="greedy-dag"``, ``nodes=5000``), applied
     over ``options``; ``input_shapes`` (input name -> shape) size the symbolic dims
-    (``fix_shapes``: written fixed there). With ``output`` (a path) the model is written
+    (``fix_shapes``: written fixed there). ``last_position`` (output names, or name ->
+    axis; the axis defaults to 1) is the one change of interface made, on request: those
+    outputs become their last position along the axis, as a generation loop reads
+    ``logits`` (``report.interface_change`` says so). With ``output`` (a path) the model is written
     there as ``taso-egg optimize`` writes it, all or nothing, with external data
     (``OUT.data``) where the input had it or its weights pass 2 GB, and the model
     returned is that file read back, external data left on disk as ``onnx.load(path,
@@ -212,6 +222,9 @@ def optimize_model(model, output=None, *, input_shapes: Mapping[str, Sequence[in
     from .onnx_io.fed import FedModel, inline
 
     options = (options or OptimizeOptions()).replace(**option_changes)
+    if last_position is not None and not isinstance(last_position, Mapping):
+        last_position = parse_last_position([last_position] if isinstance(last_position, str) else last_position)
+    change = describe_last_position(last_position) if last_position else ""
     path_given = isinstance(model, (str, os.PathLike))
     if output is not None:
         check_writable(output, ExportError, inputs=[model] if path_given else [])
@@ -219,15 +232,17 @@ def optimize_model(model, output=None, *, input_shapes: Mapping[str, Sequence[in
     phases = hooks.phase_times if hooks is not None and hooks.phase_times is not None else PhaseTimes()
     try:
         with phases("reading"):
-            source = OnnxInput.read(model, input_shapes, fix_shapes=fix_shapes)
+            source = OnnxInput.read(model, input_shapes, fix_shapes=fix_shapes, last_position=last_position)
     except NotModelled as e:  # valid, but not what the table models: carried whole
         with phases("writing"):
-            original, external = read_model_file(model, validate=False)
+            original, external = read_model_file(_own_copy(model) if last_position else model, validate=False)
+            if last_position:
+                read_last_position(original, last_position)
             if output is not None:
                 save_atomically(original, output, external_data=external)
         why = f"{e}: the input is written unchanged"
         report = OptimizeReport("original", why, None, None, {}, dict(phases.ordered()),
-                                time.perf_counter() - start)
+                                time.perf_counter() - start, [change] if change else [], interface_change=change)
         return _returned(original if output is None else None, output, external), report
     if extra_rules:
         from .rules.corpus import load_corpus
@@ -247,8 +262,19 @@ def optimize_model(model, output=None, *, input_shapes: Mapping[str, Sequence[in
                             measured.ratio if measured else None,
                             (measured.low, measured.high) if measured else None,
                             dict(st.decision.predictions), dict(phases.ordered()), time.perf_counter() - start,
-                            list(out.notes), out)
+                            ([change] if change else []) + list(out.notes), out, interface_change=change)
     return _returned(returned, output, external), report
+
+
+def _own_copy(model):
+    """``model``, or a copy where it is the caller's ModelProto (which is never changed)."""
+    import onnx
+
+    if not isinstance(model, onnx.ModelProto):
+        return model
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    return copy
 
 
 def _returned(model, output, external: bool):
