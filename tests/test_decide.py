@@ -170,11 +170,32 @@ def test_the_time_budget_stops_timing_after_the_minimum(monkeypatch):
         timed.append(1.0)
         return rounds()
 
-    report = run_guard(one_second_a_round, ["original", "result"], seconds=5, longest=5, clock=lambda: sum(timed))
+    report = run_guard(one_second_a_round, ["original", "result"], seconds=5, longest=MIN_ROUNDS,
+                       clock=lambda: sum(timed))
     assert report.stopped == "time" and report.rounds == MIN_ROUNDS and report.seconds == 10
     report = run_guard(one_second_a_round, ["original", "result"], seconds=15, longest=15,
                        clock=lambda: sum(timed))
     assert report.stopped == "time" and report.rounds == 15
+
+
+@pytest.mark.parametrize("gain, rounds, stopped", [(1.01, 1, "futile"), (1.3, MIN_ROUNDS, "decided")])
+def test_rounds_too_slow_for_the_first_look_are_spent_only_on_a_large_gain(gain, rounds, stopped):
+    """Rounds of 46 s (GPT-2-large's sessions): the first look would end at 460 s, past
+    MAX_TIME_BUDGET. A result 1 % faster is dropped after one round, deciding nothing;
+    one 30 % faster is timed to the first look and confirmed."""
+    elapsed, noisy = [], _rounds(np.random.default_rng(0), {"result": gain}, cv=0.01)
+
+    def one_round(names=None):
+        elapsed.append(46.0)
+        return noisy()
+
+    report = run_guard(one_round, ["original", "result"], clock=lambda: sum(elapsed))
+    assert report.rounds == rounds and report.stopped == stopped
+    if stopped == "futile":
+        assert report.comparisons["result"].decision == "undecided" and report.futile == ("result",)
+        assert "a round takes 46 s" in decide.not_faster_why(report, "result", "the original")
+    else:
+        assert report.comparisons["result"].decision == "faster"
 
 
 def test_slow_rounds_stretch_the_budget_to_enough_rounds(monkeypatch):
