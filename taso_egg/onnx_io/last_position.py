@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..errors import OnnxImportError
+from ..graph import claim_unique_name
 
 # Slice's end for "to the end of the axis".
 _INT64_MAX = (1 << 63) - 1
@@ -66,15 +67,15 @@ def read_last_position(model, outputs: Mapping[str, int]) -> None:
         producers = [n for n in graph.node if name in n.output]
         if not producers:
             raise OnnxImportError(f"--last-position: output {name!r} is an input or a weight, not computed")
-        full = _fresh(f"{name}.all_positions", taken)
+        full = claim_unique_name(f"{name}.all_positions", taken)
         for node in graph.node:  # the producer, and any node that also reads the full output
             node.output[:] = [full if t == name else t for t in node.output]
             node.input[:] = [full if t == name else t for t in node.input]
         consts = []
         for what, value in (("starts", -1), ("ends", _INT64_MAX), ("axes", axis)):
-            consts.append(_fresh(f"{name}.last_position_{what}", taken))
+            consts.append(claim_unique_name(f"{name}.last_position_{what}", taken))
             graph.initializer.append(helper.make_tensor(consts[-1], TensorProto.INT64, [1], [value]))
-        graph.node.append(helper.make_node("Slice", [full, *consts], [name], name=_fresh(f"{name}.last_position", taken)))
+        graph.node.append(helper.make_node("Slice", [full, *consts], [name], name=claim_unique_name(f"{name}.last_position", taken)))
         dim = dims[axis]
         dim.Clear()
         dim.dim_value = 1
@@ -85,11 +86,3 @@ def describe(outputs: Mapping[str, int]) -> str:
     return ", ".join(f"{name} along axis {axis}" for name, axis in outputs.items()) + \
         " read at the last position only (--last-position: the interface changes there, the axis becomes 1)"
 
-
-def _fresh(name: str, taken: set[str]) -> str:
-    """``name``, or ``name.N``, not yet used in the graph (and now taken)."""
-    fresh, n = name, 1
-    while fresh in taken:
-        fresh, n = f"{name}.{n}", n + 1
-    taken.add(fresh)
-    return fresh
