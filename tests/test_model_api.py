@@ -66,7 +66,10 @@ def test_nothing_to_gain_is_not_timed(tmp_path, monkeypatch):
 
     monkeypatch.setattr(decide, "time_in_onnxruntime",
                         lambda *args, **kwargs: pytest.fail("a model predicted to gain nothing was timed"))
-    # a matmul of a millisecond, which the Identity's copy does not move beyond the profiles' noise
+    # The profiles of a model of a millisecond scatter (0.81x-1.20x in a fresh process), so
+    # they are given here as what they would show without noise: equal kernel time.
+    monkeypatch.setattr(decide, "profiled_seconds", lambda model, feeds, runs=decide.PREDICTION_RUNS: 1e-3)
+    # a matmul of a millisecond, which the Identity's copy does not move
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64, 512])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 64, 512])
     w = numpy_helper.from_array(RNG.standard_normal((512, 512)).astype(np.float32), "w")
