@@ -323,7 +323,7 @@ def not_faster_why(report: GuardReport, name: str, against: str) -> str:
     if name in report.futile and c.rounds == 1:
         pace = report.seconds / max(report.rounds, 1)
         return (f"a round takes {pace:.0f} s, so the first look ({MIN_ROUNDS} rounds) would end past the "
-                f"{MAX_TIME_BUDGET:.0f} s budget, and the first round measured the result at {c.ratio:.3f}x, "
+                f"{report.budget:.0f} s budget, and the first round measured the result at {c.ratio:.3f}x, "
                 f"below the {SLOW_ROUNDS_GAIN:g}x that rounds this slow are spent on")
     if name in report.futile:
         return (f"the result could not be confirmed faster than {against} within the budget: "

@@ -233,7 +233,6 @@ def check_at_sizes(dyn: DynamicModel, model, seed: int = 0) -> dict[str, float]:
     worst relative error at each; VerificationError where they differ, NotSymbolic
     where the comparison would prove nothing."""
     from .check.runtime import check_onnx_model
-
     from .executor import random_feeds
 
     errors = {}

@@ -49,9 +49,7 @@ class OnnxInput:
         position (``last_position.read_last_position``), and that model is the original."""
         # fed: the weights read once into arrays that the imports, candidates and
         # onnxruntime sessions share, never whole into protobuf
-        original, external = read_model_file(_own_copy(path) if last_position else path, fed=True)
-        if last_position:
-            read_last_position(original, last_position)
+        original, external = _read_as_asked(path, last_position, fed=True)
         reference = upgraded(original)  # what onnxruntime runs as the original
         where = os.fspath(path) if isinstance(path, (str, os.PathLike)) else "model"
         return cls(where, original, external, DynamicModel.load(reference, input_shapes, fixed=fix_shapes))
@@ -235,9 +233,7 @@ def optimize_model(model, output=None, *, input_shapes: Mapping[str, Sequence[in
             source = OnnxInput.read(model, input_shapes, fix_shapes=fix_shapes, last_position=last_position)
     except NotModelled as e:  # valid, but not what the table models: carried whole
         with phases("writing"):
-            original, external = read_model_file(_own_copy(model) if last_position else model, validate=False)
-            if last_position:
-                read_last_position(original, last_position)
+            original, external = _read_as_asked(model, last_position, validate=False)
             if output is not None:
                 save_atomically(original, output, external_data=external)
         why = f"{e}: the input is written unchanged"
@@ -266,15 +262,20 @@ def optimize_model(model, output=None, *, input_shapes: Mapping[str, Sequence[in
     return _returned(returned, output, external), report
 
 
-def _own_copy(model):
-    """``model``, or a copy where it is the caller's ModelProto (which is never changed)."""
+def _read_as_asked(model, last_position: Mapping[str, int] | None, **read):
+    """``read_model_file(model, **read)``, with the outputs the caller reads at their
+    last position made so (``read_last_position``) on a copy: a caller's ModelProto is
+    never changed."""
     import onnx
 
-    if not isinstance(model, onnx.ModelProto):
-        return model
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    return copy
+    if last_position and isinstance(model, onnx.ModelProto):
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        model = copy
+    original, external = read_model_file(model, **read)
+    if last_position:
+        read_last_position(original, last_position)
+    return original, external
 
 
 def _returned(model, output, external: bool):

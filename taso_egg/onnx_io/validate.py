@@ -37,13 +37,10 @@ def validate_model(proto, where: str) -> None:
     try:
         onnx.checker.check_model(checked)
         inferred = onnx.shape_inference.infer_shapes(light, check_type=True, strict_mode=True)
-    except onnx.checker.ValidationError as e:
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
         if not _runtime_loads(light):
-            raise OnnxImportError(f"{where}: not a valid ONNX model: {_located(checked, e)}") from None
-        inferred = onnx.shape_inference.infer_shapes(light)
-    except onnx.shape_inference.InferenceError as e:
-        if not _runtime_loads(light):
-            raise OnnxImportError(f"{where}: not a valid ONNX model: {_inference_message(e)}") from None
+            why = _located(checked, e) if isinstance(e, onnx.checker.ValidationError) else _inference_message(e)
+            raise OnnxImportError(f"{where}: not a valid ONNX model: {why}") from None
         inferred = onnx.shape_inference.infer_shapes(light)
     _check_tensors_only(inferred.graph, where)
 
