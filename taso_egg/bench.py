@@ -16,7 +16,11 @@
   interleaved sessions and checked against the original on the same inputs: onnxsim,
   onnxslim, onnxruntime's transformers optimizer (transformers only) and taso-egg
   applied after onnxslim. onnxsim and onnxslim are an optional extra:
-  ``pip install 'taso-egg[peers]'`` (a peer not installed is a cell saying so)."""
+  ``pip install 'taso-egg[peers]'`` (a peer not installed is a cell saying so).
+- ``--generate ORIGINAL OTHER ...``: decoders with a key/value cache run as a generation
+  loop does (a prompt, then new tokens one at a time; ``taso_egg.generate``): time to
+  the first token and tokens per second of each, against the first, with an A/A row, and
+  each one's logits compared with the first's at every step."""
 
 from __future__ import annotations
 
@@ -72,6 +76,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "(transformers only) and taso-egg after onnxslim beside taso-egg, in the same "
                         "sessions, with each one's error against the original (a table of its own; "
                         "install the peers with: pip install 'taso-egg[peers]')")
+    p.add_argument("--generate", nargs="+", metavar="MODEL",
+                   help="decoders with a key/value cache (the original first, then e.g. what optimize "
+                        "wrote and onnxruntime-genai's model of the same weights): generation timed "
+                        "end to end, logits compared at every step")
+    p.add_argument("--prompt-tokens", type=int, default=64, metavar="P",
+                   help="--generate: prompt length (default: %(default)s)")
+    p.add_argument("--new-tokens", type=int, default=64, metavar="N",
+                   help="--generate: tokens generated after the prompt (default: %(default)s)")
+    p.add_argument("--rounds", type=int, default=5, metavar="R",
+                   help="--generate: rounds, each model once per round (default: %(default)s)")
     return p
 
 
@@ -87,11 +101,39 @@ def main(argv=None) -> int:
         _optimize_options(vars(args))  # out-of-range options: one line before any work
     except TasoEggError as e:
         p.error(str(e))
+    if args.generate:
+        return _generate_table(args, p)
     if args.onnx:
         return _onnx_table(args)
     models = [(name, {}) for name in (args.models or ([] if args.bert_layers else ZOO_DEFAULT))]
     models += [(f"bert-L{n}", {"layers": n}) for n in args.bert_layers or ()]
     return _zoo_table(models, args)
+
+
+# --- generation ----------------------------------------------------------------------------
+
+def _generate_table(args, parser) -> int:
+    from . import generate
+
+    for name, least in (("--prompt-tokens", args.prompt_tokens), ("--new-tokens", args.new_tokens - 1),
+                        ("--rounds", args.rounds)):
+        if least < 1:
+            parser.error(f"{name}: must be at least {2 if name == '--new-tokens' else 1}")
+    for path in args.generate:
+        if not Path(path).is_file():
+            parser.error(f"--generate: {path}: no such file")
+
+    def progress(done: int, total: int) -> None:
+        print(f"  round {done}/{total}", file=sys.stderr, flush=True)
+
+    try:
+        rows = generate.measure(args.generate, args.prompt_tokens, args.new_tokens, args.rounds,
+                                progress=progress)
+    except TasoEggError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(generate.table(rows, args.prompt_tokens, args.new_tokens), flush=True)
+    return 0
 
 
 # --- zoo -----------------------------------------------------------------------------------

@@ -64,6 +64,11 @@ class ProfileError(TasoEggError):
     """A cost profile is corrupt, foreign or missing."""
 
 
+class NotADecoder(TasoEggError):
+    """A model a generation loop cannot run: not a decoder with a key/value cache, or one
+    that fails at a step."""
+
+
 def first_line(e: Exception) -> str:
     """The first line of a third-party exception's message (onnx and onnxruntime append
     C++ source locations and whole schemas), for one-line errors."""

@@ -166,3 +166,48 @@ def test_an_unknown_operator_onnxruntime_refuses_is_still_one_line(tmp_path, cap
     assert main(["optimize", str(src), "-o", str(tmp_path / "out.onnx")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not a valid ONNX model" in err[0] and "NoSuchNormalization" in err[0]
+
+
+def _decomposed_rmsnorm(scale: np.ndarray) -> onnx.ModelProto:
+    """An RMSNorm as torch exports Llama's (x / sqrt(mean(x^2) + eps) * scale, the
+    reciprocal a Div of 1), then two projections of the norm that merge into one MatMul,
+    and a rotary-like product by another constant 1.0, which the norm's 1.0 meets in the
+    e-graph."""
+    c = lambda name, v: numpy_helper.from_array(np.array(v, np.float32), name)  # noqa: E731
+    nodes = [helper.make_node("Pow", ["x", "two"], ["sq"]),
+             helper.make_node("ReduceMean", ["sq"], ["ms"], axes=[-1], keepdims=1),
+             helper.make_node("Add", ["ms", "eps"], ["var"]), helper.make_node("Sqrt", ["var"], ["rms"]),
+             helper.make_node("Div", ["one", "rms"], ["inv"]), helper.make_node("Mul", ["x", "inv"], ["xn"]),
+             helper.make_node("Mul", ["g", "xn"], ["n"]),
+             helper.make_node("MatMul", ["n", "W"], ["a"]), helper.make_node("MatMul", ["n", "W2"], ["b"]),
+             helper.make_node("Mul", ["b", "one_again"], ["b1"]), helper.make_node("Add", ["a", "b1"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "sequence", 16])],
+        [c("two", 2.0), c("eps", 1e-6), c("one", 1.0), c("one_again", 1.0),
+         numpy_helper.from_array(scale, "g"), _weight("W", (16, 16)), _weight("W2", (16, 16))])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _fused_by_onnxruntime(model: onnx.ModelProto, tmp_path) -> list[str]:
+    """The operators onnxruntime runs of ``model`` after its own fusions."""
+    from taso_egg.timing import make_session
+
+    make_session(model, optimized_path=str(tmp_path / "optimized.onnx"))
+    return [n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node]
+
+
+def test_a_norm_onnxruntime_fuses_in_the_input_is_written_so_that_it_still_does(tmp_path):
+    """The e-graph gives the scale the output's rank ([1, 1, 16]) and shares the 1.0
+    constants; written as a Reshape of a shared 1.0 or with a 3-d scale, onnxruntime's
+    RMSNorm fusion passes the norm by (five kernels in place of one, the written Llama
+    decode step slower than its input). Both are written as the input had them."""
+    model = _decomposed_rmsnorm(RNG.standard_normal(16).astype(np.float32))
+    assert "SimplifiedLayerNormalization" in _fused_by_onnxruntime(model, tmp_path)
+    written, report = taso_egg.optimize_model(model, measure=0)
+    assert report.written == "result"
+    assert [n.op_type for n in written.graph.node].count("MatMul") == 1  # the projections merged
+    runs = _fused_by_onnxruntime(written, tmp_path)
+    assert "SimplifiedLayerNormalization" in runs and "ReduceMean" not in runs
+    feeds = {"x": RNG.standard_normal((2, 3, 16)).astype(np.float32)}
+    assert np.allclose(onnx_outputs(model, feeds)["y"], onnx_outputs(written, feeds)["y"], rtol=1e-4, atol=1e-5)

@@ -25,6 +25,9 @@ from .validate import checker_complaint
 
 # Float constants of at least this many elements are fed, not copied (export_for_check).
 FED_ELEMENTS = 1024
+# A weight viewed for run time is written once with its views as operators only from
+# this size; a smaller one is copied per view (_shared_views).
+SHARED_VIEW_MIN_BYTES = 4096
 
 
 def export_onnx(graph: Graph, path: str | os.PathLike | None = None, name: str = "taso_egg"):
@@ -119,6 +122,25 @@ def save_atomically(model, path, external_data: bool = False) -> None:
                      ExportError, companions=(data,))
 
 
+def _broadcast_form(value: np.ndarray, key: tuple[int, int], readers: list[Node]) -> np.ndarray:
+    """A vector only broadcasting operators read, written 1-d without the leading 1s
+    its other operands' ranks make redundant. The e-graph gives a lower-rank operand of
+    an element-wise operator the output's rank (a norm's scale [512] becomes
+    [1, 1, 512]); written so, onnxruntime's fusions, which want a 1-d scale or bias,
+    pass the norm by. Only vectors: a larger constant may be a fused operator's operand
+    in one candidate and an Add's in another, and the two are then written alike (the
+    guard times a candidate only if no other is node for node the same)."""
+    lead = value.ndim - 1
+    if not lead or not readers or any(d != 1 for d in value.shape[:lead]):
+        return value
+    for reader in readers:
+        if not OPS[reader.op].broadcasts:
+            return value
+        if any(len(t.type.shape) < value.ndim for t in reader.inputs if (t.node, t.index) != key):
+            return value
+    return value.reshape(value.shape[lead:])
+
+
 class _Exporter:
     def __init__(self, graph: Graph):
         self.g = graph
@@ -186,6 +208,10 @@ class _Exporter:
         for name, t in outputs:
             out_names.setdefault((t.node, t.index), name)
         read = {(t.node, t.index) for n in order for t in n.inputs} | {(t.node, t.index) for _, t in outputs}
+        readers: dict[tuple[int, int], list[Node]] = {}
+        for n in order:
+            for t in n.inputs:
+                readers.setdefault((t.node, t.index), []).append(n)
         for n in order:
             if n.op == INPUT.name:
                 continue
@@ -193,7 +219,10 @@ class _Exporter:
                 for i in range(len(n.outputs)):
                     if (n.id, i) in constant[n.id]:
                         hint = n.params.get("name") or f"const{n.id}_{i}"
-                        self.names[(n.id, i)] = self.constant(constant[n.id][(n.id, i)], hint)
+                        value = constant[n.id][(n.id, i)]
+                        if (n.id, i) not in out_names:
+                            value = _broadcast_form(value, (n.id, i), readers.get((n.id, i), []))
+                        self.names[(n.id, i)] = self.constant(value, hint)
                 continue
             spec = OPS[n.op]
             if spec.export is None:
@@ -247,7 +276,11 @@ class _Exporter:
         the weight they view instead of folded into a copy of it, where that weight is
         written anyway (read at run time, or viewed for run time more than once): a
         tied weight (GPT-2's LM head reads the token embedding transposed) is then
-        written once; onnxruntime folds the view when it loads the model."""
+        written once; onnxruntime folds the view when it loads the model. A weight of
+        fewer than ``SHARED_VIEW_MIN_BYTES`` is copied instead: a copy costs nothing, and
+        a runtime's fusions match constants, not views of them (a 1.0 shared by a rotary
+        embedding and an RMSNorm's reciprocal, written as a Reshape of it, kept
+        onnxruntime from fusing the norm: five kernels a layer in place of one)."""
         g = self.g
         view = lambda nid: nid in weight_only and OPS[g.nodes[nid].op].is_view  # noqa: E731
         runtime_reads = [(t.node, t.index) for n in order if n.id not in weight_only for t in n.inputs]
@@ -259,11 +292,15 @@ class _Exporter:
                 chain.add(key[0])
                 src = g.nodes[key[0]].inputs[0]
                 key = (src.node, src.index)
-            if chain and key[0] in weight_only:
+            if chain and key[0] in weight_only and self._nbytes(key) >= SHARED_VIEW_MIN_BYTES:
                 chains.setdefault(key, []).append(chain)
         read = set(runtime_reads)
         return {nid for key, found in chains.items() if key in read or len(found) > 1
                 for chain in found for nid in chain}
+
+    def _nbytes(self, key: tuple[int, int]) -> int:
+        t = self.g.nodes[key[0]].outputs[key[1]]
+        return int(np.prod(t.shape, dtype=np.int64)) * np.dtype(t.dtype).itemsize
 
     def _model(self, outputs, model_name):
         from onnx import helper

@@ -1,0 +1,145 @@
+"""Generation measured end to end (python -m taso_egg.bench --generate): a greedy loop
+over a decoder with its key/value cache, on a small onnx.helper decoder shaped as the
+exports are (input_ids, attention_mask, past.* in, logits and present.* out)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from taso_egg import bench
+from taso_egg.errors import NotADecoder
+from taso_egg.generate import Decoder, generate, measure
+from taso_egg.timing import make_session
+
+VOCAB, HEADS, HEAD = 11, 2, 4
+HIDDEN = HEADS * HEAD
+
+
+def tiny_decoder(path, one_token: bool = False, vocab: int = VOCAB, cache_prefix: str = "past",
+                 seed: int = 0, head=HEAD):
+    """Embedding, a key per position cached, logits reading the new positions and the
+    whole cache (so a wrong cache changes them). ``one_token``: input_ids [batch, 1], a
+    decode step exported alone; ``head``: the cache's last dim (a name: symbolic, as
+    onnxruntime-genai's builder writes it)."""
+    rng = np.random.default_rng(seed)
+    w = lambda name, shape: numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)  # noqa: E731
+    i64 = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
+    nodes = [helper.make_node("Gather", ["E", "input_ids"], ["h"]),
+             helper.make_node("MatMul", ["h", "Wk"], ["k0"]), helper.make_node("Reshape", ["k0", "heads"], ["k1"]),
+             helper.make_node("Transpose", ["k1"], ["k2"], perm=[0, 2, 1, 3]),
+             helper.make_node("Concat", [f"{cache_prefix}.0.key", "k2"], ["present.0.key"], axis=2),
+             helper.make_node("ReduceSum", ["present.0.key", "all"], ["c0"], keepdims=0),
+             helper.make_node("Cast", ["attention_mask"], ["m0"], to=TensorProto.FLOAT),
+             helper.make_node("ReduceSum", ["m0", "one"], ["m1"], keepdims=0),
+             helper.make_node("Div", ["c0", "m1"], ["c1"]),
+             helper.make_node("Unsqueeze", ["c1", "bcast"], ["c2"]),
+             helper.make_node("MatMul", ["h", "Wv"], ["l0"]), helper.make_node("Add", ["l0", "c2"], ["logits"])]
+    past = helper.make_tensor_value_info(f"{cache_prefix}.0.key", TensorProto.FLOAT, ["batch", HEADS, "past", head])
+    graph = helper.make_graph(
+        nodes, "tiny",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", 1 if one_token else "sequence"]),
+         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "total"]), past],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 1 if one_token else "sequence", vocab]),
+         helper.make_tensor_value_info("present.0.key", TensorProto.FLOAT, ["batch", HEADS, "total", head])],
+        [w("E", (vocab, HIDDEN)), w("Wk", (HIDDEN, HIDDEN)), w("Wv", (HIDDEN, vocab)),
+         i64("heads", [0, 0, HEADS, HEAD]), i64("all", [1, 2, 3]), i64("one", [1]), i64("bcast", [1, 2])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return str(path)
+
+
+def test_the_interface_is_read_from_names_and_shapes(tmp_path):
+    whole = Decoder.read(tiny_decoder(tmp_path / "whole.onnx"))
+    assert whole.whole_prompt and whole.logits == "logits" and whole.positions_dtype is None
+    (slot,) = whole.cache
+    assert (slot.input, slot.output, slot.axis) == ("past.0.key", "present.0.key", 2)
+    assert whole.empty_cache()["past.0.key"].shape == (1, HEADS, 0, HEAD)
+    assert not Decoder.read(tiny_decoder(tmp_path / "step.onnx", one_token=True)).whole_prompt
+    optimum = Decoder.read(tiny_decoder(tmp_path / "optimum.onnx", cache_prefix="past_key_values"))
+    assert optimum.cache[0].output == "present.0.key"
+
+
+def test_a_symbolic_head_size_is_read_from_genai_config_beside_the_model(tmp_path):
+    """onnxruntime-genai's builder names the cache's head size (kv_cache_dim) and writes
+    its value in genai_config.json: the sequence axis is the one named otherwise in
+    present (past -> total)."""
+    path = tiny_decoder(tmp_path / "model.onnx", head="kv_cache_dim")
+    with pytest.raises(NotADecoder, match="genai_config.json"):
+        Decoder.read(path).empty_cache()
+    (tmp_path / "genai_config.json").write_text('{"model": {"decoder": {"head_size": %d}}}' % HEAD)
+    decoder = Decoder.read(path)
+    assert decoder.cache[0].axis == 2 and decoder.empty_cache()["past.0.key"].shape == (1, HEADS, 0, HEAD)
+    assert len(generate(make_session(path), decoder, [1, 2], 3).tokens) == 3
+
+
+def test_a_prompt_read_at_once_or_token_by_token_gives_the_same_generation(tmp_path):
+    """The loop's cache handling: a model reading its prompt in one call from an empty
+    cache and the same weights fed one token a step agree at every step."""
+    paths = [tiny_decoder(tmp_path / "whole.onnx"), tiny_decoder(tmp_path / "step.onnx", one_token=True)]
+    runs = [generate(make_session(p), Decoder.read(p), [3, 1, 4, 1, 5], 6) for p in paths]
+    assert runs[0].tokens == runs[1].tokens and len(runs[0].tokens) == 6
+    assert all(np.allclose(a, b, rtol=1e-5, atol=1e-5) for a, b in zip(runs[0].logits, runs[1].logits))
+    assert runs[0].first_token_s > 0 and runs[0].rest_s > 0
+
+
+def test_the_table_compares_each_model_with_the_first_and_has_an_a_a_row(tmp_path, capsys):
+    first = tiny_decoder(tmp_path / "a.onnx")
+    other = tiny_decoder(tmp_path / "b.onnx", seed=1)  # other weights: other logits
+    assert bench.main(["--generate", first, other, "--prompt-tokens", "4", "--new-tokens", "3",
+                       "--rounds", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:3] == ["model", "first", "token"]
+    base, aa, b = (line.split() for line in lines[1:4])
+    assert base[0] == "a.onnx" and aa[:2] == ["a.onnx", "(A/A)"] and b[0] == "b.onnx"
+    assert aa[-2] == "0.0e+00" and aa[-1] == "0"  # the same file: the same logits
+    assert float(b[-2]) > 1e-3  # other weights are seen, at every step
+    assert float(base[5]) > 0  # tokens/s of the first row (after first-token ms and its ratio [lo, hi])
+
+
+def test_rows_measure_every_round_and_the_error_of_the_same_model_is_zero(tmp_path):
+    path = tiny_decoder(tmp_path / "a.onnx")
+    rows = measure([path, path], prompt_tokens=3, new_tokens=3, rounds=3)
+    assert [len(r.tokens_per_s) for r in rows] == [3, 3, 3]
+    assert rows[1].error == 0.0 and rows[2].error == 0.0 and rows[2].disagreements == 0
+
+
+@pytest.mark.parametrize("problem, expected", [
+    ("no_cache", "no key/value cache inputs"),
+    ("vocabulary", "scores 7 tokens where the first model scores 11"),
+])
+def test_a_model_the_loop_cannot_compare_is_one_line(tmp_path, capsys, problem, expected):
+    first = tiny_decoder(tmp_path / "a.onnx")
+    if problem == "no_cache":
+        other = tmp_path / "plain.onnx"
+        graph = helper.make_graph([helper.make_node("Identity", ["input_ids"], ["logits"])], "g",
+                                  [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "s"])],
+                                  [helper.make_tensor_value_info("logits", TensorProto.INT64, ["b", "s"])])
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(other))
+    else:
+        other = tiny_decoder(tmp_path / "b.onnx", vocab=7)
+    assert bench.main(["--generate", first, str(other), "--prompt-tokens", "2", "--new-tokens", "2",
+                       "--rounds", "1"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and expected in err[0] and err[0].startswith("error: ")
+
+
+def test_impossible_lengths_and_missing_files_are_usage_errors(tmp_path, capsys):
+    first = tiny_decoder(tmp_path / "a.onnx")
+    for args in (["--new-tokens", "1"], ["--rounds", "0"], ["--prompt-tokens", "0"]):
+        with pytest.raises(SystemExit) as e:
+            bench.main(["--generate", first, *args])
+        assert e.value.code == 1 and "must be at least" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main(["--generate", str(tmp_path / "missing.onnx")])
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_a_step_failing_in_onnxruntime_names_the_model_and_the_step(tmp_path):
+    path = tiny_decoder(tmp_path / "a.onnx")
+    decoder = Decoder.read(path)
+    broken = Decoder(**{**decoder.__dict__, "cache": (decoder.cache[0].__class__(
+        **{**decoder.cache[0].__dict__, "shape": (None, HEADS + 1, None, HEAD)}),)})
+    with pytest.raises(NotADecoder, match="fails at 0 cached and 2 new tokens"):
+        generate(make_session(path), broken, [1, 2], 2)
