@@ -228,7 +228,7 @@ def measure(paths: list[str], prompt_tokens: int = 64, new_tokens: int = 64, rou
     from .timing import make_session, return_freed_memory, round_order
 
     decoders = [Decoder.read(p) for p in paths]
-    labels = list(labels or [Path(p).name for p in paths])
+    labels = list(labels or paths)  # as the user named them: genai's files are all model.onnx
     rows = [Row(label, d.path) for label, d in zip(labels, decoders)]
     rows.insert(1, Row(labels[0] + " (A/A)", decoders[0].path))
     decoders.insert(1, decoders[0])
@@ -267,6 +267,10 @@ def _vocabulary(decoder: Decoder) -> int:
     return int(logits.size)
 
 
+def _tail(text: str, width: int) -> str:
+    return text if len(text) <= width else "..." + text[len(text) - width + 3:]
+
+
 def table(rows: list[Row], prompt_tokens: int, new_tokens: int) -> str:
     """The rows as text: medians over rounds, and each model's ratio to the first
     round by round (median, and the range over rounds)."""
@@ -276,13 +280,13 @@ def table(rows: list[Row], prompt_tokens: int, new_tokens: int) -> str:
         pairs = [(b / r if faster_is_less else r / b) for r, b in zip(getattr(row, key), getattr(base, key))]
         return f"{np.median(pairs):.3f}x [{min(pairs):.3f}, {max(pairs):.3f}]"
 
-    lines = [f"{'model':<34}{'first token ms':>15}{'vs first':>24}{'tokens/s':>10}{'vs first':>24}"
+    lines = [f"{'model':<34}{'first token ms':>15}{'vs first':>27}{'tokens/s':>10}{'vs first':>27}"
              f"{'max rel err':>13}{'other token':>12}"]
     for row in rows:
         err = "-" if row is base else f"{row.error:.1e}"
-        lines.append(f"{row.label[:33]:<34}{1e3 * np.median(row.first_token_s):>15.1f}"
-                     f"{ratios(row, 'first_token_s', True):>24}{np.median(row.tokens_per_s):>10.1f}"
-                     f"{ratios(row, 'tokens_per_s', False):>24}{err:>13}{row.disagreements:>12}")
+        lines.append(f"{_tail(row.label, 33):<34}{1e3 * np.median(row.first_token_s):>15.1f}"
+                     f"{ratios(row, 'first_token_s', True):>27}{np.median(row.tokens_per_s):>10.1f}"
+                     f"{ratios(row, 'tokens_per_s', False):>27}{err:>13}{row.disagreements:>12}")
     lines.append(f"greedy generation, prompt {prompt_tokens} tokens, {new_tokens} new (batch 1): onnxruntime "
                  f"CPU, ORT_ENABLE_ALL, one thread, wall time; medians over {len(base.tokens_per_s)} rounds "
                  f"(models in a fresh random order each round, a fresh session each, warmed by a short "

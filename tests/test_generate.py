@@ -92,7 +92,8 @@ def test_the_table_compares_each_model_with_the_first_and_has_an_a_a_row(tmp_pat
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:3] == ["model", "first", "token"]
     base, aa, b = (line.split() for line in lines[1:4])
-    assert base[0] == "a.onnx" and aa[:2] == ["a.onnx", "(A/A)"] and b[0] == "b.onnx"
+    assert base[0].endswith("a.onnx") and aa[0].endswith("a.onnx") and aa[1] == "(A/A)"
+    assert b[0].endswith("b.onnx")
     assert aa[-2] == "0.0e+00" and aa[-1] == "0"  # the same file: the same logits
     assert float(b[-2]) > 1e-3  # other weights are seen, at every step
     assert float(base[5]) > 0  # tokens/s of the first row (after first-token ms and its ratio [lo, hi])
