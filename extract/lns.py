@@ -13,7 +13,10 @@ that choice barely touches the rest of the graph. So, for one *input* class at a
 closed so that each class a kept node needs has a node (greedy-DAG and tree picks).
 The sub-MIP is warm-started from the incumbent, so it can only improve on it. Inputs
 with the most costly readers in the incumbent go first; the search ends when every
-input has been tried since the last improvement, or at the deadline.
+input has been tried since the last improvement, when ``patience`` seconds pass
+without one, or at the deadline. Improvements come early and in bursts (bert: seven
+in the first second, none in the 5 s after; a GPT-2 decode step's 20,000 e-nodes:
+none in 295 sub-models over 38 s).
 
 Classes holding a leaf node (weights, inputs, constants) are never inputs: they are
 free to compute, read by very many nodes, and reading them shares no work.
@@ -21,6 +24,7 @@ free to compute, read by very many nodes, and reading them shares no work.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -51,13 +55,15 @@ class NeighbourhoodSearch:
         self.has_leaf = [any(not egraph.child_sets[n] for n in members) for members in egraph.class_nodes]
 
     def run(self, best, solve: Callable[[list[int]], None], deadline: float,
-            stop: Callable[[], bool] | None = None) -> int:
+            stop: Callable[[], bool] | None = None, patience: float = math.inf) -> int:
         """Improve ``best`` (an incumbent: ``.choice``, ``.cost``, updated by ``solve``)
-        until no input is left, the deadline passes or ``stop()`` says the incumbent is
-        good enough; returns the sub-models solved."""
+        until no input is left, the deadline passes, ``patience`` seconds pass without
+        an improvement or ``stop()`` says the incumbent is good enough; returns the
+        sub-models solved."""
         tried: set[int] = set()
         solved = 0
-        while time.perf_counter() < deadline and not (stop is not None and stop()):
+        last_gain = time.perf_counter()
+        while time.perf_counter() < min(deadline, last_gain + patience) and not (stop is not None and stop()):
             cost_before = best.cost
             target = self._next_input(best.choice, tried)
             if target is None:
@@ -67,6 +73,7 @@ class NeighbourhoodSearch:
             solved += 1
             if best.cost < cost_before:
                 tried = {target}  # the incumbent changed: every other input is worth a retry
+                last_gain = time.perf_counter()
         return solved
 
     def _next_input(self, choice: dict[int, int], tried: set[int]) -> int | None:

@@ -3,6 +3,7 @@
 import argparse
 import itertools
 import json
+import math
 import random
 import shutil
 import time
@@ -293,6 +294,62 @@ def test_neighbourhood_search_stops_at_the_deadline():
     best = _Incumbent(g, run(g, "greedy-dag").choice)
     assert NeighbourhoodSearch(g, list(range(g.n_nodes))).run(best, best.solve, time.perf_counter()) == 0
     assert best.cost == 7.0
+
+
+def test_neighbourhood_search_stops_once_patience_passes_without_a_better_solution():
+    """The search gives up after ``patience`` seconds without an improvement (a decode
+    step's e-graph: 295 sub-models in 38 s, none better); each improvement restarts the
+    clock."""
+    g = load_egraph(DATA / "resnet50.json")
+    greedy = run(g, "greedy-dag")
+
+    class Stuck(_Incumbent):
+        calls = 0
+
+        def solve(self, nodes):
+            Stuck.calls += 1
+            time.sleep(0.1)
+            if Stuck.calls <= self.improving:
+                self.cost -= 1e-3  # stands for a better solution
+
+    start = time.perf_counter()
+    stuck = Stuck(g, greedy.choice)
+    stuck.improving = 0
+    solved = NeighbourhoodSearch(g, list(range(g.n_nodes))).run(stuck, stuck.solve, start + 30, patience=0.25)
+    assert 1 <= solved <= 3 and time.perf_counter() - start < 10
+    Stuck.calls = 0
+    better = Stuck(g, greedy.choice)
+    better.improving = 6
+    assert NeighbourhoodSearch(g, list(range(g.n_nodes))).run(better, better.solve, time.perf_counter() + 30,
+                                                              patience=0.25) >= 7
+
+
+def test_the_last_mip_stalls_unless_it_beats_the_incumbent_or_closes_a_narrow_gap():
+    """HiGHS's improving solutions worse than the incumbent, and a wide gap shrinking
+    (the weak relaxation's), are not progress; a better solution or a narrow gap
+    shrinking is."""
+    from types import SimpleNamespace
+
+    from taso_egg.extract.ilp import GAP_WORTH_PROVING, _Stall
+
+    def event(objective=None, gap=math.inf):
+        return SimpleNamespace(data_out=SimpleNamespace(objective_function_value=objective, mip_gap=gap),
+                               data_in=SimpleNamespace(user_interrupt=False))
+
+    def stopped_after(*events) -> bool:
+        watch = _Stall(1.0, incumbent=10.0)
+        watch.last -= 2.0  # two seconds without progress so far
+        for e in events:
+            (watch.improved if e.data_out.objective_function_value is not None else watch.interrupt)(e)
+        last = event(gap=0.5)
+        watch.interrupt(last)
+        return watch.stopped and last.data_in.user_interrupt
+
+    assert stopped_after()
+    assert stopped_after(event(objective=11.0))  # HiGHS's own incumbent, worse than ours
+    assert not stopped_after(event(objective=9.0))
+    assert stopped_after(event(gap=0.19))  # wide: the relaxation's, not progress
+    assert not stopped_after(event(gap=GAP_WORTH_PROVING / 2))
 
 
 def test_limits_and_names_are_checked():
