@@ -672,3 +672,4 @@ def test_export_for_check_feeds_the_weights_the_written_model_holds():
     assert any(any(a is w for w in weights) for a in fed.values())  # shared, not copied
     feeds = random_inputs(g)
     assert_close(onnx_outputs(written, feeds), onnx_outputs((checked, fed), feeds), rtol=0)
+
