@@ -121,8 +121,10 @@ class RuleFamily:
 FUSIONS = RuleFamily("fusions", frozenset({
     "conv-relu-fusion", "conv-sigmoid-fusion", "conv-tanh-fusion", "conv-relu6-fusion",
     "conv-sum-fusion", "conv-sum-commuted-fusion", "conv-sum-relu-fusion",
-    "matmul-relu-fusion", "matmul-sigmoid-fusion", "matmul-tanh-fusion", "matmul-relu6-fusion"}),
-    doc="activations and residual adds fused into convolutions and matmuls")
+    "matmul-relu-fusion", "matmul-sigmoid-fusion", "matmul-tanh-fusion", "matmul-relu6-fusion",
+    # onnxruntime's GeluFusion and FastGeluFusion: an exporter's GELU runs as one kernel
+    "gelu-from-erf", "gelu-from-erf-half-first", "gelu-tanh-from-formula", "gelu-tanh-from-formula-half-last"}),
+    doc="activations and residual adds fused into convolutions and matmuls; GELU's formula fused into one")
 
 ORIENTATIONS = ("given", "shrinking", "both")  # what load_corpus(orientations=) accepts
 

@@ -163,7 +163,7 @@ def _print_summary(result, report) -> None:
     before, extracted = result.cost_before, st.extracted_cost  # as a runtime runs each
     predicted = before / extracted if extracted > 0 else math.inf
     if st.guard:
-        _print_guard(st.guard, st.chosen, predicted, result.cost_model)
+        _print_guard(st.guard, st.chosen, predicted, result.cost_model, st.decision.predictions)
     elif st.decision.predictions:  # asked to measure, but nothing could gain: timed nothing
         print(f"speedup: none predicted, so nothing was timed (predicted over the original: "
               f"{predicted_below(st.decision.predictions)})")
@@ -200,19 +200,20 @@ def _print_summary(result, report) -> None:
         print("check: none needed (the input is written; the extracted graph, not written, was not checked)")
 
 
-def _print_guard(guard, chosen: str, predicted: float, cost_model: str) -> None:
-    """The headline speedup with its interval, and each candidate's line."""
+def _print_guard(guard, chosen: str, predicted: float, cost_model: str, profiled: dict[str, float]) -> None:
+    """The headline speedup with its interval, what predicted it, and each candidate's line."""
     from .decide import format_ratio
 
     how = (f"onnxruntime ORT_ENABLE_ALL, 1 thread, CPU time, {guard.rounds} paired rounds in "
            f"{guard.seconds:.1f} s; {100 * guard.confidence:.0f} % interval")
+    kernels = ", ".join(f"the {name} {ratio:.3f}x" for name, ratio in profiled.items())
+    forecast = (f"predicted from onnxruntime's kernel profiles: {kernels}; " if kernels else "predicted: ") + \
+        f"the result {predicted:.3f}x by the cost model ({cost_model})"
     if chosen == "original":
-        print(f"speedup: none confirmed; the original is written ({how}); the result predicted "
-              f"{predicted:.3f}x ({cost_model})")
+        print(f"speedup: none confirmed; the original is written ({how}); {forecast}")
     else:
         print(f"speedup: measured {format_ratio(guard.comparisons[chosen])} in onnxruntime (the written "
-              f"{chosen} against the original; {how}); the result predicted {predicted:.3f}x "
-              f"({cost_model})")
+              f"{chosen} against the original; {how}); {forecast}")
     print(f"  {'candidate':<10} {'median ms':>10} {'vs original':>12} {'interval':>18}  decision")
     for name, t in guard.medians.items():
         c = guard.comparisons.get(name)

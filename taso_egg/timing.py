@@ -107,7 +107,8 @@ def kernel_times(model, feeds, runs: int, disabled_optimizers=(), threads: int =
                  optimized_path: str | None = None) -> list[dict]:
     """onnxruntime's per-node profile of ``model`` (ORT_ENABLE_ALL): one event per node
     run, ``runs`` runs after a warm-up run that is left out. Each event has the node's
-    ``name``, its ``op`` (as onnxruntime runs it, after its own fusions) and ``us``.
+    ``name``, its ``op`` (as onnxruntime runs it, after its own fusions), its ``shapes``
+    (inputs' and outputs', as text) and ``us``.
     With ``optimized_path`` the graph it ran is written there (``make_session``).
     Wall-clock node times are inflated by machine load, all nodes alike, so they are
     for shares within one profile, not for timing."""
@@ -154,6 +155,7 @@ def node_events(events: list[dict], runs: int) -> list[dict]:
     nodes = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
     per_run = len(nodes) // (runs + 1)
     return [{"name": e["name"][:-len("_kernel_time")], "op": e["args"].get("op_name", ""),
+             "shapes": repr((e["args"].get("input_type_shape"), e["args"].get("output_type_shape"))),
              "us": e["dur"]} for e in nodes[per_run:]]
 
 

@@ -3,6 +3,8 @@ numerical check that guards every result."""
 
 from __future__ import annotations
 
+import math
+
 import sys
 
 import numpy as np
@@ -281,6 +283,22 @@ def test_candidates_predicted_to_gain_nothing_are_not_timed(fake_timer):
     fake_timer.predicted = {"re-export": REEXPORT_ABOVE}
     r = optimize(g, reference=model, options=OptimizeOptions().replace(measure=10))
     assert fake_timer.timed == [["original", "re-export"]] and r.stats.chosen == "re-export"
+
+
+def test_the_result_the_cost_model_prices_faster_is_timed_whatever_its_profile(fake_timer, monkeypatch):
+    """Profiles that see no gain do not overrule a cost model that prices one past
+    decide.PRICED_ABOVE (BERT from the dynamo exporter: profiled 0.988x, measured 1.03x)."""
+    from taso_egg import decide
+
+    fake_timer.ms = {"original": 2.0, "result": 1.0}
+    fake_timer.predicted = {"result": 1.0}
+    monkeypatch.setattr(decide, "PRICED_ABOVE", 1.0)  # any gain priced is enough
+    r = optimize(_bert1(), options=OptimizeOptions().replace(measure=10))
+    assert r.cost_after < r.cost_before and fake_timer.timed == [["original", "result"]]
+    monkeypatch.setattr(decide, "PRICED_ABOVE", math.inf)
+    fake_timer.timed.clear()
+    r = optimize(_bert1(), options=OptimizeOptions().replace(measure=10))
+    assert fake_timer.timed == [] and "the cost model's" in r.stats.kept_input
 
 
 def test_the_re_export_measured_fastest_is_returned_checked(fake_timer):
