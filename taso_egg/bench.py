@@ -219,7 +219,7 @@ def _zoo_row(name: str, kwargs: dict, extractor: str, corpus: str, options: dict
 # --- real exports --------------------------------------------------------------------------
 
 def _onnx_table(args) -> int:
-    from .decide import REEXPORT_ABOVE, TIME_ABOVE
+    from .decide import PRICED_ABOVE, REEXPORT_ABOVE, TIME_ABOVE
 
     measure = _optimize_options(vars(args)).decision.measure
     files = sorted(Path(args.onnx).glob("*.onnx"))
@@ -261,8 +261,9 @@ def _onnx_table(args) -> int:
           f"not timed beside a re-export that was; untimed: no candidate was); error = "
           f"predicted over result, less 1 (the cost model's, costs calibrated on one onnxruntime profile "
           f"of the input unless --calibration none); re-export = its speedup predicted from one "
-          f"onnxruntime profile of it and of the original (untimed: no candidate was predicted to gain "
-          f"enough, {REEXPORT_ABOVE:g}x for the re-export, {TIME_ABOVE:g}x for the result); 1/2 "
+          f"onnxruntime profile of it and of the original, matched kernel for kernel (untimed: no "
+          f"candidate was predicted to gain enough, {REEXPORT_ABOVE:g}x for the re-export, "
+          f"{TIME_ABOVE:g}x for the result by its profile or {PRICED_ABOVE:g}x by the cost model); 1/2 "
           f"threads = the written model against the original file by the same guard, onnxruntime "
           f"ORT_ENABLE_ALL (2 threads: wall time; same: the original was written); written = the "
           f"candidate optimize wrote (original, re-export or result); max "
