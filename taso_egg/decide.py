@@ -420,9 +420,10 @@ def decide(graph: Graph, result: Graph | None, before: float, after: float, min_
         timed = {name for name, ratio in predictions.items()
                  if ratio >= timed_from(name) or (name == "result" and priced >= PRICED_ABOVE)}
         if not timed:
+            price = (f"; the cost model's {priced:.3f}x, below {PRICED_ABOVE:g}x" if "result" in predictions
+                     else "")
             return Decision(graph, f"no candidate is predicted to gain enough to be timed "
-                                   f"({predicted_below(predictions)}; the cost model's {priced:.3f}x, below "
-                                   f"{PRICED_ABOVE:g}x), so none was", chosen="original",
+                                   f"({predicted_below(predictions)}{price}), so none was", chosen="original",
                             predictions=predictions)
         # a candidate predicted to gain nothing is not timed beside one that may: its
         # rounds and its share of the level go to the other
@@ -461,33 +462,33 @@ def predicted_speedups(models: dict, feeds, phase=None) -> dict[str, float]:
     if phase is not None:
         phase(f"predicting the candidates' speedups: one onnxruntime profile of each of {', '.join(models)}")
     profiles = {name: profiled_kernels(model, feeds) for name, model in models.items()}
-    if max(sum(profile.values()) for profile in profiles.values()) < QUICK_PROFILE:
+    if max(_total(profile) for profile in profiles.values()) < QUICK_PROFILE:
         # cheap to repeat, and noisy: again in the other order, each model's quicker kept
         for name in reversed(list(models)):
             again = profiled_kernels(models[name], feeds, QUICK_RUNS)
-            if sum(again.values()) < sum(profiles[name].values()):
+            if _total(again) < _total(profiles[name]):
                 profiles[name] = again
     return {name: matched_speedup(profiles["original"], profile) for name, profile in profiles.items()
             if name != "original"}
 
 
-def profiled_kernels(model, feeds, runs: int = PREDICTION_RUNS) -> dict[tuple[str, str, int], float]:
-    """The seconds each kernel of one run of ``model`` takes in onnxruntime (one thread,
-    ORT_ENABLE_ALL; its median over ``runs`` profiled runs), keyed by what it computes:
-    its operator as onnxruntime runs it, its shapes, and which of the kernels alike it is."""
+def profiled_kernels(model, feeds, runs: int = PREDICTION_RUNS) -> dict[tuple[str, str], list[float]]:
+    """The seconds of one run of ``model``'s kernels in onnxruntime (one thread,
+    ORT_ENABLE_ALL; each kernel's median over ``runs`` profiled runs), grouped by what
+    they compute: the operator as onnxruntime runs it, and the shapes."""
     from .calibrate import seconds_per_run
 
     with timing.pinned_threads():
         events = timing.kernel_times(model, feeds, runs)
-    seconds = seconds_per_run(events, runs)
-    first = {event["name"]: event for event in reversed(events)}  # each kernel's first event
-    alike: dict[tuple[str, str], int] = {}
-    kernels = {}
-    for name, event in reversed(first.items()):  # in the order it first ran
-        kind = (event["op"], event["shapes"])
-        alike[kind] = alike.get(kind, 0) + 1
-        kernels[(*kind, alike[kind])] = seconds[name]
+    kind = {event["name"]: (event["op"], event["shapes"]) for event in events}
+    kernels: dict[tuple[str, str], list[float]] = {}
+    for name, seconds in seconds_per_run(events, runs).items():
+        kernels.setdefault(kind[name], []).append(seconds)
     return kernels
+
+
+def _total(profile: dict[tuple[str, str], list[float]]) -> float:
+    return sum(map(sum, profile.values()))
 
 
 def matched_speedup(original: dict, candidate: dict) -> float:
@@ -496,23 +497,16 @@ def matched_speedup(original: dict, candidate: dict) -> float:
     original's seconds in both, so only the kernels that differ are measured apart.
     Where a session's memory placement moves every kernel by a few percent, the ratio
     of whole sums scattered 0.961x-1.051x on models that changed nothing."""
-    def by_kind(profile: dict) -> dict[tuple, list[float]]:
-        out: dict[tuple, list[float]] = {}
-        for (op, shapes, _), seconds in profile.items():
-            out.setdefault((op, shapes), []).append(seconds)
-        return out
-
-    ours, theirs = by_kind(original), by_kind(candidate)
     only_original = only_candidate = 0.0
-    for kind in ours.keys() | theirs.keys():
-        a, b = ours.get(kind, []), theirs.get(kind, [])
+    for kind in original.keys() | candidate.keys():
+        a, b = original.get(kind, []), candidate.get(kind, [])
         common = min(len(a), len(b))
         # the kernels one side runs more of, each at its side's mean
         if len(a) > common:
             only_original += sum(a) * (len(a) - common) / len(a)
         if len(b) > common:
             only_candidate += sum(b) * (len(b) - common) / len(b)
-    total = sum(original.values())
+    total = _total(original)
     after = total - only_original + only_candidate
     return total / after if after > 0 else math.inf
 

@@ -69,7 +69,7 @@ def test_nothing_to_gain_is_not_timed(tmp_path, monkeypatch):
     # The profiles of a model of a millisecond scatter (0.81x-1.20x in a fresh process), so
     # they are given here as what they would show without noise: the same kernels.
     monkeypatch.setattr(decide, "profiled_kernels",
-                        lambda model, feeds, runs=decide.PREDICTION_RUNS: {("MatMul", "", 1): 1e-3})
+                        lambda model, feeds, runs=decide.PREDICTION_RUNS: {("MatMul", ""): [1e-3]})
     # a matmul of a millisecond, which the Identity's copy does not move
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64, 512])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 64, 512])
