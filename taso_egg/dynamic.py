@@ -199,7 +199,8 @@ def write_symbolic(dyn: DynamicModel, candidate: Graph, candidate_classes: Mappi
         try:
             # exported as FedModels: both sizes share the input's weight arrays (the
             # second import reads the same ones), so neither copies them into protobuf
-            model = symbolize(export_fed(dyn.graph), export_fed(dyn.second_graph()), dyn.reference,
+            model = symbolize(export_fed(dyn.graph, shapes_fixed=False),
+                              export_fed(dyn.second_graph(), shapes_fixed=False), dyn.reference,
                               dyn.first, dyn.second)
             return SymbolicWrite(model, check_at_sizes(dyn, model, seed))
         except (NotSymbolic, VerificationError) as e:
@@ -211,12 +212,13 @@ def write_symbolic(dyn: DynamicModel, candidate: Graph, candidate_classes: Mappi
     guessed: set = set()  # nodes sized by a guess there
     anchored = set(input_classes.values())
     try:
-        first = export_fed(retyped(candidate, candidate_classes, input_classes, dyn.graph, dyn.graph))
+        first = export_fed(retyped(candidate, candidate_classes, input_classes, dyn.graph, dyn.graph),
+                           shapes_fixed=False)
         at_second = retyped(candidate, candidate_classes, input_classes, dyn.graph, dyn.second_graph(),
                             wrong, made, guessed)
         if wrong:
             raise NotSymbolic(wrong[0][1])
-        model = symbolize(first, export_fed(at_second), dyn.reference, dyn.first, dyn.second)
+        model = symbolize(first, export_fed(at_second, shapes_fixed=False), dyn.reference, dyn.first, dyn.second)
     except NotSymbolic as e:
         return SymbolicWrite(None, {}, str(e), _regions(candidate, candidate_classes, anchored, guessed,
                                                         [key for key, _ in wrong]))

@@ -17,7 +17,7 @@ from ..errors import ExportError, TasoEggError
 from ..executor import call_kernel
 from ..files import write_atomically
 from ..graph import Graph, Node, claim_unique_name
-from ..ops import EWMUL, INPUT, OPAQUE, OPS, WEIGHT
+from ..ops import EWADD, EWMUL, INPUT, OPAQUE, OPS, WEIGHT
 from ..versions import ir_version_for
 from .fed import FedModel, save_external, save_inline, stub
 from .validate import checker_complaint
@@ -42,11 +42,12 @@ def export_onnx(graph: Graph, path: str | os.PathLike | None = None, name: str =
     return model
 
 
-def export_fed(graph: Graph, name: str = "taso_egg"):
+def export_fed(graph: Graph, name: str = "taso_egg", shapes_fixed: bool = True):
     """The graph exported as ``export_onnx`` exports it, as a ``fed.FedModel``: its large
     float constants are stubs fed from the graph's own arrays and the values export
-    folds, so candidates share the weights they share and none is copied into protobuf."""
-    return fed_from_check(*export_for_check(graph, name))
+    folds, so candidates share the weights they share and none is copied into protobuf.
+    ``shapes_fixed`` False: it is to be written with symbolic dims (``_vector_form``)."""
+    return fed_from_check(*export_for_check(graph, name, shapes_fixed=shapes_fixed))
 
 
 def export_fed_named(graph: Graph, name: str = "taso_egg"):
@@ -79,7 +80,8 @@ def with_weights(model, fed: dict):
     return model
 
 
-def export_for_check(graph: Graph, name: str = "taso_egg", tensor_names: dict | None = None):
+def export_for_check(graph: Graph, name: str = "taso_egg", tensor_names: dict | None = None,
+                     shapes_fixed: bool = True):
     """``(model, weights)``: the graph exported as ``export_onnx`` exports it, before its
     large float initializers go in: they are graph inputs here, fed from ``weights``
     (name -> array: the graph's own weights and the values export folds, not copies).
@@ -87,7 +89,7 @@ def export_for_check(graph: Graph, name: str = "taso_egg", tensor_names: dict | 
     onnxruntime copy of every weight: the check of a 240 MB model holds 240 MB more,
     not a gigabyte. Checked with ``onnx.checker``. ``tensor_names``, when given, is
     filled with ONNX name -> (node id, output index) of every run-time tensor."""
-    exporter = _Exporter(graph)
+    exporter = _Exporter(graph, shapes_fixed)
     model = exporter.build(name)
     if tensor_names is not None:
         tensor_names.update({onnx_name: key for key, onnx_name in exporter.names.items()})
@@ -122,32 +124,48 @@ def save_atomically(model, path, external_data: bool = False) -> None:
                      ExportError, companions=(data,))
 
 
-def _scale_form(value: np.ndarray, key: tuple[int, int], readers: list[Node]) -> np.ndarray:
-    """A vector only multiplications read (a scale), written 1-d without the leading 1s
-    its other operands' ranks make redundant. The e-graph gives a lower-rank operand of
-    an element-wise operator the output's rank (an RMSNorm's scale [512] becomes
-    [1, 1, 512]); written so, onnxruntime's SimplifiedLayerNormalization fusion, which
-    wants a 1-d scale, passes the norm by (five kernels a layer in place of one).
-    Not a bias: written 1-d, onnxruntime fuses Add and Gelu into BiasGelu, which ran
-    slower here than the two (BERT's result 1.061x against 1.077x, ConvNeXt-T's 1.002x
-    against 1.014x, in one interleaved run). Only vectors: a larger constant may be a
-    fused operator's operand in one candidate and a Mul's in another, and the two are
-    then written alike (the guard times a candidate only if no other is node for node
-    the same)."""
+def _vector_form(value: np.ndarray, key: tuple[int, int], readers: dict[tuple[int, int], list[Node]],
+                 shapes_fixed: bool) -> np.ndarray:
+    """A vector that element-wise multiplications and additions read, written 1-d as
+    the exporters write it, without the leading 1s its other operands' ranks make
+    redundant. The e-graph gives a lower-rank operand of an element-wise operator the
+    output's rank (an RMSNorm's scale [512] becomes [1, 1, 512]); written so,
+    onnxruntime's fusions pass it by: SimplifiedLayerNormalization wants a 1-d scale
+    (five kernels a layer in place of one), and MatMulAddFusion a 1-d bias (a ViT's
+    projections ran as MatMul and Add, the input's as one Gemm). Except a bias a GELU
+    reads where shapes are symbolic: onnxruntime then makes no Gemm of it but fuses Add
+    and Gelu into BiasGelu, which ran slower here than the two (BERT's result 1.061x
+    against 1.077x, ConvNeXt-T's 1.002x against 1.014x, in one interleaved run). Only
+    vectors: a larger constant may be a fused operator's operand in one candidate and
+    a Mul's in another, and the two are then written alike (the guard times a
+    candidate only if no other is node for node the same)."""
     lead = value.ndim - 1
-    if not lead or not readers or any(d != 1 for d in value.shape[:lead]):
+    mine = readers.get(key, [])
+    if not lead or not mine or any(d != 1 for d in value.shape[:lead]):
         return value
-    for reader in readers:
-        if reader.op != EWMUL.name:
+    for reader in mine:
+        if reader.op not in (EWMUL.name, EWADD.name):
             return value
         if any(len(t.type.shape) < value.ndim for t in reader.inputs if (t.node, t.index) != key):
+            return value
+        if reader.op == EWADD.name and not shapes_fixed and _gelu_reads((reader.id, 0), readers):
             return value
     return value.reshape(value.shape[lead:])
 
 
+def _gelu_reads(key: tuple[int, int], readers: dict[tuple[int, int], list[Node]]) -> bool:
+    """Whether a GELU reads tensor ``key``: the operator, or its exact formula's
+    division (or multiplication) that erf reads."""
+    for reader in readers.get(key, []):
+        if reader.op == "gelu" or any(r.op == "erf" for r in readers.get((reader.id, 0), [])):
+            return True
+    return False
+
+
 class _Exporter:
-    def __init__(self, graph: Graph):
+    def __init__(self, graph: Graph, shapes_fixed: bool = True):
         self.g = graph
+        self.shapes_fixed = shapes_fixed  # False: the model is written with symbolic dims
         self.nodes = []
         self.initializers = []
         self.fed: dict[str, np.ndarray] = {}  # large float constants: graph inputs, fed
@@ -225,7 +243,7 @@ class _Exporter:
                         hint = n.params.get("name") or f"const{n.id}_{i}"
                         value = constant[n.id][(n.id, i)]
                         if (n.id, i) not in out_names:
-                            value = _scale_form(value, (n.id, i), readers.get((n.id, i), []))
+                            value = _vector_form(value, (n.id, i), readers, self.shapes_fixed)
                         self.names[(n.id, i)] = self.constant(value, hint)
                 continue
             spec = OPS[n.op]
