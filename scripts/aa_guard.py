@@ -1,8 +1,12 @@
 """A/A test of optimize's guard (``taso_egg.decide``): each model timed against a
 byte-identical copy of itself, in onnxruntime as ``optimize`` times its candidates
 (two sessions, paired interleaved rounds, one thread, CPU time). Neither copy can be
-faster, so every row must end "same" or "undecided"; a "faster" or "slower" row is a
-false decision (the exit code counts them). Models: zoo names (``bert-small``,
+faster, so every row must end "same", "undecided" or "not timed"; a "faster" or
+"slower" row is a false decision (the exit code counts them). As ``optimize`` does, the
+copy is first predicted from kernel profiles of both (``decide.predicted_speedups``) and
+timed only where it could reach the guard's margin (``decide.worth_timing``); its
+kernels are the original's, matched one for one, so it is predicted 1.000x and nothing
+is timed unless ``--no-skip`` (the guard itself on trial). Models: zoo names (``bert-small``,
 ``resnet50``, ...) and ONNX files or folders of them, fed random inputs as optimize
 feeds them (floats N(0, 1), integers 0 or 1), symbolic dimensions set by ``--dim``:
 
@@ -54,21 +58,29 @@ def main(argv=None) -> int:
     p.add_argument("--max-rounds", type=int, default=decide.MAX_ROUNDS)
     p.add_argument("--seconds", type=float, default=decide.TIME_BUDGET, help="time budget per model")
     p.add_argument("--total-seconds", type=float, default=None, help="skip the models left after this")
+    p.add_argument("--no-skip", action="store_true", help="time every copy, whatever its prediction")
     p.add_argument("--dim", action="append", default=[], metavar="NAME=N",
                    help=f"a symbolic dimension's size (defaults: {DIMS})")
     args = p.parse_args(argv)
     dims = {**DIMS, **{k: int(v) for k, v in (d.split("=") for d in args.dim)}}
-    print(f"{'model':<34}{'ratio':>8}{'interval':>20}  {'decision':<10}{'rounds':>7}{'seconds':>9}"
-          f"{'median ms':>11}  stopped", flush=True)
+    print(f"{'model':<34}{'predicted':>10}{'ratio':>8}{'interval':>20}  {'decision':<10}{'rounds':>7}"
+          f"{'seconds':>9}{'median ms':>11}  stopped", flush=True)
     start, false = time.monotonic(), 0
     for label, model, source in models(args.models):
         if args.total_seconds is not None and time.monotonic() - start > args.total_seconds:
             print(f"{label:<34}  skipped: --total-seconds spent", flush=True)
             continue
         try:
+            inputs = feeds(model, dims)
+            # what optimize does first: a candidate predicted to gain nothing is not timed
+            prediction = decide.predicted_speedups({"original": source, "copy": source}, inputs)["copy"]
+            predicted = prediction.speedup
+            if not args.no_skip and not decide.worth_timing("result", prediction):
+                print(f"{label:<34}{predicted:>9.3f}x{'':>28}  not timed", flush=True)
+                continue
             with timing.pinned_threads():
                 # two sessions of the same bytes: the copy is the candidate
-                next_round = timing.ort_rounds({"original": source, "copy": source}, feeds(model, dims))
+                next_round = timing.ort_rounds({"original": source, "copy": source}, inputs)
                 report = decide.run_guard(next_round, ["original", "copy"], max_rounds=args.max_rounds,
                                           seconds=args.seconds)
         except Exception as e:  # one model onnxruntime cannot run is a row, not the end
@@ -76,9 +88,11 @@ def main(argv=None) -> int:
             continue
         c = report.comparisons["copy"]
         false += c.decision in ("faster", "slower")
-        print(f"{label:<34}{c.ratio:>7.3f}x{f'[{c.low:.3f}, {c.high:.3f}]':>20}  {c.decision:<10}{c.rounds:>7}"
-              f"{report.seconds:>9.1f}{report.medians['original']:>11.3f}  {report.stopped}", flush=True)
-    print(f"ratio = the original's time over the copy's (Hodges-Lehmann over paired rounds), "
+        print(f"{label:<34}{predicted:>9.3f}x{c.ratio:>7.3f}x{f'[{c.low:.3f}, {c.high:.3f}]':>20}  {c.decision:<10}"
+              f"{c.rounds:>7}{report.seconds:>9.1f}{report.medians['original']:>11.3f}  {report.stopped}", flush=True)
+    print(f"predicted = the copy's speedup from matched kernel profiles (timed where it could reach "
+          f"{1 + decide.MARGIN:g}x); "
+          f"ratio = the original's time over the copy's (Hodges-Lehmann over paired rounds), "
           f"{100 * (1 - 2 * decide.ALPHA):.0f} % interval (split over the guard's looks); faster/slower "
           f"need the interval beyond {1 + decide.MARGIN:g} / {1 / (1 + decide.MARGIN):.3f}; "
           f"false decisions: {false}")

@@ -200,13 +200,13 @@ def _print_summary(result, report) -> None:
         print("check: none needed (the input is written; the extracted graph, not written, was not checked)")
 
 
-def _print_guard(guard, chosen: str, predicted: float, cost_model: str, profiled: dict[str, float]) -> None:
+def _print_guard(guard, chosen: str, predicted: float, cost_model: str, profiled: dict) -> None:
     """The headline speedup with its interval, what predicted it, and each candidate's line."""
     from .decide import format_ratio
 
     how = (f"onnxruntime ORT_ENABLE_ALL, 1 thread, CPU time, {guard.rounds} paired rounds in "
            f"{guard.seconds:.1f} s; {100 * guard.confidence:.0f} % interval")
-    kernels = ", ".join(f"the {name} {ratio:.3f}x" for name, ratio in profiled.items())
+    kernels = ", ".join(f"the {name} {p.speedup:.3f}x" for name, p in profiled.items())
     forecast = (f"predicted from onnxruntime's kernel profiles: {kernels}; " if kernels else "predicted: ") + \
         f"the result {predicted:.3f}x by the cost model ({cost_model})"
     if chosen == "original":

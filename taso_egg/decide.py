@@ -79,9 +79,16 @@ GROWTH = 1.5
 # where nothing changed (each profile one session, whose memory placement moves every
 # kernel). The re-export keeps its 6 % from those sums (the re-exports that gain gain
 # far more: a ResNet-50 from the dynamo exporter without its optimizer, 1.24x-1.59x).
+# The result is timed where it could reach the guard's margin (1 + MARGIN) were its own
+# kernels, those the original does not run, PROFILE_ERROR faster than profiled: what
+# the profiles miss lies in those kernels. ConvNeXt-T's result, which onnxruntime runs
+# with Add and Gelu where the input runs BiasGelu, is profiled at 0.998x-1.016x and
+# measures 1.020x-1.034x (its kernels 15-20 % faster than profiled: the profiler's time
+# per kernel, and the cache the next kernel finds); the ViT reading every token differs
+# only in an attention scale, 3 % of its time, and cannot reach 1.01x (1.006x-1.008x).
 # docs/history.md has the tables.
-TIME_ABOVE = 1.005
 REEXPORT_ABOVE = 1.06
+PROFILE_ERROR = 0.25
 # The result is also timed where the cost model prices it this much faster: BERT from
 # the dynamo exporter, profiled at 0.988x, priced 1.069x, measured 1.025x-1.040x (two
 # runs). The cost model missed by up to 3.4 points (the ViT above), hence not 1.005.
@@ -95,6 +102,16 @@ PREDICTION_RUNS = 3
 # Identity dropped), and twice for 5 runs 0.987x-1.064x.
 QUICK_PROFILE = 0.05
 QUICK_RUNS = 25
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A candidate's speedup over the original predicted from kernel profiles
+    (``matched_speedup``), and the most it could reach: its own kernels PROFILE_ERROR
+    faster than profiled."""
+
+    speedup: float
+    reach: float
 
 
 @dataclass(frozen=True)
@@ -354,9 +371,9 @@ class Decision:
     not_measured: tuple[str, ...] = ()
     exported: onnx.ModelProto | None = None      # the chosen candidate's ONNX, when timed
     guard: GuardReport | None = None             # when timed
-    # each candidate's predicted speedup over the original (``predicted_speedups``),
-    # where measurement was asked for: what decided whether any was timed
-    predictions: dict[str, float] = field(default_factory=dict)
+    # each candidate's prediction over the original (``predicted_speedups``), where
+    # measurement was asked for: what decided whether any was timed
+    predictions: dict[str, Prediction] = field(default_factory=dict)
 
 
 def decide(graph: Graph, result: Graph | None, before: float, after: float, min_gain: float, measure: int,
@@ -371,8 +388,8 @@ def decide(graph: Graph, result: Graph | None, before: float, after: float, min_
     none to weigh (``no_result`` says why). ``as_written(candidate)``: the model a
     candidate graph is written as, what is timed (None: it cannot be written, and is
     not a candidate); the graph exported when not given. Where no candidate is
-    predicted faster than the original by TIME_ABOVE (``predicted_speedups``), none is
-    timed and the original is returned. ``phases`` records the seconds predicting and
+    worth timing (``predicted_speedups``, ``worth_timing``), none is timed and the
+    original is returned. ``phases`` records the seconds predicting and
     timing take."""
     phases = phases or PhaseTimes()
     if result is None:
@@ -415,16 +432,16 @@ def decide(graph: Graph, result: Graph | None, before: float, after: float, min_
     feeds = random_inputs(graph)
     try:
         with phases("calibration"):
-            predictions = predicted_speedups(models, feeds, phase)
+            profiled = predicted_speedups(models, feeds, phase)
         priced = before / after if after > 0 else math.inf  # the cost model's word on the result
-        timed = {name for name, ratio in predictions.items()
-                 if ratio >= timed_from(name) or (name == "result" and priced >= PRICED_ABOVE)}
+        timed = {name for name, p in profiled.items()
+                 if worth_timing(name, p) or (name == "result" and priced >= PRICED_ABOVE)}
         if not timed:
-            price = (f"; the cost model's {priced:.3f}x, below {PRICED_ABOVE:g}x" if "result" in predictions
+            price = (f"; the cost model's {priced:.3f}x, below {PRICED_ABOVE:g}x" if "result" in profiled
                      else "")
             return Decision(graph, f"no candidate is predicted to gain enough to be timed "
-                                   f"({predicted_below(predictions)}{price}), so none was", chosen="original",
-                            predictions=predictions)
+                                   f"({predicted_below(profiled)}{price}), so none was", chosen="original",
+                            predictions=profiled)
         # a candidate predicted to gain nothing is not timed beside one that may: its
         # rounds and its share of the level go to the other
         models = {name: model for name, model in models.items()
@@ -444,18 +461,18 @@ def decide(graph: Graph, result: Graph | None, before: float, after: float, min_
     best = max(faster, key=lambda k: faster[k].ratio, default="original")
     if best == "result":
         return Decision(result, "", report.medians, "result", exported=models["result"], guard=report,
-                        predictions=predictions)
-    why = predicted if result is None else _why_not_the_result(report, twins, best, predictions)
+                        predictions=profiled)
+    why = predicted if result is None else _why_not_the_result(report, twins, best, profiled)
     if predicted and result is not None:
         why += f" ({predicted})"
     return Decision(graph, why, report.medians, best, exported=models[best] if best == "re-export" else None,
-                    guard=report, predictions=predictions)
+                    guard=report, predictions=profiled)
 
 
-def predicted_speedups(models: dict, feeds, phase=None) -> dict[str, float]:
+def predicted_speedups(models: dict, feeds, phase=None) -> dict[str, Prediction]:
     """Each candidate of ``models`` (the original first; twins already left out) with
     its predicted speedup over the original: one onnxruntime profile of each, the
-    kernels matched (``matched_speedup``). Measured rather than priced: onnxruntime
+    kernels matched (``matched_speedup``), and the most it could reach. Measured rather than priced: onnxruntime
     runs what is written its own way (a bias written 1-d gets GELU fused with it, into
     a kernel slower than the two apart; a scale beside a matmul fused into it), which
     no cost model of the graph sees."""
@@ -468,8 +485,9 @@ def predicted_speedups(models: dict, feeds, phase=None) -> dict[str, float]:
             again = profiled_kernels(models[name], feeds, QUICK_RUNS)
             if _total(again) < _total(profiles[name]):
                 profiles[name] = again
-    return {name: matched_speedup(profiles["original"], profile) for name, profile in profiles.items()
-            if name != "original"}
+    return {name: Prediction(matched_speedup(profiles["original"], profile),
+                             matched_speedup(profiles["original"], profile, PROFILE_ERROR))
+            for name, profile in profiles.items() if name != "original"}
 
 
 def profiled_kernels(model, feeds, runs: int = PREDICTION_RUNS) -> dict[tuple[str, str], list[float]]:
@@ -491,12 +509,13 @@ def _total(profile: dict[tuple[str, str], list[float]]) -> float:
     return sum(map(sum, profile.values()))
 
 
-def matched_speedup(original: dict, candidate: dict) -> float:
+def matched_speedup(original: dict, candidate: dict, faster_by: float = 0.0) -> float:
     """The candidate's predicted speedup from kernel profiles (``profiled_kernels``) of it
     and of the original: a kernel both run (same operator, same shapes) counts the
     original's seconds in both, so only the kernels that differ are measured apart.
     Where a session's memory placement moves every kernel by a few percent, the ratio
-    of whole sums scattered 0.961x-1.051x on models that changed nothing."""
+    of whole sums scattered 0.961x-1.051x on models that changed nothing. The kernels
+    only the candidate runs are taken ``faster_by`` (a fraction) faster than profiled."""
     only_original = only_candidate = 0.0
     for kind in original.keys() | candidate.keys():
         a, b = original.get(kind, []), candidate.get(kind, [])
@@ -507,27 +526,35 @@ def matched_speedup(original: dict, candidate: dict) -> float:
         if len(b) > common:
             only_candidate += sum(b) * (len(b) - common) / len(b)
     total = _total(original)
-    after = total - only_original + only_candidate
+    after = total - only_original + only_candidate * (1 - faster_by)
     return total / after if after > 0 else math.inf
 
 
-def timed_from(name: str) -> float:
-    """The predicted speedup from which candidate ``name`` is timed."""
-    return REEXPORT_ABOVE if name == "re-export" else TIME_ABOVE
+def worth_timing(name: str, prediction: Prediction) -> bool:
+    """Whether candidate ``name`` is timed on its profiles: the re-export where predicted
+    REEXPORT_ABOVE faster, the result where it could reach the guard's margin."""
+    if name == "re-export":
+        return prediction.speedup >= REEXPORT_ABOVE
+    return prediction.reach >= 1 + MARGIN
 
 
-def predicted_below(predictions: dict[str, float]) -> str:
-    """``the re-export 1.003x (below 1.06x), the result 1.001x (below 1.005x)``."""
-    return ", ".join(f"the {name} {ratio:.3f}x ({'below' if ratio < timed_from(name) else 'from'} "
-                     f"{timed_from(name):g}x)" for name, ratio in predictions.items())
+def predicted_below(predictions: dict[str, Prediction]) -> str:
+    """``the re-export 1.003x (below 1.06x), the result 1.001x (at most 1.006x, below 1.01x)``."""
+    def one(name: str, p: Prediction) -> str:
+        word = "from" if worth_timing(name, p) else "below"
+        if name == "re-export":
+            return f"the {name} {p.speedup:.3f}x ({word} {REEXPORT_ABOVE:g}x)"
+        return f"the {name} {p.speedup:.3f}x (at most {p.reach:.3f}x, {word} {1 + MARGIN:g}x)"
+    return ", ".join(one(name, p) for name, p in predictions.items())
 
 
-def _why_not_the_result(report: GuardReport, twins: dict[str, str], best: str, predictions: dict[str, float]) -> str:
+def _why_not_the_result(report: GuardReport, twins: dict[str, str], best: str,
+                        predictions: dict[str, Prediction]) -> str:
     if "result" in twins:
         return f"the result computes node for node what the {twins['result']} does"
     if "result" not in report.comparisons:
-        return (f"the result was predicted at {predictions['result']:.3f}x the original, below "
-                f"{TIME_ABOVE:g}x, and not timed")
+        return (f"the result was predicted at {predictions['result'].speedup:.3f}x the original (at most "
+                f"{predictions['result'].reach:.3f}x, below {1 + MARGIN:g}x), and not timed")
     c = report.comparisons["result"]
     if c.decision == "faster":  # and the re-export more so
         return (f"the {best} measured faster than the result ({format_ratio(report.comparisons[best])} "

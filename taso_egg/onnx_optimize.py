@@ -257,7 +257,8 @@ def optimize_model(model, output=None, *, input_shapes: Mapping[str, Sequence[in
     report = OptimizeReport(out.chosen, st.kept_input if out.chosen != "result" else "",
                             measured.ratio if measured else None,
                             (measured.low, measured.high) if measured else None,
-                            dict(st.decision.predictions), dict(phases.ordered()), time.perf_counter() - start,
+                            {name: p.speedup for name, p in st.decision.predictions.items()},
+                            dict(phases.ordered()), time.perf_counter() - start,
                             ([change] if change else []) + list(out.notes), out, interface_change=change)
     return _returned(returned, output, external), report
 

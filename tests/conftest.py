@@ -102,9 +102,9 @@ def fake_timer(monkeypatch):
     ``fake_timer.runs`` to lists (round by round, repeated from the start when the
     guard asks for more); ``fake_timer.timed`` lists the names timed per session and
     ``fake_timer.rounds`` how many rounds were asked for in all. ``fake_timer.predicted``
-    (candidate name -> speedup) stands for the predictions that decide which candidates
-    are timed (``decide.predicted_speedups``): a candidate it does not name is predicted
-    faster, so the guard times every candidate unless a test says otherwise."""
+    (candidate name -> speedup, and the most it could reach) stands for the predictions
+    that decide which candidates are timed (``decide.predicted_speedups``): a candidate
+    it does not name is predicted faster, so the guard times every candidate unless a test says otherwise."""
     from types import SimpleNamespace
 
     from taso_egg import decide, timing
@@ -112,7 +112,8 @@ def fake_timer(monkeypatch):
     state = SimpleNamespace(ms={}, timed=[], runs=None, rounds=0, predicted={})
 
     def predictions(models, *args, **kwargs):
-        return {name: state.predicted.get(name, 2.0) for name in models if name != "original"}
+        speedups = {name: state.predicted.get(name, 2.0) for name in models if name != "original"}
+        return {name: decide.Prediction(s, s) for name, s in speedups.items()}
 
     monkeypatch.setattr(decide, "predicted_speedups", predictions)
 

@@ -398,6 +398,29 @@ def test_matched_kernels_predict_only_from_the_kernels_that_differ():
     # one kernel more of a kind both run: counted at the candidate's mean of that kind
     more = {**candidate, ("MatMul", "[768]"): [10.4, 10.4, 10.4]}
     assert matched_speedup(original, more) == pytest.approx(22.0 / (21.5 + 10.4))
+    # the most it could reach: its own kernels (Add and Gelu) a quarter faster
+    assert matched_speedup(original, candidate, 0.25) == pytest.approx(22.0 / (20.0 + 1.5 * 0.75))
+
+
+def test_a_result_is_timed_where_its_own_kernels_could_reach_the_margin():
+    """The result is timed where, its own kernels PROFILE_ERROR faster than profiled, it
+    would reach the guard's margin: a change in a tenth of the time (ConvNeXt-T's
+    BiasGelu run as Add and Gelu, profiled no faster, measured 1.02x) is; one in 3 % of
+    it (the ViT's attention scale) is not. The re-export keeps its own threshold."""
+    from taso_egg.decide import MARGIN, PROFILE_ERROR, REEXPORT_ABOVE, Prediction, matched_speedup, worth_timing
+
+    shared = {("MatMul", "[768]"): [45.0, 45.0]}
+    for share, timed in ((0.1, True), (0.03, False)):
+        differing = 100.0 * share
+        original = {**shared, ("BiasGelu", "[3072]"): [differing]}
+        candidate = {**shared, ("Add", "[3072]"): [differing / 3], ("Gelu", "[3072]"): [differing * 2 / 3]}
+        prediction = Prediction(matched_speedup(original, candidate),
+                                matched_speedup(original, candidate, PROFILE_ERROR))
+        assert prediction.speedup == pytest.approx(1.0)
+        assert worth_timing("result", prediction) is timed
+    assert not worth_timing("re-export", Prediction(REEXPORT_ABOVE * 0.99, 2.0))
+    assert worth_timing("re-export", Prediction(REEXPORT_ABOVE, 1.0))
+    assert not worth_timing("result", Prediction(1.0, 1 + MARGIN * 0.99))
 
 
 def test_profiled_kernels_are_grouped_by_what_they_compute(monkeypatch):

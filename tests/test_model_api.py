@@ -82,7 +82,7 @@ def test_nothing_to_gain_is_not_timed(tmp_path, monkeypatch):
                               opset_imports=[helper.make_opsetid("", 17)])
     returned, report = taso_egg.optimize_model(model)  # measurement on, as by default
     assert report.written == "original" and "so none was" in report.why
-    assert report.predicted and all(ratio < decide.timed_from(name) for name, ratio in report.predicted.items())
+    assert report.predicted == {"re-export": pytest.approx(1.0, abs=0.05)} and "(below 1.06x)" in report.why
     assert "timing" not in report.phases
     assert returned.SerializeToString() == model.SerializeToString()
 

@@ -269,7 +269,7 @@ def test_the_original_measured_fastest_is_returned(fake_timer):
 
 
 def test_candidates_predicted_to_gain_nothing_are_not_timed(fake_timer):
-    """The guard times only candidates predicted to gain enough (decide.timed_from):
+    """The guard times only candidates predicted to gain enough (decide.worth_timing):
     none when none is (the original written, the predictions in the reason)."""
     from taso_egg.decide import REEXPORT_ABOVE
 

@@ -425,7 +425,8 @@ def test_the_guard_times_each_candidate_as_it_is_written(tmp_path, capsys, monke
     # every candidate predicted to gain, so that each is timed (what the profiles would
     # predict of this small model is noise)
     monkeypatch.setattr(decide, "predicted_speedups",
-                        lambda models, *args, **kwargs: {name: 2.0 for name in models if name != "original"})
+                        lambda models, *args, **kwargs: {name: decide.Prediction(2.0, 2.0) for name in models
+                                                          if name != "original"})
     path, out = _attention(tmp_path), tmp_path / "out.onnx"
     rc = main(["optimize", str(path), "-o", str(out)])
     cap = capsys.readouterr()
