@@ -79,14 +79,11 @@ GROWTH = 1.5
 # where nothing changed (each profile one session, whose memory placement moves every
 # kernel). The re-export keeps its 6 % from those sums (the re-exports that gain gain
 # far more: a ResNet-50 from the dynamo exporter without its optimizer, 1.24x-1.59x).
-# The result is timed where it could reach the guard's margin (1 + MARGIN) were its own
-# kernels, those the original does not run, PROFILE_ERROR faster than profiled: what
-# the profiles miss lies in those kernels. ConvNeXt-T's result, which onnxruntime runs
-# with Add and Gelu where the input runs BiasGelu, is profiled at 0.998x-1.016x and
-# measures 1.020x-1.034x (its kernels 15-20 % faster than profiled: the profiler's time
-# per kernel, and the cache the next kernel finds); the ViT reading every token differs
-# only in an attention scale, 3 % of its time, and cannot reach 1.01x (1.006x-1.008x).
-# docs/history.md has the tables.
+# The result is timed where it could reach the guard's margin were its own kernels
+# (those the original does not run) PROFILE_ERROR faster than profiled: ConvNeXt-T's,
+# run as Add and Gelu where the input runs BiasGelu, profiles at 0.998x-1.016x and has
+# measured 1.009x-1.034x; the ViT reading every token differs in 3 % of its time and
+# reaches 1.006x-1.007x. docs/history.md has the tables.
 REEXPORT_ABOVE = 1.06
 PROFILE_ERROR = 0.25
 # The result is also timed where the cost model prices it this much faster: BERT from
@@ -462,9 +459,8 @@ def decide(graph: Graph, result: Graph | None, before: float, after: float, min_
     if best == "result":
         return Decision(result, "", report.medians, "result", exported=models["result"], guard=report,
                         predictions=profiled)
+    # timed, the cost model's word (``predicted``, min_gain's) is not why: the guard's is
     why = predicted if result is None else _why_not_the_result(report, twins, best, profiled)
-    if predicted and result is not None:
-        why += f" ({predicted})"
     return Decision(graph, why, report.medians, best, exported=models[best] if best == "re-export" else None,
                     guard=report, predictions=profiled)
 

@@ -107,7 +107,7 @@ def test_peers_cells_faked_and_missing(tmp_path, monkeypatch, capsys):
                                          "ort-transformers": failing, "wrong": _wrong})
     monkeypatch.setattr(timing, "ort_rounds", every_candidate_twice_as_fast)  # optimize writes its result
     monkeypatch.setattr(decide, "predicted_speedups",  # and times every candidate, whatever a profile says
-                        lambda models, *args, **kw: {name: 2.0 for name in models if name != "original"})
+                        lambda models, *args, **kw: {name: decide.Prediction(2.0, 2.0) for name in models if name != "original"})
     path = tmp_path / "conv.onnx"
     onnx.save(cluttered_conv_model(), path)
     args = bench.build_parser().parse_args(["--onnx", str(tmp_path), "--measure", "10", "--extractors",
