@@ -263,7 +263,7 @@ def _onnx_table(args) -> int:
           f"of the input unless --calibration none); re-export = its speedup predicted from one "
           f"onnxruntime profile of it and of the original, matched kernel for kernel (untimed: no "
           f"candidate was predicted to gain enough, {REEXPORT_ABOVE:g}x for the re-export, "
-          f"for the result {1 + MARGIN:g}x reached with its own kernels {PROFILE_ERROR:.0%} faster than "
+          f"for the result {1 + MARGIN:g}x reached with its own memory-bound kernels {PROFILE_ERROR:.0%} faster than "
           f"profiled, or {PRICED_ABOVE:g}x by the cost model); 1/2 "
           f"threads = the written model against the original file by the same guard, onnxruntime "
           f"ORT_ENABLE_ALL (2 threads: wall time; same: the original was written); written = the "

@@ -10,11 +10,11 @@ interval on their centre: the Hodges-Lehmann estimate with the Wilcoxon signed-r
 interval (exact, distribution-free, robust: a load spike moves one rank, not the
 estimate). Under no difference, with the order a fair draw, each round's log-ratio
 is as likely to be negative as positive whatever the machine's load does, which is
-all the interval assumes. Its level is split
-(Bonferroni) over every look and every candidate, so that stopping as soon as the
-answer looks clear, and choosing among several candidates, keeps a false "faster"
-at ALPHA at most. A candidate is "faster" when its whole interval lies above
-1 + MARGIN; the best of those is returned, else the original.
+all the interval assumes. Its level is split (Bonferroni) over every look and every
+candidate, so that stopping as soon as the answer looks clear, and choosing among
+several candidates, keeps a false "faster" at ALPHA at most. A candidate is "faster"
+when its whole interval lies above 1 + MARGIN; the best of those is returned, else
+the original.
 """
 
 from __future__ import annotations
@@ -79,13 +79,14 @@ GROWTH = 1.5
 # where nothing changed (each profile one session, whose memory placement moves every
 # kernel). The re-export keeps its 6 % from those sums (the re-exports that gain gain
 # far more: a ResNet-50 from the dynamo exporter without its optimizer, 1.24x-1.59x).
-# The result is timed where it could reach the guard's margin were its own kernels
-# (those the original does not run) PROFILE_ERROR faster than profiled: ConvNeXt-T's,
-# run as Add and Gelu where the input runs BiasGelu, profiles at 0.998x-1.016x and has
-# measured 1.009x-1.034x; the ViT reading every token differs in 3 % of its time and
-# reaches 1.006x-1.007x. docs/history.md has the tables.
+# The result is timed where it could reach the guard's margin were its own memory-bound
+# kernels PROFILE_ERROR faster than profiled, as what the kernel before left in cache
+# moves them (ConvNeXt-T's Add and Gelu: 0.998x-1.016x profiled, 1.009x-1.034x measured);
+# matmuls and convs (COMPUTE_KERNELS, by name) are arithmetic, which profiles measure (a
+# 1B-wide Llama's merged projections: 0.999x, 1.001x). docs/history.md has the tables.
 REEXPORT_ABOVE = 1.06
 PROFILE_ERROR = 0.25
+COMPUTE_KERNELS = ("MatMul", "Gemm", "Conv")  # FusedMatMul, QLinearConv, MatMulNBits, ...
 # The result is also timed where the cost model prices it this much faster: BERT from
 # the dynamo exporter, profiled at 0.988x, priced 1.069x, measured 1.025x-1.040x (two
 # runs). The cost model missed by up to 3.4 points (the ViT above), hence not 1.005.
@@ -103,9 +104,8 @@ QUICK_RUNS = 25
 
 @dataclass(frozen=True)
 class Prediction:
-    """A candidate's speedup over the original predicted from kernel profiles
-    (``matched_speedup``), and the most it could reach: its own kernels PROFILE_ERROR
-    faster than profiled."""
+    """A candidate's speedup over the original from kernel profiles (``matched_speedup``),
+    and the most it could reach: its own memory-bound kernels PROFILE_ERROR faster."""
 
     speedup: float
     reach: float
@@ -141,9 +141,7 @@ class GuardReport:
     confidence: float
     budget: float = TIME_BUDGET  # the seconds the rounds were given (``time_budget``)
     most: int = 0                # the rounds that budget fits (the schedule's last look)
-    # candidates timed no more because their interval could no longer clear the margin
-    # by the last look (``cannot_clear``)
-    futile: tuple[str, ...] = ()
+    futile: tuple[str, ...] = ()  # timed no more: could not clear the margin (``cannot_clear``)
 
 
 # --- the statistics -------------------------------------------------------------------
@@ -197,8 +195,7 @@ def compare(original, candidate, alpha: float = ALPHA, margin: float = MARGIN) -
 
 def time_budget(pace: float, seconds: float | None = None, longest: float | None = None) -> float:
     """The seconds to time rounds of ``pace`` seconds for: ``seconds`` (TIME_BUDGET),
-    stretched to fit ENOUGH_ROUNDS where that takes longer, up to ``longest``
-    (MAX_TIME_BUDGET)."""
+    stretched to fit ENOUGH_ROUNDS where that takes longer, up to ``longest`` (MAX_TIME_BUDGET)."""
     seconds = TIME_BUDGET if seconds is None else seconds
     longest = MAX_TIME_BUDGET if longest is None else longest
     return max(seconds, min(longest, ENOUGH_ROUNDS * pace))
@@ -510,8 +507,9 @@ def matched_speedup(original: dict, candidate: dict, faster_by: float = 0.0) -> 
     and of the original: a kernel both run (same operator, same shapes) counts the
     original's seconds in both, so only the kernels that differ are measured apart.
     Where a session's memory placement moves every kernel by a few percent, the ratio
-    of whole sums scattered 0.961x-1.051x on models that changed nothing. The kernels
-    only the candidate runs are taken ``faster_by`` (a fraction) faster than profiled."""
+    of whole sums scattered 0.961x-1.051x on models that changed nothing. The
+    memory-bound kernels only the candidate runs are taken ``faster_by`` (a fraction)
+    faster than profiled."""
     only_original = only_candidate = 0.0
     for kind in original.keys() | candidate.keys():
         a, b = original.get(kind, []), candidate.get(kind, [])
@@ -520,10 +518,12 @@ def matched_speedup(original: dict, candidate: dict, faster_by: float = 0.0) -> 
         if len(a) > common:
             only_original += sum(a) * (len(a) - common) / len(a)
         if len(b) > common:
-            only_candidate += sum(b) * (len(b) - common) / len(b)
+            own = sum(b) * (len(b) - common) / len(b)
+            only_candidate += own if any(w in kind[0] for w in COMPUTE_KERNELS) else own * (1 - faster_by)
     total = _total(original)
-    after = total - only_original + only_candidate * (1 - faster_by)
+    after = total - only_original + only_candidate
     return total / after if after > 0 else math.inf
+
 
 
 def worth_timing(name: str, prediction: Prediction) -> bool:

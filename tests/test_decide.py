@@ -403,10 +403,12 @@ def test_matched_kernels_predict_only_from_the_kernels_that_differ():
 
 
 def test_a_result_is_timed_where_its_own_kernels_could_reach_the_margin():
-    """The result is timed where, its own kernels PROFILE_ERROR faster than profiled, it
-    would reach the guard's margin: a change in a tenth of the time (ConvNeXt-T's
-    BiasGelu run as Add and Gelu, profiled no faster, measured 1.02x) is; one in 3 % of
-    it (the ViT's attention scale) is not. The re-export keeps its own threshold."""
+    """The result is timed where, its own memory-bound kernels PROFILE_ERROR faster than
+    profiled, it would reach the guard's margin: a change in a tenth of the time
+    (ConvNeXt-T's BiasGelu run as Add and Gelu, profiled no faster, measured 1.02x) is;
+    one in 3 % of it (the ViT's attention scale) is not, nor projections merged into one
+    matmul, whose profiled time is their arithmetic, in half of it (a Llama's q, k and v).
+    The re-export keeps its own threshold."""
     from taso_egg.decide import MARGIN, PROFILE_ERROR, REEXPORT_ABOVE, Prediction, matched_speedup, worth_timing
 
     shared = {("MatMul", "[768]"): [45.0, 45.0]}
@@ -418,6 +420,12 @@ def test_a_result_is_timed_where_its_own_kernels_could_reach_the_margin():
                                 matched_speedup(original, candidate, PROFILE_ERROR))
         assert prediction.speedup == pytest.approx(1.0)
         assert worth_timing("result", prediction) is timed
+    original = {("MatMul", "[2048],[2048,256]"): [10.0, 10.0, 10.0], ("Add", "[2048]"): [30.0]}
+    for op in ("MatMul", "FusedMatMul", "Gemm"):
+        merged = {(op, "[2048],[2048,768]"): [30.0], ("Split", "[768]"): [0.5], ("Add", "[2048]"): [30.0]}
+        prediction = Prediction(matched_speedup(original, merged), matched_speedup(original, merged, PROFILE_ERROR))
+        assert prediction.reach == pytest.approx(60.0 / (60.0 + 0.5 * (1 - PROFILE_ERROR)))
+        assert not worth_timing("result", prediction)
     assert not worth_timing("re-export", Prediction(REEXPORT_ABOVE * 0.99, 2.0))
     assert worth_timing("re-export", Prediction(REEXPORT_ABOVE, 1.0))
     assert not worth_timing("result", Prediction(1.0, 1 + MARGIN * 0.99))
