@@ -241,3 +241,19 @@ def test_the_saturation_limits_options_come_from_the_limits_fields():
     assert limits_from_args(p.parse_args([])) == Limits()
     assert limits_from_args(p.parse_args(["--node-limit", "7", "--time-limit", "2.5"])) == \
         Limits(nodes=7, seconds=2.5)
+
+
+def test_the_headline_gives_the_result_s_reach_where_it_is_why_it_was_timed(capsys):
+    """A result predicted below the margin is timed for what it could reach (its own
+    memory-bound kernels a quarter faster): the headline says so beside the speedup,
+    and says nothing more where the two agree."""
+    from taso_egg import cli, decide
+
+    guard = decide.GuardReport({"result": decide.Comparison(1.002, 0.98, 1.02, "undecided", 10)},
+                               {"original": 2.0, "result": 2.0}, 10, 40.0, "futile", 0.95)
+    cli._print_guard(guard, "original", 1.004, "a profile",
+                     {"re-export": decide.Prediction(1.003, 1.003), "result": decide.Prediction(1.007, 1.012)})
+    assert "the re-export 1.003x, the result 1.007x (at most 1.012x); the result 1.004x by the cost model" \
+        in capsys.readouterr().out
+    cli._print_guard(guard, "original", 1.004, "a profile", {"result": decide.Prediction(1.07, 1.0702)})
+    assert "kernel profiles: the result 1.070x; the result" in capsys.readouterr().out
