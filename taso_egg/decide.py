@@ -525,7 +525,6 @@ def matched_speedup(original: dict, candidate: dict, faster_by: float = 0.0) -> 
     return total / after if after > 0 else math.inf
 
 
-
 def worth_timing(name: str, prediction: Prediction) -> bool:
     """Whether candidate ``name`` is timed on its profiles: the re-export where predicted
     REEXPORT_ABOVE faster, the result where it could reach the guard's margin."""
