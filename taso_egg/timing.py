@@ -149,14 +149,29 @@ def return_freed_memory() -> None:
         pass
 
 
+# Operators whose inputs can be swapped without changing the work: their kernels'
+# shapes are given with the inputs sorted, so that an Add of (a, b) and one of (b, a)
+# are one kind of kernel (a ViT's result wrote 24 of its bias adds the other way round,
+# and they were weighed as kernels only it runs).
+COMMUTATIVE = frozenset({"Add", "Mul", "Sum", "Max", "Min", "Mean", "Equal", "And", "Or", "Xor"})
+
+
 def node_events(events: list[dict], runs: int) -> list[dict]:
     """The kernel events of onnxruntime's profile json (``events``: its list, of a
     warm-up run and ``runs`` more), the warm-up's left out, as ``kernel_times`` gives them."""
     nodes = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
     per_run = len(nodes) // (runs + 1)
     return [{"name": e["name"][:-len("_kernel_time")], "op": e["args"].get("op_name", ""),
-             "shapes": repr((e["args"].get("input_type_shape"), e["args"].get("output_type_shape"))),
-             "us": e["dur"]} for e in nodes[per_run:]]
+             "shapes": _shapes(e["args"]), "us": e["dur"]} for e in nodes[per_run:]]
+
+
+def _shapes(args: dict) -> str:
+    """A kernel's input and output types and shapes, as text (``COMMUTATIVE`` ones'
+    inputs sorted)."""
+    inputs = args.get("input_type_shape")
+    if args.get("op_name") in COMMUTATIVE and inputs:
+        inputs = sorted(inputs, key=repr)
+    return repr((inputs, args.get("output_type_shape")))
 
 
 def median_times(runs: dict, repeats: int, progress=None) -> dict[str, tuple[float, float]]:
