@@ -33,7 +33,7 @@ from .errors import ProfileError
 from .executor import random_inputs
 from .graph import Graph
 from .onnx_io.exporter import export_fed
-from .onnx_io.fed import array_of
+from .onnx_io.fed import array_of, file_backed
 from .options import MAX_ROUNDS, MIN_ROUNDS
 from .phases import PhaseTimes
 
@@ -401,13 +401,13 @@ def decide(graph: Graph, result: Graph | None, before: float, after: float, min_
             return Decision(graph, predicted, chosen="original", not_measured=unmeasured)
         return Decision(result, not_measured=unmeasured)
     # candidates as FedModels: the re-export's weights are the graph's arrays, the
-    # result's too where it keeps them, so onnxruntime gets no copy of them to time
+    # result's too where it keeps them (those it computes in a file: fed.file_backed)
     written = as_written or export_fed
     models = {"original": reference if reference is not None else export_fed(graph)}
     if reference is not None:
         models["re-export"] = written(graph)
     if result is not None:
-        models["result"] = written(result)
+        models["result"] = file_backed(written(result))
     unwritten = [name for name, model in models.items() if model is None]
     models = {name: model for name, model in models.items() if model is not None}
     if "result" in unwritten:  # the writer accepted it: a fault of ours

@@ -17,7 +17,7 @@ from .errors import ProfileError, first_line
 from .executor import random_inputs, run
 from .graph import Graph
 from .onnx_io.exporter import export_onnx
-from .onnx_io.fed import feed, save_external, session_parts
+from .onnx_io.fed import feed, release_mapped_pages, save_external, session_parts
 from .onnx_io.importer import load_onnx
 
 
@@ -66,6 +66,7 @@ def make_session(model, disabled_optimizers=(), profile_prefix: str | None = Non
     # the graph while it builds), shared ones are what the session keeps: our arrays,
     # read in place, beside what it prepacks (without them it kept a copy of each weight
     # it does not prepack, and built with 1.6x the weights more, not 1x)
+    release_mapped_pages()  # what the last pass read of the weight files: this session reads its own
     data, names, values = (model, [], []) if isinstance(model, (bytes, str)) else session_parts(model)
     if names:
         options.add_external_initializers(names, values)
@@ -138,7 +139,8 @@ def kernel_times(model, feeds, runs: int, disabled_optimizers=(), threads: int =
 def return_freed_memory() -> None:
     """Give the memory a freed session held back to the system (glibc keeps freed blocks
     below its mmap threshold, which frees of large blocks raise to 32 MB: a freed
-    session's prepacked weights stayed resident while the next one was built). A few
+    session's prepacked weights stayed resident while the next one was built), and the
+    pages of the weight files mapped (``fed.release_mapped_pages``). A few
     milliseconds; no ``gc.collect`` (a session is freed when its last name is deleted,
     and a collection takes a quarter second beside the rule corpus)."""
     import ctypes
@@ -147,6 +149,7 @@ def return_freed_memory() -> None:
         ctypes.CDLL(None).malloc_trim(0)
     except (OSError, AttributeError):  # not glibc
         pass
+    release_mapped_pages()
 
 
 # Operators whose inputs can be swapped without changing the work: their kernels'

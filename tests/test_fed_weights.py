@@ -269,3 +269,97 @@ def test_sessions_read_the_weights_in_place(tmp_path):
     assert built < matmuls + 0.25 * weights and built_peak < 1.25 * weights
     assert after_rounds < 0.25 * weights and rounds_peak < 1.25 * weights
     assert profiled_peak < 1.25 * weights
+
+
+_MAPPED_MEMORY_RUN = """
+import json, sys
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+from taso_egg import timing
+from taso_egg.onnx_io import fed
+from taso_egg.onnx_io.reading import read_model_file
+
+def rss():  # resident MiB
+    status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+    return int(status["VmRSS"].split()[0]) / 1024
+
+rng = np.random.default_rng(0)
+weights = [numpy_helper.from_array(rng.standard_normal((1024, 4096), dtype=np.float32), f"w{i}") for i in range(4)]
+nodes = [helper.make_node("MatMul", ["x", f"w{i}"], [f"y{i}"]) for i in range(4)]
+graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1024])],
+                          [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [1, 4096]) for i in range(4)],
+                          weights)
+path = sys.argv[1]
+onnx.save(helper.make_model(graph), path, save_as_external_data=True, location="w.data", size_threshold=0)
+del weights, graph
+base = rss()
+model = read_model_file(path, fed=True)[0]
+sums = [float(a.sum(dtype=np.float64)) for a in model.arrays.values()]  # every page read
+out = {"read": rss() - base}
+fed.release_mapped_pages()
+out["released"] = rss() - base
+out["same"] = sums == [float(a.sum(dtype=np.float64)) for a in model.arrays.values()]
+fed.release_mapped_pages()
+merged = np.concatenate([model.arrays["w0"], model.arrays["w1"]], axis=1)  # computed: 32 MiB
+candidate = fed.file_backed(fed.FedModel(model.model, {**model.arrays, "w0": merged}))
+out["spilled"] = candidate.arrays["w0"] is not merged and bool(np.array_equal(candidate.arrays["w0"], merged))
+del merged
+timing.return_freed_memory()  # the merged array's own memory too
+out["candidate released"] = rss() - base
+print(json.dumps(out))
+"""
+
+
+def test_weights_read_from_files_and_computed_ones_leave_memory_between_sessions(tmp_path):
+    """Weights in external data are mapped, not copied: read, they are resident; once a
+    session is done with them (``fed.release_mapped_pages``) they are not, and read
+    again unchanged. A candidate's computed weights (a merged projection) are moved to
+    a file as well (``fed.file_backed``, its threshold lowered here) and leave memory
+    alike: a 1B-wide Llama's merged projections were resident beside the original's
+    weights and onnxruntime's prepacked copy. In a fresh process, from VmRSS."""
+    import json
+    import subprocess
+    import sys
+
+    import pytest
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("reads /proc/self/status")
+    run = _MAPPED_MEMORY_RUN.replace("import json, sys", "import json, sys\nfrom taso_egg.onnx_io import fed as _f\n"
+                                     "_f.SPILL_BYTES = 1 << 20")
+    done = subprocess.run([sys.executable, "-c", run, str(tmp_path / "m.onnx")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    mib = json.loads(done.stdout.split("\n")[-2])
+    print(mib)
+    weights = 64  # four 16 MiB matrices
+    assert mib["read"] > 0.75 * weights
+    assert mib["released"] < 0.25 * weights and mib["same"]
+    assert mib["spilled"] and mib["candidate released"] < 0.25 * weights
+
+
+def test_only_a_mapped_models_computed_weights_are_moved_to_a_file(monkeypatch):
+    """``fed.file_backed`` leaves a model whose weights are all in memory (read from one
+    file, nothing mapped) as it is, and one whose computed weights are below its
+    threshold; the arrays it moves keep their values, dtype and shape."""
+    from taso_egg.onnx_io import fed
+
+    plain = fed.FedModel(onnx.ModelProto(), {"w": np.ones((64, 64), np.float32)})
+    monkeypatch.setattr(fed, "SPILL_BYTES", 1)
+    assert fed.file_backed(plain) is plain and fed.file_backed(None) is None
+    import mmap
+    import tempfile
+
+    with tempfile.TemporaryFile() as f:
+        f.write(np.arange(4096, dtype=np.float32).tobytes())
+        f.flush()
+        mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    mapped = np.frombuffer(mapping, dtype=np.float32).reshape(64, 64)
+    computed = (mapped.T * 2).astype(np.float16)
+    model = fed.FedModel(onnx.ModelProto(), {"w": mapped, "c": computed})
+    moved = fed.file_backed(model)
+    assert moved.arrays["w"] is mapped and fed._mapped_root(moved.arrays["c"])
+    assert moved.arrays["c"].dtype == np.float16 and np.array_equal(moved.arrays["c"], computed)
+    monkeypatch.setattr(fed, "SPILL_BYTES", computed.nbytes + 1)
+    assert fed.file_backed(model) is model

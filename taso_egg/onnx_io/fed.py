@@ -13,7 +13,9 @@ exporter's candidates (``exporter.export_fed``) hold the graph's own arrays.
 
 from __future__ import annotations
 
+import mmap
 import os
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -118,6 +120,9 @@ def _large(t) -> bool:
 
 
 def _read_external(t, base_dir: str | None) -> np.ndarray:
+    """Tensor ``t``'s external data: a read-only view of its file mapped into memory
+    (``release_mapped_pages``), or, where the file cannot be mapped or the tensor is not
+    aligned in it, a copy read from it."""
     from onnx import helper
     from onnx.external_data_helper import ExternalDataInfo
 
@@ -125,10 +130,103 @@ def _read_external(t, base_dir: str | None) -> np.ndarray:
     dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type))
     path = os.path.join(base_dir or "", info.location)
     count = int(np.prod(t.dims, dtype=np.int64))
-    array = np.fromfile(path, dtype=dtype, count=count, offset=info.offset or 0)
+    offset = info.offset or 0
+    mapped = _mapped(path) if offset % dtype.alignment == 0 else None
+    if mapped is not None and offset + count * dtype.itemsize <= len(mapped):
+        return np.frombuffer(mapped, dtype=dtype, count=count, offset=offset).reshape(tuple(t.dims))
+    array = np.fromfile(path, dtype=dtype, count=count, offset=offset)
     if array.size != count:
         raise OSError(f"{info.location} ends before tensor {t.name!r} does")
     return array.reshape(tuple(t.dims))
+
+
+# The weight files mapped (weakly: a mapping lives as long as an array viewing it).
+_MAPPINGS: list = []
+
+
+def _mapped(path: str):
+    """``path`` mapped read-only, once for all its tensors; None where it cannot be."""
+    for ref in list(_MAPPINGS):
+        entry = ref()
+        if entry is None:
+            _MAPPINGS.remove(ref)
+        elif entry.path == path:
+            return entry
+    try:
+        with open(path, "rb") as f:
+            mapping = _Mapping(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):  # an empty file, or one that cannot be mapped
+        return None
+    mapping.path = path
+    _MAPPINGS.append(weakref.ref(mapping))
+    return mapping
+
+
+class _Mapping(mmap.mmap):
+    """A read-only mapping of a weight file that knows its path."""
+
+    path = ""
+
+
+# A candidate whose weights are mapped from files moves the arrays it computed itself
+# (merged projections, say) to a file too where they come to this many bytes in all.
+SPILL_BYTES = 256 << 20
+
+
+def file_backed(model):
+    """``model`` (a FedModel whose other weights are views of mapped files; anything
+    else is returned as it is) with the arrays it computed itself written to a
+    temporary file (deleted as soon as it is made, its space freed when the last view
+    goes) and mapped back: their pages then leave this process's memory whenever the
+    input's do (``release_mapped_pages``), so that a candidate's merged weights are not
+    resident while onnxruntime prepacks the original's beside the original's own.
+    Unchanged where they come to less than SPILL_BYTES or the file cannot be written."""
+    import tempfile
+
+    if not isinstance(model, FedModel) or not any(_mapped_root(a) for a in model.arrays.values()):
+        return model
+    computed = {name: a for name, a in model.arrays.items() if not _mapped_root(a)}
+    if sum(a.nbytes for a in computed.values()) < SPILL_BYTES:
+        return model
+    offsets, position = {}, 0
+    try:
+        with tempfile.TemporaryFile() as f:
+            for name, a in computed.items():
+                pad = -position % 64
+                f.write(b"\0" * pad)
+                offsets[name] = position = position + pad
+                f.write(np.ascontiguousarray(a).data)
+                position += a.nbytes
+            f.flush()
+            mapping = _Mapping(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):  # no room for it: the arrays stay in memory
+        return model
+    _MAPPINGS.append(weakref.ref(mapping))
+    arrays = dict(model.arrays)
+    for name, a in computed.items():
+        arrays[name] = np.frombuffer(mapping, dtype=a.dtype, count=a.size, offset=offsets[name]).reshape(a.shape)
+    return FedModel(model.model, arrays)
+
+
+def _mapped_root(a: np.ndarray) -> bool:
+    """Whether array ``a`` views a mapped file."""
+    while isinstance(a, np.ndarray) and a.base is not None:
+        a = a.base
+    return isinstance(a.obj if isinstance(a, memoryview) else a, mmap.mmap)
+
+
+def release_mapped_pages() -> None:
+    """Drop the pages of the mapped weight files from this process's memory. They are
+    read again, from the page cache, where they are next read: weights a model reads from
+    its file count in its memory only while a session or a pass reads them, not beside
+    the next session's copies (a 1B-wide Llama's q, k, v, gate and up weights stayed
+    resident, unread, while onnxruntime prepacked the result's merged ones)."""
+    if not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    for ref in _MAPPINGS:
+        mapping = ref()
+        if mapping is not None:
+            mapping.madvise(mmap.MADV_DONTNEED)
 
 
 def array_of(model, t) -> np.ndarray:

@@ -31,7 +31,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..errors import OnnxImportError, TasoEggError
-from .fed import FedModel, array_of, is_stub
+from .fed import FedModel, array_of, file_backed, is_stub
 from .validate import checker_complaint, without_weight_data
 
 DEFAULT_LEADING = 1    # a symbolic dim at axis 0 of an input: a batch
@@ -282,7 +282,7 @@ def symbolize(at_first, at_second, original, first: Mapping[str, int], second: M
     complaint = checker_complaint(without_weight_data(model), {n.op_type for n in original.graph.node})
     if complaint:
         raise NotSymbolic(f"the model with symbolic dims fails onnx.checker: {complaint}")
-    return FedModel(model, {t.name: fed[t.name] for t in graph.initializer if is_stub(t)})
+    return file_backed(FedModel(model, {t.name: fed[t.name] for t in graph.initializer if is_stub(t)}))
 
 
 def _same_structure(g1, g2) -> None:
