@@ -199,9 +199,11 @@ def write_symbolic(dyn: DynamicModel, candidate: Graph, candidate_classes: Mappi
         try:
             # exported as FedModels: both sizes share the input's weight arrays (the
             # second import reads the same ones), so neither copies them into protobuf
-            model = symbolize(export_fed(dyn.graph, shapes_fixed=False),
-                              export_fed(dyn.second_graph(), shapes_fixed=False), dyn.reference,
+            folds: dict = {}
+            model = symbolize(export_fed(dyn.graph, shapes_fixed=False, folds=folds),
+                              export_fed(dyn.second_graph(), shapes_fixed=False, folds=folds), dyn.reference,
                               dyn.first, dyn.second)
+            del folds  # in memory: what the model holds is in a file now (fed.file_backed)
             return SymbolicWrite(model, check_at_sizes(dyn, model, seed))
         except (NotSymbolic, VerificationError) as e:
             return SymbolicWrite(None, {}, str(e))
@@ -211,14 +213,17 @@ def write_symbolic(dyn: DynamicModel, candidate: Graph, candidate_classes: Mappi
     made: dict = {}    # candidate tensor -> its tensor at the second sizes
     guessed: set = set()  # nodes sized by a guess there
     anchored = set(input_classes.values())
+    folds: dict = {}  # the weights both sizes fold alike, folded once
     try:
         first = export_fed(retyped(candidate, candidate_classes, input_classes, dyn.graph, dyn.graph),
-                           shapes_fixed=False)
+                           shapes_fixed=False, folds=folds)
         at_second = retyped(candidate, candidate_classes, input_classes, dyn.graph, dyn.second_graph(),
                             wrong, made, guessed)
         if wrong:
             raise NotSymbolic(wrong[0][1])
-        model = symbolize(first, export_fed(at_second, shapes_fixed=False), dyn.reference, dyn.first, dyn.second)
+        model = symbolize(first, export_fed(at_second, shapes_fixed=False, folds=folds), dyn.reference,
+                          dyn.first, dyn.second)
+        del first, folds  # in memory: what the model holds is in a file now (fed.file_backed)
     except NotSymbolic as e:
         return SymbolicWrite(None, {}, str(e), _regions(candidate, candidate_classes, anchored, guessed,
                                                         [key for key, _ in wrong]))

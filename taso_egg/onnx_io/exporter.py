@@ -42,12 +42,15 @@ def export_onnx(graph: Graph, path: str | os.PathLike | None = None, name: str =
     return model
 
 
-def export_fed(graph: Graph, name: str = "taso_egg", shapes_fixed: bool = True):
+def export_fed(graph: Graph, name: str = "taso_egg", shapes_fixed: bool = True, folds: dict | None = None):
     """The graph exported as ``export_onnx`` exports it, as a ``fed.FedModel``: its large
     float constants are stubs fed from the graph's own arrays and the values export
     folds, so candidates share the weights they share and none is copied into protobuf.
-    ``shapes_fixed`` False: it is to be written with symbolic dims (``_vector_form``)."""
-    return fed_from_check(*export_for_check(graph, name, shapes_fixed=shapes_fixed))
+    ``shapes_fixed`` False: it is to be written with symbolic dims (``_vector_form``).
+    ``folds``: values folded by earlier exports of graphs over the same weights (filled
+    here), reused where a fold computes the same from the same arrays: the two sizes of
+    a symbolic write fold one merged projection, not two."""
+    return fed_from_check(*export_for_check(graph, name, shapes_fixed=shapes_fixed, folds=folds))
 
 
 def export_fed_named(graph: Graph, name: str = "taso_egg"):
@@ -81,15 +84,16 @@ def with_weights(model, fed: dict):
 
 
 def export_for_check(graph: Graph, name: str = "taso_egg", tensor_names: dict | None = None,
-                     shapes_fixed: bool = True):
+                     shapes_fixed: bool = True, folds: dict | None = None):
     """``(model, weights)``: the graph exported as ``export_onnx`` exports it, before its
     large float initializers go in: they are graph inputs here, fed from ``weights``
     (name -> array: the graph's own weights and the values export folds, not copies).
     A run computes what the exported model computes, without a protobuf copy and an
     onnxruntime copy of every weight: the check of a 240 MB model holds 240 MB more,
     not a gigabyte. Checked with ``onnx.checker``. ``tensor_names``, when given, is
-    filled with ONNX name -> (node id, output index) of every run-time tensor."""
-    exporter = _Exporter(graph, shapes_fixed)
+    filled with ONNX name -> (node id, output index) of every run-time tensor; ``folds``
+    as ``export_fed`` takes it."""
+    exporter = _Exporter(graph, shapes_fixed, folds)
     model = exporter.build(name)
     if tensor_names is not None:
         tensor_names.update({onnx_name: key for key, onnx_name in exporter.names.items()})
@@ -162,10 +166,25 @@ def _gelu_reads(key: tuple[int, int], readers: dict[tuple[int, int], list[Node]]
     return False
 
 
+def _params_key(value):
+    """A node's params as a key that tells apart any two that differ (an array by its
+    bytes: numpy's repr elides the middle of a large one)."""
+    if isinstance(value, np.ndarray):
+        import hashlib
+
+        return ("array", value.dtype.str, value.shape, hashlib.sha1(np.ascontiguousarray(value).tobytes()).hexdigest())
+    if isinstance(value, dict):
+        return tuple((k, _params_key(v)) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, *map(_params_key, value))
+    return repr(value)
+
+
 class _Exporter:
-    def __init__(self, graph: Graph, shapes_fixed: bool = True):
+    def __init__(self, graph: Graph, shapes_fixed: bool = True, folds: dict | None = None):
         self.g = graph
         self.shapes_fixed = shapes_fixed  # False: the model is written with symbolic dims
+        self.folds = {} if folds is None else folds  # what a fold computes -> its values
         self.nodes = []
         self.initializers = []
         self.fed: dict[str, np.ndarray] = {}  # large float constants: graph inputs, fed
@@ -279,13 +298,20 @@ class _Exporter:
             if n.id in required:
                 required.update(t.node for t in n.inputs)
         values: dict[tuple[int, int], np.ndarray] = {}
+        computes: dict[int, tuple] = {}  # node -> what it computes: operator, params, inputs
         for n in order:
             if n.id not in required:
                 continue
             if n.op == WEIGHT.name:
                 outs = [g.weight_array(n)]
+                a = outs[0]
+                computes[n.id] = (a.__array_interface__["data"][0], a.shape, a.strides, a.dtype.str)
             else:
-                outs = call_kernel(np, n, [values[(t.node, t.index)] for t in n.inputs])
+                computes[n.id] = (n.op, _params_key(n.params), tuple((computes[t.node], t.index) for t in n.inputs))
+                outs = self.folds.get(computes[n.id])
+                if outs is None:
+                    outs = self.folds[computes[n.id]] = \
+                        call_kernel(np, n, [values[(t.node, t.index)] for t in n.inputs])
             for i, v in enumerate(outs):
                 values[(n.id, i)] = v
         folded: dict[int, dict] = {nid: {} for nid in folds}
