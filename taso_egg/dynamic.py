@@ -48,6 +48,8 @@ class DynamicModel:
     # also checked: nothing is priced or imported there, the table models no empty tensor
     empty: dict[str, int] | None = None
     _second_graph: Graph | None = field(default=None, repr=False)
+    # (sizes, seed) -> the reference's outputs there, run once for every candidate checked
+    _reference_runs: dict = field(default_factory=dict, repr=False)
 
     @classmethod
     def load(cls, reference, given: Mapping[str, Sequence[int]] | None = None,
@@ -246,7 +248,8 @@ def check_at_sizes(dyn: DynamicModel, model, seed: int = 0) -> dict[str, float]:
     for sizes, graph in ((dyn.first, dyn.graph), (dyn.second, dyn.second_graph())):
         where = describe_sizes(sizes)
         check = check_onnx_model(dyn.reference, model, graph, seed=seed,
-                                 what=f"the model with symbolic dims, at {where},")
+                                 what=f"the model with symbolic dims, at {where},",
+                                 reference_run=dyn._reference_runs.setdefault((where, seed), {}))
         if check.error is None:
             raise NotSymbolic(f"at {where} onnxruntime's comparison proves nothing ({check.skipped})")
         errors[where] = check.error
@@ -255,7 +258,8 @@ def check_at_sizes(dyn: DynamicModel, model, seed: int = 0) -> dict[str, float]:
         # outputs are empty), the two sizes above stand; a difference refuses the model
         where = describe_sizes(dyn.empty)
         check = check_onnx_model(dyn.reference, model, None, seed=seed, what=f"the model at {where},",
-                                 feeds=random_feeds(input_types(dyn.iface, dyn.empty), seed))
+                                 feeds=random_feeds(input_types(dyn.iface, dyn.empty), seed),
+                                 reference_run=dyn._reference_runs.setdefault((where, seed), {}))
         if check.error is not None:
             errors[where] = check.error
     return errors

@@ -242,3 +242,36 @@ def test_vectors_are_written_1_d_but_a_bias_a_gelu_reads_where_dims_are_symbolic
              for name, value in (("scale", scale), ("bias", bias), ("gelu_bias", gelu_bias))}
     symbolic = isinstance(dims[0], str)
     assert found == {"scale": [[16]], "bias": [[16]], "gelu_bias": [[1, 1, 16]] if symbolic else [[16]]}
+
+
+def test_the_input_runs_once_at_each_size_however_many_candidates_are_checked(monkeypatch):
+    """Each candidate written with symbolic dims is compared with the input at every
+    size; the input's outputs there are the same for all, so it runs once a size (a
+    ViT's re-export and result each ran it at both sizes, a second apiece). A candidate
+    that differs is still refused."""
+    from taso_egg.check import runtime
+    from taso_egg.errors import VerificationError
+
+    model = decode_step()
+    written, report = taso_egg.optimize_model(model, measure=0)
+    dyn = report.details.source.dynamic
+    runs = []
+    real = runtime.onnx_outputs
+
+    def counted(m, feeds):
+        runs.append(m is dyn.reference)
+        return real(m, feeds)
+
+    monkeypatch.setattr(runtime, "onnx_outputs", counted)
+    dyn._reference_runs.clear()
+    first = check_at_sizes(dyn, written)
+    assert check_at_sizes(dyn, written) == first
+    sizes = len(first)
+    assert runs.count(True) == sizes and runs.count(False) == 2 * sizes
+    broken = onnx.ModelProto()
+    broken.CopyFrom(written)
+    weight = next(t for t in broken.graph.initializer if t.dims and np.prod(t.dims) > 16)
+    values = numpy_helper.to_array(weight) * 1.5
+    weight.CopyFrom(numpy_helper.from_array(values.astype(np.float32), weight.name))
+    with pytest.raises(VerificationError):
+        check_at_sizes(dyn, broken)

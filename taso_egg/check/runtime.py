@@ -55,7 +55,8 @@ class OnnxCheck:
 
 
 def check_onnx_model(reference, model, graph, seed: int = 0, rtol: float = RTOL,
-                     what: str = "optimized model in onnxruntime", feeds=None) -> OnnxCheck:
+                     what: str = "optimized model in onnxruntime", feeds=None,
+                     reference_run: dict | None = None) -> OnnxCheck:
     """ONNX ``model`` against ``reference`` (an ONNX model, or a callable that makes
     one) in onnxruntime (float32) on random inputs for ``graph`` (the graph both
     compute), or on ``feeds`` where given. Skipped, with the reason, where the comparison would prove nothing:
@@ -65,7 +66,9 @@ def check_onnx_model(reference, model, graph, seed: int = 0, rtol: float = RTOL,
     run (``reference_run``: TASO's BERT spends ~2 s there to overflow too).
     VerificationError when they differ beyond ``rtol`` and SAFETY times the
     reference's round-off noise (its outputs' change when the inputs move by one
-    float32 rounding error), or when the model does not run where the reference does."""
+    float32 rounding error), or when the model does not run where the reference does.
+    ``reference_run``: a dict that keeps the reference's outputs on these inputs, for
+    checks of several models against one reference on the same inputs (made once)."""
     from ..executor import random_inputs
 
     feeds = random_inputs(graph, seed) if feeds is None else feeds
@@ -88,9 +91,12 @@ def check_onnx_model(reference, model, graph, seed: int = 0, rtol: float = RTOL,
     if why and not _overflows(actual):
         return OnnxCheck(None, "the written model's " + why, reference_run=False)
     try:
-        expected = onnx_outputs(ref(), feeds)
+        expected = reference_run["outputs"] if reference_run and "outputs" in reference_run else \
+            onnx_outputs(ref(), feeds)
     except Exception as e:
         return OnnxCheck(None, f"onnxruntime cannot run the input model ({first_line(e)})")
+    if reference_run is not None:
+        reference_run["outputs"] = expected
     overflow = _overflows(actual) or _overflows(expected)
     if overflow:
         # What is deployed runs in float32: the written model must overflow where the
