@@ -49,7 +49,7 @@ class DynamicModel:
     empty: dict[str, int] | None = None
     _second_graph: Graph | None = field(default=None, repr=False)
     # (sizes, seed) -> the reference's outputs there, run once for every candidate checked
-    _reference_runs: dict = field(default_factory=dict, repr=False)
+    _reference_outputs: dict = field(default_factory=dict, repr=False)
 
     @classmethod
     def load(cls, reference, given: Mapping[str, Sequence[int]] | None = None,
@@ -249,7 +249,7 @@ def check_at_sizes(dyn: DynamicModel, model, seed: int = 0) -> dict[str, float]:
         where = describe_sizes(sizes)
         check = check_onnx_model(dyn.reference, model, graph, seed=seed,
                                  what=f"the model with symbolic dims, at {where},",
-                                 reference_run=dyn._reference_runs.setdefault((where, seed), {}))
+                                 reference_outputs=dyn._reference_outputs.setdefault((where, seed), {}))
         if check.error is None:
             raise NotSymbolic(f"at {where} onnxruntime's comparison proves nothing ({check.skipped})")
         errors[where] = check.error
@@ -259,7 +259,7 @@ def check_at_sizes(dyn: DynamicModel, model, seed: int = 0) -> dict[str, float]:
         where = describe_sizes(dyn.empty)
         check = check_onnx_model(dyn.reference, model, None, seed=seed, what=f"the model at {where},",
                                  feeds=random_feeds(input_types(dyn.iface, dyn.empty), seed),
-                                 reference_run=dyn._reference_runs.setdefault((where, seed), {}))
+                                 reference_outputs=dyn._reference_outputs.setdefault((where, seed), {}))
         if check.error is not None:
             errors[where] = check.error
     return errors

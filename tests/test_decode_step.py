@@ -263,7 +263,7 @@ def test_the_input_runs_once_at_each_size_however_many_candidates_are_checked(mo
         return real(m, feeds)
 
     monkeypatch.setattr(runtime, "onnx_outputs", counted)
-    dyn._reference_runs.clear()
+    dyn._reference_outputs.clear()
     first = check_at_sizes(dyn, written)
     assert check_at_sizes(dyn, written) == first
     sizes = len(first)

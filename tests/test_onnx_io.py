@@ -701,10 +701,3 @@ def test_exports_over_the_same_weights_fold_each_value_once():
     assert a is b and np.array_equal(a, np.concatenate([w1, w2], axis=1))
     assert c is not a and np.array_equal(c, np.concatenate([w1, w3], axis=1))
     assert len(folds) == 2
-    # params are told apart by their whole value, not numpy's elided repr
-    from taso_egg.onnx_io.exporter import _params_key
-
-    big = np.zeros(5000, np.float32)
-    changed = big.copy()
-    changed[2500] = 1.0
-    assert repr(big) == repr(changed) and _params_key({"value": big}) != _params_key({"value": changed})

@@ -56,7 +56,7 @@ class OnnxCheck:
 
 def check_onnx_model(reference, model, graph, seed: int = 0, rtol: float = RTOL,
                      what: str = "optimized model in onnxruntime", feeds=None,
-                     reference_run: dict | None = None) -> OnnxCheck:
+                     reference_outputs: dict | None = None) -> OnnxCheck:
     """ONNX ``model`` against ``reference`` (an ONNX model, or a callable that makes
     one) in onnxruntime (float32) on random inputs for ``graph`` (the graph both
     compute), or on ``feeds`` where given. Skipped, with the reason, where the comparison would prove nothing:
@@ -67,7 +67,7 @@ def check_onnx_model(reference, model, graph, seed: int = 0, rtol: float = RTOL,
     VerificationError when they differ beyond ``rtol`` and SAFETY times the
     reference's round-off noise (its outputs' change when the inputs move by one
     float32 rounding error), or when the model does not run where the reference does.
-    ``reference_run``: a dict that keeps the reference's outputs on these inputs, for
+    ``reference_outputs``: a dict that keeps the reference's outputs on these inputs, for
     checks of several models against one reference on the same inputs (made once)."""
     from ..executor import random_inputs
 
@@ -91,12 +91,12 @@ def check_onnx_model(reference, model, graph, seed: int = 0, rtol: float = RTOL,
     if why and not _overflows(actual):
         return OnnxCheck(None, "the written model's " + why, reference_run=False)
     try:
-        expected = reference_run["outputs"] if reference_run and "outputs" in reference_run else \
+        expected = reference_outputs["outputs"] if reference_outputs and "outputs" in reference_outputs else \
             onnx_outputs(ref(), feeds)
     except Exception as e:
         return OnnxCheck(None, f"onnxruntime cannot run the input model ({first_line(e)})")
-    if reference_run is not None:
-        reference_run["outputs"] = expected
+    if reference_outputs is not None:
+        reference_outputs["outputs"] = expected
     overflow = _overflows(actual) or _overflows(expected)
     if overflow:
         # What is deployed runs in float32: the written model must overflow where the

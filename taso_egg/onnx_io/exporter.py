@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import ExportError, TasoEggError
 from ..executor import call_kernel
 from ..files import write_atomically
-from ..graph import Graph, Node, claim_unique_name
+from ..graph import Graph, Node, claim_unique_name, node_digest, node_local_bytes
 from ..ops import EWADD, EWMUL, INPUT, OPAQUE, OPS, WEIGHT
 from ..versions import ir_version_for
 from .fed import FedModel, save_external, save_inline, stub
@@ -166,20 +166,6 @@ def _gelu_reads(key: tuple[int, int], readers: dict[tuple[int, int], list[Node]]
     return False
 
 
-def _params_key(value):
-    """A node's params as a key that tells apart any two that differ (an array by its
-    bytes: numpy's repr elides the middle of a large one)."""
-    if isinstance(value, np.ndarray):
-        import hashlib
-
-        return ("array", value.dtype.str, value.shape, hashlib.sha1(np.ascontiguousarray(value).tobytes()).hexdigest())
-    if isinstance(value, dict):
-        return tuple((k, _params_key(v)) for k, v in value.items())
-    if isinstance(value, (list, tuple)):
-        return (type(value).__name__, *map(_params_key, value))
-    return repr(value)
-
-
 class _Exporter:
     def __init__(self, graph: Graph, shapes_fixed: bool = True, folds: dict | None = None):
         self.g = graph
@@ -298,16 +284,16 @@ class _Exporter:
             if n.id in required:
                 required.update(t.node for t in n.inputs)
         values: dict[tuple[int, int], np.ndarray] = {}
-        computes: dict[int, tuple] = {}  # node -> what it computes: operator, params, inputs
+        computes: dict[int, bytes] = {}  # node -> what it computes: its structural digest over the arrays read
         for n in order:
             if n.id not in required:
                 continue
             if n.op == WEIGHT.name:
                 outs = [g.weight_array(n)]
                 a = outs[0]
-                computes[n.id] = (a.__array_interface__["data"][0], a.shape, a.strides, a.dtype.str)
+                computes[n.id] = repr((a.__array_interface__["data"][0], a.shape, a.strides, a.dtype.str)).encode()
             else:
-                computes[n.id] = (n.op, _params_key(n.params), tuple((computes[t.node], t.index) for t in n.inputs))
+                computes[n.id] = node_digest(node_local_bytes(n), n.inputs, computes.__getitem__)
                 outs = self.folds.get(computes[n.id])
                 if outs is None:
                     outs = self.folds[computes[n.id]] = \
