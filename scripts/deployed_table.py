@@ -93,7 +93,9 @@ def max_rel_error(original: Path, written: Path) -> list[float]:
     return errors
 
 
-def run(path: Path, out_dir: Path, taso_egg: str) -> dict:
+def run(path: Path, out_dir: Path, taso_egg: str, errors=max_rel_error) -> dict:
+    """One `taso-egg optimize` row; ``errors(path, written)`` measures the written model
+    (None: not measured here)."""
     out = out_dir / path.name
     t0 = time.perf_counter()
     proc = subprocess.run(["/usr/bin/time", "-v", taso_egg, "optimize", str(path), "-o", str(out)],
@@ -118,7 +120,8 @@ def run(path: Path, out_dir: Path, taso_egg: str) -> dict:
     row["interface"] = interface(original) == interface(written)
     row["dtypes_after"] = weight_dtypes(written)
     row["size_after"] = file_bytes(out)
-    row["errors"] = max_rel_error(path, out)
+    if errors:
+        row["errors"] = errors(path, out)
     return row
 
 

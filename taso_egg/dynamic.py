@@ -23,14 +23,14 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .errors import ExecutionError, OnnxImportError, ShapeError, VerificationError
+from .errors import ExecutionError, NotModelled, OnnxImportError, ShapeError, VerificationError
 from .graph import Graph
 from .onnx_io.dim_relations import dim_relations
 from .onnx_io.importer import OtherSizes, load_onnx, value_types
 from .ops import INPUT, OPAQUE, RESHAPE, SPLIT, WEIGHT
 from .onnx_io.symbolic import (Interface, NotSymbolic, check_feeds_fit, describe_sizes, grown_sizes, import_shapes,
                                input_types, interface, leading_symbols, representative_sizes, second_sizes, symbolize,
-                               writable_sizes)
+                               tied_sizes, writable_sizes)
 
 
 @dataclass
@@ -73,15 +73,20 @@ class DynamicModel:
         while True:
             second = second_sizes(first, relations)
             grown = grown_sizes(iface, first, given, relations)
+            if not fixed and iface.symbolic:
+                try:
+                    second, second_types = _second_that_runs(reference, iface, first, second, given, relations)
+                except ExecutionError as e:
+                    raise _refused(_at_sizes(e, iface, second, given, relations), iface, given) from None
             try:
                 other = None if fixed or not iface.symbolic else \
-                    OtherSizes(value_types(reference, iface.shapes(second)), writable_sizes(first, second))
+                    OtherSizes(second_types, writable_sizes(first, second))
                 graph = load_onnx(reference, import_shapes(iface, first, given), other)
             except ExecutionError as e:
                 # an opaque node's types probed in onnxruntime: a window longer than
                 # its input (a speech encoder's strided convolutions) at these sizes
                 if grown is None or not _too_small(e):
-                    raise _at_sizes(e, iface, first, given, relations) from None
+                    raise _refused(_at_sizes(e, iface, first, given, relations), iface, given) from None
                 first = grown
                 continue
             except ShapeError as e:
@@ -102,6 +107,28 @@ class DynamicModel:
                                                        writable_sizes(self.second, self.first))
             self._second_graph = load_onnx(self.reference, self.iface.shapes(self.second), other)
         return self._second_graph
+
+
+def _second_that_runs(reference, iface: Interface, first: Mapping[str, int], second: dict[str, int],
+                      given: Mapping, relations: Mapping) -> tuple[dict[str, int], dict]:
+    """``second`` and the model's value types there; where an opaque node refuses those
+    sizes, ``second`` with one chosen dim held at its first size, the first such that
+    runs (onnxruntime-genai's ``kv_cache_dim``, which GroupQueryAttention takes at the
+    head size alone). One probe per chosen dim at most; none runs: the first error."""
+    try:
+        return second, value_types(reference, iface.shapes(second))
+    except ExecutionError as e:
+        refused = e
+    set_by_given = {d for name in given for d in iface.dims.get(name, ()) if isinstance(d, str)}
+    for s in iface.symbols:
+        if s in relations or s in set_by_given or second[s] == first[s]:
+            continue
+        held = tied_sizes({d: v for d, v in second.items() if d not in relations} | {s: first[s]}, relations)
+        try:
+            return held, value_types(reference, iface.shapes(held))
+        except ExecutionError:
+            continue
+    raise refused
 
 
 def empty_sizes(first: Mapping[str, int], zeros: Mapping[str, int], relations: Mapping) -> dict[str, int] | None:
@@ -148,6 +175,17 @@ def _at_sizes(error: Exception, iface: Interface, sizes: Mapping[str, int], give
            (f"{', '.join(chosen)} chosen by default: set them with --input-shape NAME=D0,D1,...)" if chosen
             else "as given by --input-shape)"))
     return type(error)(str(error) + why)
+
+
+def _refused(error: ExecutionError, iface: Interface, given: Mapping) -> Exception:
+    """An opaque node onnxruntime refuses at sizes chosen by default (a contrib
+    operator with rules of its own: GroupQueryAttention takes a batch above 1 only for
+    one new token, a cache mask only as lengths): the model is carried whole, written
+    unchanged with the reason, not refused; at sizes the caller gave, the error stands."""
+    set_by_given = {d for name in given for d in iface.dims.get(name, ()) if isinstance(d, str)}
+    if set(iface.symbols) <= set_by_given:
+        return error
+    return NotModelled(f"{error}; no sizes the model takes were found")
 
 
 def _runs(reference, graph: Graph) -> bool:

@@ -87,7 +87,9 @@ def optimize_onnx(source, *, rules=None, options: OptimizeOptions | None = None,
         phase(f"symbolic dims priced, saturated and timed at {describe_sizes(dyn.first)}; "
               + ("written fixed there (fix_shapes)" if dyn.fixed else
                  f"written symbolic, checked there and at {describe_sizes(dyn.second)}"
-                 + (f" and {describe_sizes(dyn.empty)}" if dyn.empty else "")))
+                 + (f" and {describe_sizes(dyn.empty)}" if dyn.empty else "")
+                 + (f" ({', '.join(held)} held at one size: the model runs at no other)"
+                    if (held := [d for d in dyn.first if dyn.first[d] == dyn.second[d]]) else "")))
     symbolic = dyn.symbolic and not dyn.fixed
     # id(candidate graph) -> its SymbolicWrite, made once: the re-export's, and the last
     # extraction's (what is timed is reused when it is chosen)

@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 import taso_egg
 from taso_egg.check.runtime import onnx_outputs
 from taso_egg.cli import main
-from taso_egg.dynamic import check_at_sizes
+from taso_egg.dynamic import DynamicModel, check_at_sizes
 from taso_egg.errors import OnnxImportError
 from taso_egg.onnx_io.dim_relations import Relation, dim_relations
 from taso_egg.onnx_io.symbolic import interface, leading_symbols, representative_sizes, second_sizes
@@ -275,3 +275,45 @@ def test_the_input_runs_once_at_each_size_however_many_candidates_are_checked(mo
     weight.CopyFrom(numpy_helper.from_array(values.astype(np.float32), weight.name))
     with pytest.raises(VerificationError):
         check_at_sizes(dyn, broken)
+
+
+def test_a_dim_an_opaque_node_takes_at_one_size_alone_is_held_there_at_both_sizes():
+    """onnxruntime-genai names the cache's head size ``kv_cache_dim``, which its
+    GroupQueryAttention takes at the head size alone and nothing else in the graph
+    ties: the second sizes hold such a dim at the first's rather than refuse the model
+    (before: exit 1, "should match")."""
+    nodes = [helper.make_node("SimplifiedLayerNormalization", ["x", "g"], ["n"], axis=-1, epsilon=1e-6),
+             helper.make_node("Relu", ["n"], ["a"]), helper.make_node("Sigmoid", ["n"], ["b"]),
+             helper.make_node("Add", ["a", "b"], ["y"])]
+    dims = ["batch", "sequence", "head_size"]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, dims)], [_weight("g", (64,))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    dyn = DynamicModel.load(model)
+    assert dyn.first["head_size"] == dyn.second["head_size"] == 64
+    assert dyn.second["sequence"] != dyn.first["sequence"]  # the others still vary
+    written, report = taso_egg.optimize_model(model, measure=0)
+    assert interface(written).dims["x"] == tuple(dims)
+    feeds = {"x": RNG.standard_normal((2, 3, 64)).astype(np.float32)}
+    assert np.allclose(onnx_outputs(model, feeds)["y"], onnx_outputs(written, feeds)["y"], rtol=1e-5, atol=1e-6)
+
+
+def test_a_contrib_operator_that_refuses_every_size_tried_leaves_the_model_written_unchanged(tmp_path, capsys):
+    """A model onnxruntime runs only at sizes the defaults miss (onnxruntime-genai's
+    GroupQueryAttention: a batch above 1 only for one new token) is carried whole and
+    written unchanged with the reason (before: exit 1); at sizes the caller gives, the
+    refusal is still an error in one line."""
+    nodes = [helper.make_node("SimplifiedLayerNormalization", ["x", "g"], ["n"], axis=-1, epsilon=1e-6),
+             helper.make_node("Relu", ["n"], ["y"])]
+    dims = ["batch", "sequence", "hidden"]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, dims)], [_weight("g", (48,))])
+    src, out = tmp_path / "m.onnx", tmp_path / "out.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), src)
+    assert main(["optimize", str(src), "-o", str(out)]) == 0
+    said = capsys.readouterr()
+    assert "the input, unchanged" in said.out and "no sizes the model takes were found" in said.err
+    assert onnx.load(out).graph == onnx.load(src).graph
+    assert main(["optimize", str(src), "-o", str(out), "--input-shape", "x=1,4,40"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "SimplifiedLayerNormalization" in err[0] and "--input-shape" in err[0]
