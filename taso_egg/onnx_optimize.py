@@ -84,7 +84,9 @@ def optimize_onnx(source, *, rules=None, options: OptimizeOptions | None = None,
     phase = (hooks or Hooks()).phase or (lambda message: None)
     phase(f"{source.path}: {describe(source.original)}")
     if dyn.symbolic:
-        phase(f"symbolic dims priced, saturated and timed at {describe_sizes(dyn.first)}; "
+        phase(f"symbolic dims priced, saturated and timed at {describe_sizes(dyn.first)}"
+              + (f" (one new token on the cache: {', '.join(sorted(dyn.new_tokens))} = 1, the step a "
+                 f"generation loop runs for each token)" if dyn.new_tokens else "") + "; "
               + ("written fixed there (fix_shapes)" if dyn.fixed else
                  f"written symbolic, checked there and at {describe_sizes(dyn.second)}"
                  + (f" and {describe_sizes(dyn.empty)}" if dyn.empty else "")

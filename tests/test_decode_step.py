@@ -317,3 +317,22 @@ def test_a_contrib_operator_that_refuses_every_size_tried_leaves_the_model_writt
     assert main(["optimize", str(src), "-o", str(out), "--input-shape", "x=1,4,40"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "SimplifiedLayerNormalization" in err[0] and "--input-shape" in err[0]
+
+
+def test_a_model_that_takes_its_cache_is_priced_as_a_step_of_one_new_token():
+    """optimum's decoder takes the new tokens and the cache in one model, its mask dim
+    named ``past + sequence``: it is priced and timed as the step a generation loop runs
+    for each token (``sequence`` = 1), and still checked at more new tokens (before: 64
+    new tokens on a cache of 64, a prefill)."""
+    model = decode_step(mask_dim="past + sequence", seq="sequence")
+    dyn = DynamicModel.load(model)
+    assert dyn.first["sequence"] == 1 and dyn.first["past"] > 1 and dyn.new_tokens == {"sequence"}
+    assert dyn.second["sequence"] > 1 and dyn.empty["past"] == 0 and dyn.empty["sequence"] == 1
+    # sizes given still rule, and a model with no cache keeps its defaults
+    assert DynamicModel.load(model, {"x": (1, 5, HIDDEN)}).first["sequence"] == 5
+    no_cache = helper.make_model(helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence", HIDDEN])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "sequence", HIDDEN])],
+        [_weight("W", (HIDDEN, HIDDEN))]), opset_imports=[helper.make_opsetid("", 17)])
+    assert DynamicModel.load(no_cache).first["sequence"] > 1

@@ -95,10 +95,10 @@ def leading_symbols(iface: Interface) -> set[str]:
 
 
 def representative_sizes(iface: Interface, given: Mapping[str, Sequence[int]],
-                         relations: Mapping | None = None) -> dict[str, int]:
+                         relations: Mapping | None = None, one: Sequence[str] = ()) -> dict[str, int]:
     """One size per symbol: as ``given`` (input name -> shape, --input-shape) sets it,
-    else the defaults, with each dim the graph ties to others (``relations``, from
-    ``dim_relations``) computed from them. One line (OnnxImportError) when two given
+    else the defaults (1 for the dims in ``one``), with each dim the graph ties to others
+    (``relations``, from ``dim_relations``) computed from them. One line (OnnxImportError) when two given
     shapes set one symbol to different sizes, or the sizes given contradict a relation;
     a given shape of the wrong rank is left for the importer."""
     relations = dict(relations or {})
@@ -124,7 +124,7 @@ def representative_sizes(iface: Interface, given: Mapping[str, Sequence[int]],
     leading = leading_symbols(iface)
     for s in iface.symbols:
         if s not in relations:
-            sizes.setdefault(s, DEFAULT_LEADING if s in leading else DEFAULT_OTHER)
+            sizes.setdefault(s, 1 if s in one else DEFAULT_LEADING if s in leading else DEFAULT_OTHER)
     return tied_sizes(sizes, relations, setter)
 
 
