@@ -80,7 +80,10 @@ class DynamicModel:
                 try:
                     second, second_types = _second_that_runs(reference, iface, first, second, given, relations)
                 except ExecutionError as e:
-                    raise _refused(_at_sizes(e, iface, second, given, relations), iface, given) from None
+                    if grown is None or not _too_small(e):
+                        raise _refused(_at_sizes(e, iface, second, given, relations), iface, given) from None
+                    first = grown  # a window longer than its input at these sizes
+                    continue
             try:
                 other = None if fixed or not iface.symbolic else \
                     OtherSizes(second_types, writable_sizes(first, second))
@@ -546,9 +549,10 @@ def _sized_params(node, wants, in_shapes, known: Mapping | None = None) -> tuple
 def _reshaped(target, before, after) -> tuple[int, ...]:
     """A reshape's ``target`` (of a tensor of shape ``before``) for the same tensor at
     other sizes (``after``): the leading and trailing dims it keeps from ``before``
-    follow ``after`` (the dims heads are split off or merged between), and one other
-    dim takes what the element count leaves. A guess where the input holds no equal
-    tensor; the check at both sizes tests it."""
+    follow ``after`` (the dims heads are split off or merged between), and the last
+    other dim takes what the element count leaves (heads grouped by key head: their
+    rows, G S, where a decode step's S of 1 hid the S). A guess where the input holds
+    no equal tensor; the check at both sizes tests it."""
     out, kept = list(target), [False] * len(target)
     for i in range(min(len(target), len(before))):
         if target[i] != before[i]:
@@ -559,7 +563,7 @@ def _reshaped(target, before, after) -> tuple[int, ...]:
             break
         out[-j], kept[-j] = after[-j], True
     free = [i for i, k in enumerate(kept) if not k]
-    rest = math.prod(out[i] for i in range(len(out)) if i not in free[:1])
-    if math.prod(out) != math.prod(after) and len(free) == 1 and rest and math.prod(after) % rest == 0:
-        out[free[0]] = math.prod(after) // rest
+    rest = math.prod(out[i] for i in range(len(out)) if i not in free[-1:])
+    if math.prod(out) != math.prod(after) and free and rest and math.prod(after) % rest == 0:
+        out[free[-1]] = math.prod(after) // rest
     return tuple(out)

@@ -336,3 +336,67 @@ def test_a_model_that_takes_its_cache_is_priced_as_a_step_of_one_new_token():
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "sequence", HIDDEN])],
         [_weight("W", (HIDDEN, HIDDEN))]), opset_imports=[helper.make_opsetid("", 17)])
     assert DynamicModel.load(no_cache).first["sequence"] > 1
+
+
+def _grouped_decode_step() -> onnx.ModelProto:
+    """A decode step with grouped-query attention as transformers exports it: 4 query
+    heads, 2 key/value heads, each cached head repeated for its group (repeat_kv:
+    Unsqueeze, an Expand to a target computed from the cache's Shape, Reshape), the
+    mask over every position named ``total`` as exporters name it."""
+    heads, kv, head = 4, 2, 4
+    i64 = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
+    nodes = [helper.make_node("MatMul", ["x", "Wq"], ["q0"]), helper.make_node("Reshape", ["q0", "qs"], ["q1"]),
+             helper.make_node("Transpose", ["q1"], ["q"], perm=[0, 2, 1, 3])]
+    for c in ("k", "v"):
+        nodes += [helper.make_node("MatMul", ["x", f"W{c}"], [f"{c}0"]),
+                  helper.make_node("Reshape", [f"{c}0", "kvs"], [f"{c}1"]),
+                  helper.make_node("Transpose", [f"{c}1"], [f"{c}2"], perm=[0, 2, 1, 3]),
+                  helper.make_node("Concat", [f"past_{c}", f"{c}2"], [f"present_{c}"], axis=2),
+                  helper.make_node("Shape", [f"present_{c}"], [f"{c}s"]),
+                  helper.make_node("Gather", [f"{c}s", "i0"], [f"{c}b"], axis=0),
+                  helper.make_node("Gather", [f"{c}s", "i2"], [f"{c}t"], axis=0),
+                  helper.make_node("Concat", [f"{c}b", "kvg", f"{c}t", "hd"], [f"{c}to"], axis=0),
+                  helper.make_node("Concat", [f"{c}b", "h", f"{c}t", "hd"], [f"{c}sh"], axis=0),
+                  helper.make_node("Unsqueeze", [f"present_{c}", "i2"], [f"{c}u"]),
+                  helper.make_node("Expand", [f"{c}u", f"{c}to"], [f"{c}e"]),
+                  helper.make_node("Reshape", [f"{c}e", f"{c}sh"], [f"{c}r"])]
+    nodes += [helper.make_node("Transpose", ["kr"], ["keys_t"], perm=[0, 1, 3, 2]),
+              helper.make_node("MatMul", ["q", "keys_t"], ["s"]),
+              helper.make_node("Unsqueeze", ["mask", "i12"], ["m"]), helper.make_node("Add", ["s", "m"], ["sm"]),
+              helper.make_node("Softmax", ["sm"], ["p"], axis=-1),
+              helper.make_node("MatMul", ["p", "vr"], ["o"]),
+              helper.make_node("Transpose", ["o"], ["o1"], perm=[0, 2, 1, 3]),
+              helper.make_node("Reshape", ["o1", "merged"], ["o2"]), helper.make_node("MatMul", ["o2", "Wo"], ["y"])]
+    hidden = heads * head
+    inits = [_weight("Wq", (hidden, hidden)), _weight("Wk", (hidden, kv * head)), _weight("Wv", (hidden, kv * head)),
+             _weight("Wo", (hidden, hidden)), i64("qs", [0, 0, heads, head]), i64("kvs", [0, 0, kv, head]),
+             i64("i0", [0]), i64("i2", [2]), i64("i12", [1, 2]), i64("kvg", [kv, heads // kv]), i64("hd", [head]), i64("h", [heads]),
+             i64("merged", [0, 0, hidden])]
+    cache = lambda name, t: helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", kv, t, head])  # noqa: E731
+    graph = helper.make_graph(
+        nodes, "gqa_step",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 1, hidden]),
+         cache("past_k", "past"), cache("past_v", "past"),
+         helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["batch", "total"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 1, hidden]),
+         cache("present_k", "total"), cache("present_v", "total")], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_grouped_query_attention_reads_its_cache_without_repeating_it():
+    """repeat_kv's Expand (its target computed from the cache's Shape) is imported as the
+    table's expand, and the proved rules matmul-repeated-keys/-values group the query
+    heads by key head instead: the written step repeats nothing, and computes what the
+    input does at both sizes and at an empty cache."""
+    model = _grouped_decode_step()
+    written, report = taso_egg.optimize_model(model, measure=0)
+    assert report.written == "result"
+    assert "Expand" not in {n.op_type for n in written.graph.node}
+    for batch, past in ((1, 0), (2, 31), (3, 7)):
+        feeds = {"x": RNG.standard_normal((batch, 1, 16)).astype(np.float32),
+                 "past_k": RNG.standard_normal((batch, 2, past, 4)).astype(np.float32),
+                 "past_v": RNG.standard_normal((batch, 2, past, 4)).astype(np.float32),
+                 "mask": RNG.standard_normal((batch, past + 1)).astype(np.float32)}
+        want, got = onnx_outputs(model, feeds), onnx_outputs(written, feeds)
+        for name in ("y", "present_k", "present_v"):
+            assert np.allclose(want[name], got[name], rtol=1e-4, atol=1e-5)

@@ -361,15 +361,33 @@ class _Importer:
 
     def _mappable(self, node) -> bool:
         """Whether the operator table may take ``node``: it reads no value that depends
-        on kept symbolic sizes, but for a reshape's target that ``symbolize`` can write.
+        on kept symbolic sizes, but for a reshape's target that ``symbolize`` can write,
+        or an expand's that repeats static axes alone (``_repeats_static_axes``).
         (A table operator's parameters are sizes at the sizes imported: an expand to its
         own shape would vanish at a batch of 1, and so would not be there at another.)"""
         sized = [n for n in node.input if n in self.sized]
         if not sized:
             return True
-        target = node.input[1] if node.op_type == "Reshape" and len(node.input) > 1 else None
-        return sized == [target] and (self.sized[target] is None or
-                                      self.other_sizes.writable(self.consts[target], self.sized[target]))
+        target = node.input[1] if node.op_type in ("Reshape", "Expand") and len(node.input) > 1 else None
+        if sized != [target]:
+            return False
+        if self.sized[target] is None:
+            return node.op_type == "Reshape"
+        if not self.other_sizes.writable(self.consts[target], self.sized[target]):
+            return False
+        return node.op_type == "Reshape" or self._repeats_static_axes(node.input[0], self.consts[target],
+                                                                      self.sized[target])
+
+    def _repeats_static_axes(self, x: str, here: np.ndarray, there: np.ndarray) -> bool:
+        """Whether an Expand of ``x`` to ``here`` (``there`` at the other sizes) repeats
+        it along axes of one size at both (repeat_kv's group of heads) and keeps the
+        axes whose sizes vary: such an expand is there at every size. One along a size
+        that varies (a batch) vanishes where that size is 1, so the two imports differ."""
+        x_here, x_there = self.type(x).shape, self._other_shape(x)
+        if x_there is None or not (len(x_here) == len(x_there) == len(here) == len(there)):
+            return False
+        return all((c, d) == (a, b) if a != b else c == d
+                   for a, b, c, d in zip(here.tolist(), there.tolist(), x_here, x_there))
 
     def _counted_from_end(self, node, attrs):
         """``node`` with a Slice's bounds or a Gather's index that depend on kept sizes

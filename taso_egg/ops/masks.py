@@ -137,7 +137,7 @@ def _expand_case(r: int) -> Case:
 
 register(OpSpec(
     name="expand", inputs=(1, 1), params=(Param("shape", "dims", ()),), infer=_expand_infer,
-    shape=per_rank(_expand_case), in_rules=False,
+    shape=per_rank(_expand_case),
     kernel=lambda xp, p, x: [xp.broadcast_to(x, p["shape"]).copy()],
     export=lambda ctx, p, t, ins, outs: ctx.node("Expand", [ins[0], ctx.int64s(p["shape"], "shape")], outs),
     flops=lambda p, ins, outs: float(outs[0].size),
