@@ -98,7 +98,7 @@ def main(argv=None) -> int:
         case_dir = out_dir / f"{i}"  # exports of one architecture share file names
         case_dir.mkdir(exist_ok=True)
         r = optimize_row(path, case_dir, args.taso_egg, errors=None)
-        name = f"{path.parent.name}/{path.name}"
+        name = "/".join(path.parts[-3:] if path.parent.name in ("optimum", "genai") else path.parts[-2:])
         if r["rc"]:
             print(f"| {name} | {r['rc']} | - | - | {r.get('error', '')} | | {r['seconds']:.0f} | {r['rss_gb']:.2f} |", flush=True)
             continue

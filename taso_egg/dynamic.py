@@ -126,7 +126,7 @@ def _second_that_runs(reference, iface: Interface, first: Mapping[str, int], sec
         return second, value_types(reference, iface.shapes(second))
     except ExecutionError as e:
         refused = e
-    set_by_given = {d for name in given for d in iface.dims.get(name, ()) if isinstance(d, str)}
+    set_by_given = _given_dims(iface, given)
     for s in iface.symbols:
         if s in relations or s in set_by_given or second[s] == first[s]:
             continue
@@ -189,7 +189,7 @@ def _at_sizes(error: Exception, iface: Interface, sizes: Mapping[str, int], give
     among them, and the flag that sets them."""
     if not iface.symbolic:
         return error
-    set_by_given = {d for name in given for d in iface.dims.get(name, ()) if isinstance(d, str)}
+    set_by_given = _given_dims(iface, given)
     chosen = [s for s in iface.symbols if s not in set_by_given]
     ties = "; ties read from the graph: " + ", ".join(f"{d} = {r}" for d, r in relations.items()) if relations else ""
     why = (f" (at {describe_sizes(sizes)}{ties}; " +
@@ -198,13 +198,17 @@ def _at_sizes(error: Exception, iface: Interface, sizes: Mapping[str, int], give
     return type(error)(str(error) + why)
 
 
+def _given_dims(iface: Interface, given: Mapping) -> set[str]:
+    """The symbols the shapes given (--input-shape) set."""
+    return {d for name in given for d in iface.dims.get(name, ()) if isinstance(d, str)}
+
+
 def _refused(error: ExecutionError, iface: Interface, given: Mapping) -> Exception:
     """An opaque node onnxruntime refuses at sizes chosen by default (a contrib
     operator with rules of its own: GroupQueryAttention takes a batch above 1 only for
     one new token, a cache mask only as lengths): the model is carried whole, written
     unchanged with the reason, not refused; at sizes the caller gave, the error stands."""
-    set_by_given = {d for name in given for d in iface.dims.get(name, ()) if isinstance(d, str)}
-    if set(iface.symbols) <= set_by_given:
+    if set(iface.symbols) <= _given_dims(iface, given):
         return error
     return NotModelled(f"{error}; no sizes the model takes were found")
 
