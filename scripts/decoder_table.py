@@ -14,16 +14,14 @@ outside the repository; nothing here is run by the tests.
 
 from __future__ import annotations
 
-import argparse
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 
-from deployed_table import interface, run as optimize_row  # noqa: E402  (scripts/ is on sys.path when run)
+from deployed_table import interface, run as optimize_row, table_arguments  # scripts/ is on sys.path when run
 
 CASES = (("empty cache", 1, 0, 1), ("past 31", 1, 31, 1), ("batch 2, past 31", 2, 31, 1))
 PREFILL_CASES = (("8 tokens", 1, 0, 8), ("batch 2, 64 tokens", 2, 0, 64))
@@ -85,19 +83,13 @@ def errors(original: Path, written: Path) -> list[str]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("models", nargs="+", type=Path)
-    p.add_argument("--out", type=Path, default=None, help="folder for the written models (default: a temporary one)")
-    p.add_argument("--taso-egg", default=str(Path(sys.executable).with_name("taso-egg")))
-    args = p.parse_args(argv)
-    out_dir = args.out or Path(tempfile.mkdtemp(prefix="decoders-"))
-    out_dir.mkdir(parents=True, exist_ok=True)
+    models, out_dir, taso_egg = table_arguments(argv, __doc__, "decoders-")
     print("| model | exit | interface identical | max rel err | written | speedup | s | peak RSS GB |")
     print("|---|---|---|---|---|---|---|---|")
-    for i, path in enumerate(args.models):
+    for i, path in enumerate(models):
         case_dir = out_dir / f"{i}"  # exports of one architecture share file names
         case_dir.mkdir(exist_ok=True)
-        r = optimize_row(path, case_dir, args.taso_egg, errors=None)
+        r = optimize_row(path, case_dir, taso_egg, errors=None)
         name = "/".join(path.parts[-3:] if path.parent.name in ("optimum", "genai") else path.parts[-2:])
         if r["rc"]:
             print(f"| {name} | {r['rc']} | - | - | {r.get('error', '')} | | {r['seconds']:.0f} | {r['rss_gb']:.2f} |", flush=True)

@@ -125,19 +125,25 @@ def run(path: Path, out_dir: Path, taso_egg: str, errors=max_rel_error) -> dict:
     return row
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def table_arguments(argv, doc: str, prefix: str):
+    """The models, the folder the written ones go to (made), and the taso-egg command."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("models", nargs="+", type=Path)
     p.add_argument("--out", type=Path, default=None, help="folder for the written models (default: a temporary one)")
     p.add_argument("--taso-egg", default=str(Path(sys.executable).with_name("taso-egg")))
     args = p.parse_args(argv)
-    out_dir = args.out or Path(tempfile.mkdtemp(prefix="deployed-"))
+    out_dir = args.out or Path(tempfile.mkdtemp(prefix=prefix))
     out_dir.mkdir(parents=True, exist_ok=True)
+    return args.models, out_dir, args.taso_egg
+
+
+def main(argv=None) -> int:
+    models, out_dir, taso_egg = table_arguments(argv, __doc__, "deployed-")
     print("| model | exit | interface identical | max rel err (batch 1, other 16 / batch 2, other 32) | weights before "
           "-> after | MB before -> after | peak RSS GB (budget 2w+1) | s | written | speedup |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for path in args.models:
-        r = run(path, out_dir, args.taso_egg)
+    for path in models:
+        r = run(path, out_dir, taso_egg)
         budget = 2 * r["weights_gb"] + 1
         if r["rc"]:
             print(f"| {r['model']} | {r['rc']} | - | - | {r['dtypes_before']} | {r['size_before'] / 1e6:.1f} | "
