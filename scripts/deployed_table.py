@@ -84,13 +84,20 @@ def max_rel_error(original: Path, written: Path) -> list[float]:
     errors = []
     for sizes in SIZES:
         f = feeds(model, sizes, np.random.default_rng(0))
-        worst = 0.0
-        for x, y in zip(a.run(None, f), b.run(None, f)):
-            x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
-            peak = float(np.max(np.abs(x))) if x.size else 0.0
-            worst = max(worst, float(np.max(np.abs(x - y))) / peak if peak else float(np.max(np.abs(x - y), initial=0)))
-        errors.append(worst)
+        errors.append(worst_relative_error(a.run(None, f), b.run(None, f)))
     return errors
+
+
+def worst_relative_error(expected, actual) -> float:
+    """The largest difference of any output, relative to that output's largest entry
+    (absolute where it is all zero or empty)."""
+    worst = 0.0
+    for x, y in zip(expected, actual):
+        x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+        peak = float(np.max(np.abs(x))) if x.size else 0.0
+        diff = float(np.max(np.abs(x - y), initial=0.0))
+        worst = max(worst, diff / peak if peak else diff)
+    return worst
 
 
 def run(path: Path, out_dir: Path, taso_egg: str, errors=max_rel_error) -> dict:

@@ -76,23 +76,19 @@ class DynamicModel:
         while True:
             second = second_sizes(first, relations)
             grown = grown_sizes(iface, first, given, relations)
-            if not fixed and iface.symbolic:
-                try:
-                    second, second_types = _second_that_runs(reference, iface, first, second, given, relations)
-                except ExecutionError as e:
-                    if grown is None or not _too_small(e):
-                        raise _refused(_at_sizes(e, iface, second, given, relations), iface, given) from None
-                    first = grown  # a window longer than its input at these sizes
-                    continue
+            at = second  # the sizes an opaque node is probed at, for the error
             try:
-                other = None if fixed or not iface.symbolic else \
-                    OtherSizes(second_types, writable_sizes(first, second))
+                other = None
+                if not fixed and iface.symbolic:
+                    second, second_types = _second_that_runs(reference, iface, first, second, given, relations)
+                    other = OtherSizes(second_types, writable_sizes(first, second))
+                at = first
                 graph = load_onnx(reference, import_shapes(iface, first, given), other)
             except ExecutionError as e:
                 # an opaque node's types probed in onnxruntime: a window longer than
                 # its input (a speech encoder's strided convolutions) at these sizes
                 if grown is None or not _too_small(e):
-                    raise _refused(_at_sizes(e, iface, first, given, relations), iface, given) from None
+                    raise _refused(_at_sizes(e, iface, at, given, relations), iface, given) from None
                 first = grown
                 continue
             except ShapeError as e:
