@@ -133,6 +133,7 @@ def _cmd_optimize(args) -> int:
     with _Rounds("timing") as rounds, blame_user_rules(extra, applied):
         written, report = optimize_model(args.model, args.output, input_shapes=shapes, fix_shapes=args.fix_shapes,
                                          last_position=last_position, extra_rules=extra, options=options,
+                                         read_back=False,  # only its operators are counted
                                          hooks=Hooks(progress=progress, phase=say, measure_progress=rounds.update))
     out = report.details
     unchanged = "the input, its outputs read at the last position" if last_position else "the input, unchanged"

@@ -195,7 +195,7 @@ class OptimizeReport:
 
 def optimize_model(model, output=None, *, input_shapes: Mapping[str, Sequence[int]] | None = None,
                    fix_shapes: bool = False, last_position: Mapping[str, int] | Sequence[str] | None = None, rules=None, extra_rules=(), options: OptimizeOptions | None = None,
-                   hooks: Hooks | None = None, **option_changes):
+                   hooks: Hooks | None = None, read_back: bool = True, **option_changes):
     """``model`` (an ``onnx.ModelProto`` or a path) optimized: ``(ModelProto, OptimizeReport)``.
 
     The returned model has the input's interface (inputs, outputs, names, dtypes,
@@ -211,7 +211,9 @@ def optimize_model(model, output=None, *, input_shapes: Mapping[str, Sequence[in
     there as ``taso-egg optimize`` writes it, all or nothing, with external data
     (``OUT.data``) where the input had it or its weights pass 2 GB, and the model
     returned is that file read back, external data left on disk as ``onnx.load(path,
-    load_external_data=False)`` leaves it; without ``output`` the returned model holds
+    load_external_data=False)`` leaves it (``read_back=False``: the model as written from
+    memory, a ``fed.FedModel`` or ModelProto, which spares a file with its weights inline
+    a second copy of them; the command only counts its operators); without ``output`` the returned model holds
     its weights (past 2 GB too, in memory: ``onnx.save(model, path,
     save_as_external_data=True)`` writes it). A model the operator table cannot model
     (sequences, a custom operator nothing can type) comes back unchanged, with the
@@ -243,7 +245,7 @@ def optimize_model(model, output=None, *, input_shapes: Mapping[str, Sequence[in
         why = f"{e}: the input is written unchanged"
         report = OptimizeReport("original", why, None, None, {}, dict(phases.ordered()),
                                 time.perf_counter() - start, [change] if change else [], interface_change=change)
-        return _returned(original if output is None else None, output, external), report
+        return _returned(original, output, external, read_back), report
     if extra_rules:
         from .rules.corpus import load_corpus
 
@@ -254,7 +256,7 @@ def optimize_model(model, output=None, *, input_shapes: Mapping[str, Sequence[in
     with phases("writing"):
         if output is not None:
             save_atomically(out.model, output, external_data=external)
-        returned = None if output is not None else \
+        returned = out.model if output is not None else \
             (inline(out.model) if isinstance(out.model, FedModel) else out.model)
     st = out.result.stats
     measured = st.guard.comparisons.get(out.chosen) if st.guard is not None else None
@@ -264,7 +266,7 @@ def optimize_model(model, output=None, *, input_shapes: Mapping[str, Sequence[in
                             {name: p.speedup for name, p in st.decision.predictions.items()},
                             dict(phases.ordered()), time.perf_counter() - start,
                             ([change] if change else []) + list(out.notes), out, interface_change=change)
-    return _returned(returned, output, external), report
+    return _returned(returned, output, external, read_back), report
 
 
 def _read_as_asked(model, last_position: Mapping[str, int] | None, **read):
@@ -283,11 +285,12 @@ def _read_as_asked(model, last_position: Mapping[str, int] | None, **read):
     return original, external
 
 
-def _returned(model, output, external: bool):
-    """The model to hand back: ``model``, or the file written at ``output`` read back."""
+def _returned(model, output, external: bool, read_back: bool):
+    """The model to hand back: ``model`` (what was written, where there is an output),
+    or the file written at ``output`` read back."""
     import onnx
 
-    if model is not None:
+    if output is None or not read_back:
         return model
     return onnx.load(os.fspath(output), load_external_data=not external)
 
