@@ -20,7 +20,8 @@
 - ``--generate ORIGINAL OTHER ...``: decoders with a key/value cache run as a generation
   loop does (a prompt, then new tokens one at a time; ``taso_egg.generate``): time to
   the first token and tokens per second of each, against the first, with an A/A row, and
-  each one's logits compared with the first's at every step."""
+  each one's logits compared with the first's at every step; with ``--step-at 31 255``, one
+  decode step on a cache of each length instead, in CPU time, paired as the guard pairs."""
 
 from __future__ import annotations
 
@@ -86,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--generate: tokens generated after the prompt (default: %(default)s)")
     p.add_argument("--rounds", type=int, default=5, metavar="R",
                    help="--generate: rounds, each model once per round (default: %(default)s)")
+    p.add_argument("--step-at", type=int, nargs="+", metavar="PAST",
+                   help="--generate: time one decode step on a cache of each of these lengths (CPU time, "
+                        "the guard's paired interval) instead of a generation")
     return p
 
 
@@ -126,13 +130,21 @@ def _generate_table(args, parser) -> int:
     def progress(done: int, total: int) -> None:
         print(f"  round {done}/{total}", file=sys.stderr, flush=True)
 
+    if args.step_at and min(args.step_at) < 0:
+        parser.error("--step-at: cache lengths must be at least 0")
     try:
-        rows = generate.measure(args.generate, args.prompt_tokens, args.new_tokens, args.rounds,
-                                progress=progress)
+        if args.step_at:
+            pasts = tuple(args.step_at)
+            rows = generate.measure_steps(args.generate, pasts, args.rounds, progress=progress)
+            text = generate.step_table(rows, pasts)
+        else:
+            rows = generate.measure(args.generate, args.prompt_tokens, args.new_tokens, args.rounds,
+                                    progress=progress)
+            text = generate.table(rows, args.prompt_tokens, args.new_tokens)
     except TasoEggError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    print(generate.table(rows, args.prompt_tokens, args.new_tokens), flush=True)
+    print(text, flush=True)
     return 0
 
 

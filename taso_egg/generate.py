@@ -297,3 +297,129 @@ def table(rows: list[Row], prompt_tokens: int, new_tokens: int) -> str:
                  f"fed the first's tokens); other token = steps where the model would have chosen "
                  f"another token")
     return "\n".join(lines)
+
+
+# --- one decode step at a given cache length ---------------------------------------------
+
+@dataclass
+class StepRow:
+    label: str
+    path: str
+    seconds: dict[int, list[float]] = field(default_factory=dict)  # cache length -> one median per round
+    error: float | None = None  # against the first model's logits, at every cache length
+
+
+def measure_steps(paths: list[str], pasts: tuple[int, ...] = (31, 255), rounds: int = 20, runs: int = 15,
+                  labels: list[str] | None = None, seed: int = 0, progress=None) -> list[StepRow]:
+    """One decode step (batch 1, one new token) on a cache of each length in ``pasts``,
+    as a generation loop runs it for each token: CPU seconds of one thread, the median
+    of ``runs`` steps. Each round the models run in a fresh random order, a fresh session
+    each (all onnxruntime optimizations) warmed by one step at each length; the first
+    model also runs as a second row, an A/A pair. Every model is fed the same token and
+    cache (random values; slots matched by name, ``.0.key`` in ``past.0.key`` and
+    ``past_key_values.0.key`` alike), and its logits are compared with the first's."""
+    from .timing import make_session, return_freed_memory, round_order
+
+    decoders = [Decoder.read(p) for p in paths]
+    labels = list(labels or paths)
+    rows = [StepRow(label, d.path) for label, d in zip(labels, decoders)]
+    rows.insert(1, StepRow(labels[0] + " (A/A)", decoders[0].path))
+    decoders.insert(1, decoders[0])
+    rng = np.random.default_rng(seed)
+    token = int(rng.integers(0, _vocabulary(decoders[0])))
+    caches = {past: _random_cache(decoders, past, rng) for past in pasts}
+    feeds = [{past: _step_feeds(d, token, past, caches[past]) for past in pasts} for d in decoders]
+    session = make_session(decoders[0].path)
+    reference = {past: np.array(_step(session, decoders[0], feeds[0][past], past)[0].reshape(-1), np.float64)
+                 for past in pasts}
+    del session
+    return_freed_memory()
+    for i in range(rounds):
+        for k in round_order(list(range(len(rows))), rng):
+            decoder = decoders[k]
+            session = make_session(decoder.path)
+            for past in pasts:
+                logits = _step(session, decoder, feeds[k][past], past)[0].reshape(-1)  # the warm-up too
+                if i == 0:
+                    rows[k].error = max(rows[k].error or 0.0, logits_error([logits], [reference[past]]))
+                times = []
+                for _ in range(runs):
+                    start = time.process_time()
+                    _step(session, decoder, feeds[k][past], past)
+                    times.append(time.process_time() - start)
+                rows[k].seconds.setdefault(past, []).append(float(np.median(times)))
+            del session
+            return_freed_memory()
+        if progress:
+            progress(i + 1, rounds)
+    return rows
+
+
+def _step_feeds(decoder: Decoder, token: int, past: int, cache: dict) -> dict:
+    """One step's inputs: ``token`` after ``past`` cached positions, ``cache`` by slot key."""
+    return decoder.feeds([token], past, {s.input: cache[_slot_key(s)] for s in decoder.cache})
+
+
+def _step(session, decoder: Decoder, feeds: dict, past: int) -> list:
+    """One call of ``session``: its logits and cache."""
+    names = [decoder.logits] + [s.output for s in decoder.cache]
+    try:
+        return session.run(names, feeds)
+    except Exception as e:  # onnxruntime's own exception types
+        raise NotADecoder(f"{decoder.path}: fails at {past} cached tokens: {first_line(e)}") from None
+
+
+def _slot_key(slot: CacheSlot) -> str:
+    """What names a cache slot across models: the name's part after ``past`` or ``past_key_values``."""
+    return _CACHE_INPUT.match(slot.input).group(1)
+
+
+def _random_cache(decoders: list[Decoder], past: int, rng) -> dict[str, np.ndarray]:
+    """Cache tensors of ``past`` positions for every slot of the first model, by slot key;
+    the other models must take the same slots at the same shapes."""
+    first = decoders[0]
+    cache = {}
+    for slot in first.cache:
+        shape = [1 if a == 0 else (past if a == slot.axis else d) for a, d in enumerate(slot.shape)]
+        if any(d is None for d in shape):
+            raise NotADecoder(f"{first.path}: cache input {slot.input} has shape {_shape_text(slot.shape)}: "
+                              f"every axis but the batch and the sequence must have a size")
+        cache[_slot_key(slot)] = rng.standard_normal(shape).astype(slot.dtype)
+    for decoder in decoders[1:]:
+        for slot in decoder.cache:
+            want = cache.get(_slot_key(slot))
+            shape = [1 if a == 0 else (past if a == slot.axis else d) for a, d in enumerate(slot.shape)]
+            if want is None or list(want.shape) != shape:
+                raise NotADecoder(f"{decoder.path}: cache input {slot.input} {_shape_text(slot.shape)} has no slot "
+                                  f"of that shape in {first.path}: not the same model's cache")
+    return cache
+
+
+def step_table(rows: list[StepRow], pasts: tuple[int, ...]) -> str:
+    """The rows as text: each cache length's median step time over rounds, and the
+    speedup over the first model from the paired rounds (the guard's signed-rank
+    interval, 95 %)."""
+    from .decide import compare
+
+    base = rows[0]
+    header = f"{'model':<34}" + "".join(f"{f'past {p} ms':>13}{'vs first':>27}" for p in pasts) + f"{'max rel err':>13}"
+    lines = [header]
+    for row in rows:
+        cells = []
+        for p in pasts:
+            if row is base:
+                ratio = "-"
+            else:
+                c = compare(base.seconds[p], row.seconds[p])
+                ratio = f"{c.ratio:.3f}x [{c.low:.3f}, {c.high:.3f}]"
+            cells.append(f"{1e3 * np.median(row.seconds[p]):>13.3f}{ratio:>27}")
+        err = "-" if row is base else f"{row.error:.1e}"
+        lines.append(f"{_tail(row.label, 33):<34}" + "".join(cells) + f"{err:>13}")
+    lines.append(f"one decode step (batch 1, one new token on a cache of the given length): onnxruntime CPU, "
+                 f"ORT_ENABLE_ALL, one thread, CPU time, the median of each round's runs over "
+                 f"{len(base.seconds[pasts[0]])} rounds (models in a fresh random order each round, a fresh "
+                 f"session each); vs first = speedup over the first model from the paired rounds, with the "
+                 f"signed-rank 95 % interval (the A/A row is the same file twice); max rel err = largest logit "
+                 f"difference against the first model, relative to its largest logit, at any cache length "
+                 f"(every model fed the same token and cache)")
+    return "\n".join(lines)

@@ -144,3 +144,28 @@ def test_a_step_failing_in_onnxruntime_names_the_model_and_the_step(tmp_path):
         **{**decoder.cache[0].__dict__, "shape": (None, HEADS + 1, None, HEAD)}),)})
     with pytest.raises(NotADecoder, match="fails at 0 cached and 2 new tokens"):
         generate(make_session(path), broken, [1, 2], 2)
+
+
+def test_a_step_at_each_cache_length_is_timed_and_compared_with_the_first(tmp_path, capsys):
+    """--step-at: one decode step on a cache of each length, every model fed the same
+    token and cache (matched by slot: past.0.key and past_key_values.0.key), its logits
+    compared with the first's; the A/A row is the same file."""
+    first = tiny_decoder(tmp_path / "a.onnx")
+    same_weights = tiny_decoder(tmp_path / "optimum.onnx", cache_prefix="past_key_values", one_token=True)
+    other = tiny_decoder(tmp_path / "b.onnx", seed=1)
+    assert bench.main(["--generate", first, same_weights, other, "--step-at", "0", "7", "--rounds", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:5] == ["model", "past", "0", "ms", "vs"]
+    base, aa, same, b = (line.split() for line in lines[1:5])
+    assert aa[1] == "(A/A)" and aa[-1] == "0.0e+00"
+    assert float(same[-1]) < 1e-6  # the same weights, another interface: the same logits
+    assert float(b[-1]) > 1e-3  # other weights are seen
+    assert float(base[1]) > 0 and same[2].endswith("x")  # a time, then a ratio with its interval
+
+
+def test_a_cache_another_model_does_not_take_is_one_line(tmp_path, capsys):
+    first = tiny_decoder(tmp_path / "a.onnx")
+    other = tiny_decoder(tmp_path / "b.onnx", head=HEAD + 1)
+    assert bench.main(["--generate", first, other, "--step-at", "3", "--rounds", "1"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not the same model's cache" in err[0]
