@@ -107,17 +107,23 @@ class Decoder:
                    positions_dtype=dtype(inputs["position_ids"]) if "position_ids" in inputs else None,
                    logits=logits, cache=tuple(cache))
 
+    @property
+    def output_names(self) -> list[str]:
+        """What one call returns: the logits, then each cache slot's present."""
+        return [self.logits] + [s.output for s in self.cache]
+
+    def cache_shape(self, slot: CacheSlot, past: int) -> tuple[int, ...]:
+        """``slot``'s shape at batch 1 holding ``past`` positions."""
+        shape = tuple(1 if a == 0 else (past if a == slot.axis else d) for a, d in enumerate(slot.shape))
+        if any(d is None for d in shape):
+            raise NotADecoder(f"{self.path}: cache input {slot.input} has shape {_shape_text(slot.shape)}: "
+                              f"every axis but the batch and the sequence must have a size (or, for "
+                              f"onnxruntime-genai's model, a genai_config.json beside it)")
+        return shape
+
     def empty_cache(self) -> dict[str, np.ndarray]:
         """The cache before the first token: every slot with no positions."""
-        out = {}
-        for slot in self.cache:
-            shape = [1 if a == 0 else (0 if a == slot.axis else d) for a, d in enumerate(slot.shape)]
-            if any(d is None for d in shape):
-                raise NotADecoder(f"{self.path}: cache input {slot.input} has shape {_shape_text(slot.shape)}: "
-                                  f"every axis but the batch and the sequence must have a size (or, for "
-                                  f"onnxruntime-genai's model, a genai_config.json beside it)")
-            out[slot.input] = np.zeros(shape, slot.dtype)
-        return out
+        return {slot.input: np.zeros(self.cache_shape(slot, 0), slot.dtype) for slot in self.cache}
 
     def feeds(self, tokens: list[int], past: int, cache: dict) -> dict[str, np.ndarray]:
         """One call's inputs: ``tokens`` at positions ``past``, ``past + 1``, ... after
@@ -170,7 +176,7 @@ def generate(session, decoder: Decoder, prompt: list[int], new_tokens: int,
     step's choice is still recorded)."""
     out = Generation()
     cache, past = decoder.empty_cache(), 0
-    names = [decoder.logits] + [s.output for s in decoder.cache]
+    names = decoder.output_names
 
     def step(tokens: list[int]) -> np.ndarray:
         nonlocal cache, past
@@ -329,9 +335,10 @@ def measure_steps(paths: list[str], pasts: tuple[int, ...] = (31, 255), rounds: 
     token = int(rng.integers(0, _vocabulary(decoders[0])))
     caches = {past: _random_cache(decoders, past, rng) for past in pasts}
     feeds = [{past: _step_feeds(d, token, past, caches[past]) for past in pasts} for d in decoders]
+    names = [d.output_names for d in decoders]
     session = make_session(decoders[0].path)
-    reference = {past: np.array(_step(session, decoders[0], feeds[0][past], past)[0].reshape(-1), np.float64)
-                 for past in pasts}
+    reference = {past: np.array(_step(session, decoders[0], names[0], feeds[0][past], past)[0].reshape(-1),
+                                np.float64) for past in pasts}
     del session
     return_freed_memory()
     for i in range(rounds):
@@ -339,13 +346,13 @@ def measure_steps(paths: list[str], pasts: tuple[int, ...] = (31, 255), rounds: 
             decoder = decoders[k]
             session = make_session(decoder.path)
             for past in pasts:
-                logits = _step(session, decoder, feeds[k][past], past)[0].reshape(-1)  # the warm-up too
+                logits = _step(session, decoder, names[k], feeds[k][past], past)[0].reshape(-1)  # the warm-up too
                 if i == 0:
                     rows[k].error = max(rows[k].error or 0.0, logits_error([logits], [reference[past]]))
                 times = []
                 for _ in range(runs):
                     start = time.process_time()
-                    _step(session, decoder, feeds[k][past], past)
+                    _step(session, decoder, names[k], feeds[k][past], past)
                     times.append(time.process_time() - start)
                 rows[k].seconds.setdefault(past, []).append(float(np.median(times)))
             del session
@@ -360,9 +367,8 @@ def _step_feeds(decoder: Decoder, token: int, past: int, cache: dict) -> dict:
     return decoder.feeds([token], past, {s.input: cache[_slot_key(s)] for s in decoder.cache})
 
 
-def _step(session, decoder: Decoder, feeds: dict, past: int) -> list:
-    """One call of ``session``: its logits and cache."""
-    names = [decoder.logits] + [s.output for s in decoder.cache]
+def _step(session, decoder: Decoder, names: list[str], feeds: dict, past: int) -> list:
+    """One call of ``session``: its logits and cache (``names``: ``decoder.output_names``)."""
     try:
         return session.run(names, feeds)
     except Exception as e:  # onnxruntime's own exception types
@@ -378,18 +384,12 @@ def _random_cache(decoders: list[Decoder], past: int, rng) -> dict[str, np.ndarr
     """Cache tensors of ``past`` positions for every slot of the first model, by slot key;
     the other models must take the same slots at the same shapes."""
     first = decoders[0]
-    cache = {}
-    for slot in first.cache:
-        shape = [1 if a == 0 else (past if a == slot.axis else d) for a, d in enumerate(slot.shape)]
-        if any(d is None for d in shape):
-            raise NotADecoder(f"{first.path}: cache input {slot.input} has shape {_shape_text(slot.shape)}: "
-                              f"every axis but the batch and the sequence must have a size")
-        cache[_slot_key(slot)] = rng.standard_normal(shape).astype(slot.dtype)
+    cache = {_slot_key(slot): rng.standard_normal(first.cache_shape(slot, past)).astype(slot.dtype)
+             for slot in first.cache}
     for decoder in decoders[1:]:
         for slot in decoder.cache:
             want = cache.get(_slot_key(slot))
-            shape = [1 if a == 0 else (past if a == slot.axis else d) for a, d in enumerate(slot.shape)]
-            if want is None or list(want.shape) != shape:
+            if want is None or want.shape != decoder.cache_shape(slot, past):
                 raise NotADecoder(f"{decoder.path}: cache input {slot.input} {_shape_text(slot.shape)} has no slot "
                                   f"of that shape in {first.path}: not the same model's cache")
     return cache

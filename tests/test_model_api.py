@@ -62,7 +62,7 @@ def test_a_path_in_with_an_output_writes_it_and_returns_it(tmp_path):
 def test_the_command_does_not_read_its_output_back(tmp_path, monkeypatch):
     """The command counts the written model's operators from the model in memory: read
     back, a file with its weights inline held them a second time (GPT-2's decoder,
-    652 MB: peak 2.28 GB against 1.64 GB). The API reads the file back unless told not."""
+    652 MB: peak 2.28 GB against 1.71 GB). The API reads the file back unless told not."""
     src, out = tmp_path / "mlp.onnx", tmp_path / "mlp.opt.onnx"
     onnx.save(_shared_input_mlp(), src)
     loaded = []
