@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..cli_args import add_option_arguments, options_from_args
 from ..errors import ExtractionError, LimitError
-from ..files import check_writable, write_atomically
+from ..disk.files import check_writable, write_atomically
 from .egraph import load_egraph
 from .ilp import DEFAULT_GAP_TOLERANCE
 from ..options import ExtractionOptions

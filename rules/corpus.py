@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from taso_egg import cache
+from taso_egg.disk import cache
 from taso_egg.errors import RuleError, VerificationError
 from taso_egg.ops import OPS
 
@@ -241,7 +241,7 @@ def load_corpus(names=None, include_unproved: bool = False, study: bool = False,
     with ``study`` those too. Rule names must be unique across the files read.
 
     Each file is parsed once per process and, across processes, read from the cache
-    (:mod:`taso_egg.cache`) under a key of its bytes, its path and the reader's own
+    (:mod:`taso_egg.disk.cache`) under a key of its bytes, its path and the reader's own
     source (this module, ``semantics.py`` and the operator table), so an edit to any
     of them parses it again.
 
@@ -284,7 +284,7 @@ _PARSED: dict = {}  # cache key -> parsed or oriented rules, this process's (the
 
 def _cached(k: str, valid, compute):
     """The value stored under ``k``: in this process, else in the cache
-    (:mod:`taso_egg.cache`) where ``valid`` accepts it, else ``compute()``'s, stored
+    (:mod:`taso_egg.disk.cache`) where ``valid`` accepts it, else ``compute()``'s, stored
     there. This process keeps the 16 values it last looked up anew."""
     value = _PARSED.get(k)
     if value is None:

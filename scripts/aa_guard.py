@@ -1,4 +1,4 @@
-"""A/A test of optimize's guard (``taso_egg.decide``): each model timed against a
+"""A/A test of optimize's guard (``taso_egg.product.decide``): each model timed against a
 byte-identical copy of itself, in onnxruntime as ``optimize`` times its candidates
 (two sessions, paired interleaved rounds, one thread, CPU time). Neither copy can be
 faster, so every row must end "same", "undecided" or "not timed"; a "faster" or
@@ -24,10 +24,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from taso_egg import decide, timing, zoo
+from taso_egg.product import decide, timing
+from taso_egg.research import zoo
 from taso_egg.executor import random_feeds
 from taso_egg.onnx_io.exporter import export_onnx
-from taso_egg.onnx_io.symbolic import input_types, interface
+from taso_egg.product.symbolic import input_types, interface
 
 DIMS = {"batch": 1, "sequence": 64, "samples": 16000}
 

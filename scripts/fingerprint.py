@@ -39,8 +39,8 @@ def egraph_digest(serialized: dict, rounds: int = 4) -> str:
 
 
 def main(argv=None) -> int:
-    from taso_egg import zoo
-    from taso_egg.api import extract_graph
+    from taso_egg.research import zoo
+    from taso_egg.product.optimize_graph import extract_graph
     from taso_egg.cost import load_cost_model
     from taso_egg.egraph.language import declarations
     from taso_egg.egraph.saturate import saturate

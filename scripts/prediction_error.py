@@ -1,5 +1,5 @@
 """The cost model's prediction error per ONNX export, with and without calibration on
-one onnxruntime profile of the input (``taso_egg.calibrate``). Per file: one
+one onnxruntime profile of the input (``taso_egg.product.calibrate``). Per file: one
 saturation, extracted under the profile's costs as they are (A) and calibrated (B); A
 predicted by both, B by the calibrated costs; A and B timed against the original file
 by optimize's guard in one interleaved session (one thread, CPU time). An error is
@@ -15,15 +15,15 @@ from __future__ import annotations
 import argparse
 import math
 
-from taso_egg import timing
-from taso_egg.api import extract_graph, runtime_calibrated, runtime_form
-from taso_egg.calibrate import runtime_profile
+from taso_egg.product import timing
+from taso_egg.product.optimize_graph import extract_graph, runtime_calibrated, runtime_form
+from taso_egg.product.calibrate import runtime_profile
 from taso_egg.cost import graph_cost, load_cost_model, node_config
-from taso_egg.decide import run_guard
+from taso_egg.product.decide import run_guard
 from taso_egg.egraph.saturate import saturate
 from taso_egg.executor import random_inputs
 from taso_egg.onnx_io.exporter import export_fed
-from taso_egg.onnx_optimize import OnnxInput
+from taso_egg.product.optimize_onnx import OnnxInput
 from taso_egg.ops import OPS
 from taso_egg.options import ExtractionOptions, Limits
 from taso_egg.rules.corpus import load_corpus

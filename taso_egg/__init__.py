@@ -12,9 +12,8 @@ from .options import (CheckOptions, CostOptions, DecisionOptions, ExtractionOpti
 # Saturation and extraction need egglog and HiGHS; they load when first named, so that
 # the graph IR, the executor and the profiler run where those are not installed (the
 # GPU machine: scripts/gpu_run.sh).
-_LAZY = {"optimize_model": "onnx_optimize", "OptimizeReport": "onnx_optimize",
-         "optimize": "api", "OptimizeResult": "api", "extract_graph": "api", "Extraction": "api",
-         "saturate": "egraph.saturate", "Saturation": "egraph.saturate"}
+_LAZY = {name: "api" for name in ("optimize_model", "OptimizeReport", "optimize", "OptimizeResult",
+                                  "extract_graph", "Extraction", "saturate", "Saturation")}
 
 
 def __getattr__(name):

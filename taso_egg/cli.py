@@ -15,7 +15,7 @@ from .cli_args import (CommandParser, add_input_shape_argument, add_optimize_arg
 from .errors import ExportError, NotModelled, TasoEggError
 from .onnx_io.last_position import parse_last_position
 from .ops import OPAQUE
-from .onnx_io.symbolic import DEFAULT_LEADING, DEFAULT_OTHER
+from .product.symbolic import DEFAULT_LEADING, DEFAULT_OTHER
 from .options import Hooks
 
 
@@ -36,10 +36,10 @@ def _add_fix_shapes(p) -> None:
 
 
 def _cmd_inspect(args) -> int:
-    from .dynamic import DynamicModel
+    from .product.dynamic import DynamicModel
     from .onnx_io.counts import describe
     from .onnx_io.reading import read_model, upgraded
-    from .onnx_io.symbolic import describe_sizes
+    from .product.symbolic import describe_sizes
 
     original = read_model(args.model)
     try:
@@ -75,13 +75,13 @@ def _cmd_convert(args) -> int:
     from .check.onnx_precision import check_precision_kept
     from .check.runtime import onnx_outputs
     from .check.tolerance import compare_outputs
-    from .dynamic import DynamicModel, write_symbolic
+    from .product.dynamic import DynamicModel, write_symbolic
     from .executor import random_inputs
-    from .files import check_writable
+    from .disk.files import check_writable
     from .onnx_io.counts import describe
     from .onnx_io.exporter import export_onnx, save_atomically
     from .onnx_io.reading import read_model_file, upgraded
-    from .onnx_optimize import at_sizes
+    from .product.optimize_onnx import at_sizes
 
     shapes = parse_input_shapes(args.input_shape)
     check_writable(args.output, ExportError, inputs=[args.model])
@@ -108,8 +108,8 @@ def _cmd_convert(args) -> int:
 def _cmd_optimize(args) -> int:
     # Everything a user can get wrong is checked before anything heavy loads.
     from .cost import load_cost_model
-    from .files import check_writable
-    from .onnx_optimize import optimize_model
+    from .disk.files import check_writable
+    from .product.optimize_onnx import optimize_model
     from .rules.corpus import blame_user_rules, load_user_rules
 
     options = optimize_options_from_args(args)
@@ -157,7 +157,7 @@ _CANDIDATE_NAMES = {"original": "the input, unchanged",
 
 
 def _print_summary(result, report) -> None:
-    from .decide import predicted_below
+    from .product.decide import predicted_below
 
     st = result.stats
     kept = st.kept_input
@@ -203,7 +203,7 @@ def _print_summary(result, report) -> None:
 
 def _print_guard(guard, chosen: str, predicted: float, cost_model: str, profiled: dict) -> None:
     """The headline speedup with its interval, what predicted it, and each candidate's line."""
-    from .decide import format_ratio
+    from .product.decide import format_ratio
 
     how = (f"onnxruntime ORT_ENABLE_ALL, 1 thread, CPU time, {guard.rounds} paired rounds in "
            f"{guard.seconds:.1f} s; {100 * guard.confidence:.0f} % interval")
@@ -255,8 +255,8 @@ class _Rounds:
 
 
 def _cmd_zoo(args) -> int:
-    from . import zoo
-    from .files import check_writable
+    from .research import zoo
+    from .disk.files import check_writable
     from .onnx_io.counts import describe
     from .onnx_io.exporter import export_onnx
 
@@ -274,8 +274,8 @@ def _cmd_zoo(args) -> int:
 PLUGGED_COMMANDS = [
     ("extract", "taso_egg.extract.extract_command", "run an extractor on a serialized e-graph (JSON)"),
     ("profile", "taso_egg.profiling.profile_command", "time each operator configuration of models into a profile"),
-    ("search", "taso_egg.search.search_command", "TASO's backtracking search (same rules and cost model)"),
-    ("compare", "taso_egg.compare", "equality saturation vs backtracking search on the zoo, measured"),
+    ("search", "taso_egg.research.search.search_command", "TASO's backtracking search (same rules and cost model)"),
+    ("compare", "taso_egg.research.compare", "equality saturation vs backtracking search on the zoo, measured"),
     ("rules", "taso_egg.generator.rules_command", "generate rewrite rules, prove them, report (TASO's generator)"),
 ]
 

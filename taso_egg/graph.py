@@ -64,7 +64,7 @@ class Graph:
     """A computation graph, built with TASO-style methods or by the ONNX importer."""
 
     def __init__(self, opset: int | None = None):
-        from .versions import DEFAULT_OPSET
+        from .ops.versions import DEFAULT_OPSET
 
         self.nodes: dict[int, Node] = {}
         self.weight_data: dict[int, np.ndarray] = {}

@@ -128,7 +128,7 @@ class CostOptions:
     # onnxruntime fuses and re-lays-out what it runs, so a sum of per-operator costs
     # misprices it (a ConvNeXt predicted 1.143x measured 1.045x); one profiled run of
     # the input (a few seconds) scales each operator's costs by what the kind of kernel
-    # that runs it measured there (``taso_egg.calibrate``). It reads the clock, so 'auto' calibrates only
+    # that runs it measured there (``taso_egg.product.calibrate``). It reads the clock, so 'auto' calibrates only
     # where the decision is timed anyway (measure > 0): with measure=0 the same input
     # gives the same graph.
     calibration: str = option(CALIBRATION, "--calibration",
@@ -261,7 +261,7 @@ class Hooks:
     """What ``optimize`` reports as it goes: ``progress(iteration_stats)`` after each
     saturation iteration, ``phase(message)`` when a later phase starts (and with
     notes), ``measure_progress(done, total)`` after each measured run, and
-    ``phase_times`` (a ``taso_egg.phases.PhaseTimes``) gets each phase's seconds."""
+    ``phase_times`` (a ``taso_egg.product.phases.PhaseTimes``) gets each phase's seconds."""
     progress: Callable | None = None
     phase: Callable[[str], None] | None = None
     measure_progress: Callable[[int, int], None] | None = None

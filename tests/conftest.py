@@ -54,7 +54,7 @@ def make_model(nodes, inputs, outputs, initializers=(), opset: int = 17, domains
     """A small ONNX model from onnx.helper pieces (opset-appropriate IR version)."""
     from onnx import helper
 
-    from taso_egg.versions import ir_version_for
+    from taso_egg.ops.versions import ir_version_for
 
     graph = helper.make_graph(list(nodes), "test", list(inputs), list(outputs), list(initializers))
     opsets = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, v) for d, v in domains]
@@ -107,7 +107,7 @@ def fake_timer(monkeypatch):
     it does not name is predicted faster, so the guard times every candidate unless a test says otherwise."""
     from types import SimpleNamespace
 
-    from taso_egg import decide, timing
+    from taso_egg.product import decide, timing
 
     state = SimpleNamespace(ms={}, timed=[], runs=None, rounds=0, predicted={})
 

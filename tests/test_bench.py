@@ -1,11 +1,11 @@
-"""The optimization benchmark's tables (python -m taso_egg.bench): rows for zoo models
+"""The optimization benchmark's tables (python -m taso_egg.research.benchmarks): rows for zoo models
 and for a folder of ONNX files; figures are this run's, so only their form is checked."""
 
 from __future__ import annotations
 
 import onnx
 
-from taso_egg import bench
+from taso_egg.research import benchmarks as bench
 
 from conftest import cluttered_conv_model
 
@@ -103,8 +103,8 @@ def test_the_peers_measurement_gives_every_candidate_a_finite_interval(monkeypat
     import itertools
     import time
 
-    from taso_egg import decide
-    from taso_egg.bench import _measured
+    from taso_egg.product import decide
+    from taso_egg.research.benchmarks import _measured
     from taso_egg.options import MIN_ROUNDS
 
     names = ["original", "a", "b", "c", "d", "e"]

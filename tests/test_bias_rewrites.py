@@ -221,7 +221,7 @@ def test_extraction_prices_a_biased_conv_as_the_fused_conv_it_writes():
     # conv+bias+relu twice and a residual add: the e-graph holds each as a three-input
     # conv e-node (convert.add_fused_convs), so the extractor's objective is what the
     # written graph costs, not conv + broadcast add + relu apart.
-    from taso_egg.api import extract_graph
+    from taso_egg.product.optimize_graph import extract_graph
     from taso_egg.cost import graph_cost
     from taso_egg.egraph.saturate import saturate
 

@@ -1,4 +1,4 @@
-"""Calibrating the cost model on one onnxruntime profile of the input (``taso_egg.calibrate``,
+"""Calibrating the cost model on one onnxruntime profile of the input (``taso_egg.product.calibrate``,
 ``cost.calibrated``): the arithmetic on a synthetic profile, and the profiler's table of a
 tiny model. No timings are asserted: measured seconds are whatever this machine took."""
 
@@ -12,13 +12,13 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import taso_egg
-from taso_egg.calibrate import kernel_units, runtime_profile, seconds_per_run
+from taso_egg.product.calibrate import kernel_units, runtime_profile, seconds_per_run
 from taso_egg.cost import CalibratedCost, OpConfig, load_cost_model, node_config
 from taso_egg.cost.calibrated import spread
 from taso_egg.executor import random_inputs
 from taso_egg.onnx_io.exporter import export_fed_named
 from taso_egg.ops import OPS, TensorType
-from taso_egg.timing import node_events
+from taso_egg.product.timing import node_events
 
 
 def _tiny_model():
@@ -140,7 +140,7 @@ def test_the_graph_onnxruntime_runs_is_written_without_its_weights(tmp_path):
     still names them."""
     import onnx
 
-    from taso_egg.timing import make_session
+    from taso_egg.product.timing import make_session
 
     table = numpy_helper.from_array(np.ones((1000, 256), np.float32), "table")  # 1 MB, not prepacked
     graph = helper.make_graph([helper.make_node("Gather", ["table", "ids"], ["y"])], "g",

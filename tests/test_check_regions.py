@@ -9,8 +9,8 @@ import copy
 import numpy as np
 import pytest
 
-from taso_egg import zoo
-from taso_egg.api import extract_graph, optimize
+from taso_egg.research import zoo
+from taso_egg.product.optimize_graph import extract_graph, optimize
 from taso_egg.check import regions
 from taso_egg.check.regions import check_locally
 from taso_egg.check.runtime import check_float32_proves_nothing, check_onnx_model
@@ -244,7 +244,7 @@ def test_a_written_model_that_overflows_where_the_input_does_not_fails():
 
 
 def test_optimize_rejects_a_wrong_result_in_the_region_check(monkeypatch):
-    import taso_egg.api as api
+    import taso_egg.product.optimize_graph as api
 
     real = api.extract_graph
 

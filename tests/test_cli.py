@@ -137,7 +137,7 @@ def test_usage_error_is_one_line_and_exit_1(capsys):
 
 @pytest.fixture
 def nasrnn_path(tmp_path):
-    from taso_egg import zoo
+    from taso_egg.research import zoo
     from taso_egg.onnx_io.exporter import export_onnx
 
     path = tmp_path / "nas.onnx"
@@ -247,7 +247,8 @@ def test_the_headline_gives_the_result_s_reach_where_it_is_why_it_was_timed(caps
     """A result predicted below the margin is timed for what it could reach (its own
     memory-bound kernels a quarter faster): the headline says so beside the speedup,
     and says nothing more where the two agree."""
-    from taso_egg import cli, decide
+    from taso_egg import cli
+    from taso_egg.product import decide
 
     guard = decide.GuardReport({"result": decide.Comparison(1.002, 0.98, 1.02, "undecided", 10)},
                                {"original": 2.0, "result": 2.0}, 10, 40.0, "futile", 0.95)

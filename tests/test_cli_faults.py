@@ -180,7 +180,7 @@ def test_optimize_shows_each_phase(tmp_path, capsys):
 
 
 def test_extract_time_limit_reaches_the_extractor(monkeypatch, tmp_path, capsys):
-    import taso_egg.api as api
+    import taso_egg.product.optimize_graph as api
 
     seen = []
     real = api.extract_graph

@@ -12,10 +12,10 @@ import pytest
 
 matplotlib.use("Agg")
 
-from taso_egg import zoo  # noqa: E402
+from taso_egg.research import zoo  # noqa: E402
 from taso_egg.check.whole_graph import check_graphs_equivalent  # noqa: E402
 from taso_egg.cli import main  # noqa: E402
-from taso_egg.compare import METHODS, compare_model, format_table, save  # noqa: E402
+from taso_egg.research.compare import METHODS, compare_model, format_table, save  # noqa: E402
 from taso_egg.cost import AnalyticCost, graph_cost  # noqa: E402
 from taso_egg.errors import TasoEggError  # noqa: E402
 
@@ -82,7 +82,7 @@ def test_compare_cli_runs_a_small_model(tmp_path, capsys):
 
 def test_draw_egraph_refuses_a_huge_egraph():
     from taso_egg.egraph.saturate import saturate
-    from taso_egg.viz import draw_egraph
+    from taso_egg.research.viz import draw_egraph
 
     eg = saturate(zoo.nasrnn_small(steps=1)).tensor_egraph()
     with pytest.raises(TasoEggError, match="e-nodes"):
@@ -92,7 +92,7 @@ def test_draw_egraph_refuses_a_huge_egraph():
 def test_draw_graph_draws_every_runtime_operator_once():
     import matplotlib.pyplot as plt
 
-    from taso_egg.viz import draw_graph
+    from taso_egg.research.viz import draw_graph
 
     g = zoo.bert_small(layers=1)
     ax = draw_graph(g, hide_weights=True)
@@ -105,7 +105,7 @@ def test_draw_graph_draws_every_runtime_operator_once():
 def test_executor_times_the_deployed_graphs(monkeypatch):
     """Weight-only work is folded at export; timing the raw graph would charge the
     executor for it, so measure() times what export_onnx deploys."""
-    from taso_egg import timing
+    from taso_egg.product import timing
 
     seen = []
     real = timing.exported_graph

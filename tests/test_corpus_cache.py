@@ -1,4 +1,4 @@
-"""The corpus is parsed once and cached across processes (taso_egg.cache): a hit gives
+"""The corpus is parsed once and cached across processes (taso_egg.disk.cache): a hit gives
 the rules a parse gives, and a damaged, stale, disabled or unwritable cache falls back
 to parsing, silently and correctly."""
 
@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from taso_egg import cache, zoo
+from taso_egg.disk import cache
+from taso_egg.research import zoo
 from taso_egg.rules import corpus
 
 RULES = """

@@ -11,8 +11,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from taso_egg import decide
-from taso_egg.decide import ALPHA, compare, looks, run_guard, signed_rank_interval
+from taso_egg.product import decide
+from taso_egg.product.decide import ALPHA, compare, looks, run_guard, signed_rank_interval
 from taso_egg.options import MAX_MEASURE, MAX_ROUNDS, MIN_ROUNDS, check_measure
 
 
@@ -281,7 +281,7 @@ def test_a_clear_gain_is_confirmed_at_the_first_look_among_two_candidates():
 
 
 def test_rounds_draw_their_order_and_call_each_alike():
-    from taso_egg.timing import Rounds
+    from taso_egg.product.timing import Rounds
 
     calls, order = Counter(), []
 
@@ -322,7 +322,7 @@ def _false_decisions(monkeypatch, order_rng, trials: int) -> float:
     ``timing.ort_rounds``) the guard decided either way, under a load that comes back
     every two rounds (four sessions; period and phase random per session): in
     forward-backward order the same model's sessions meet it every time."""
-    from taso_egg import timing
+    from taso_egg.product import timing
 
     noise = np.random.default_rng(1)
     monkeypatch.setattr(timing, "make_session", lambda model, threads=1: model)
@@ -360,7 +360,7 @@ def test_a_session_built_for_one_round_is_sampled_by_a_median(monkeypatch):
     """Each round builds a fresh session per model (its luck inside the round) and
     samples it by the median of several runs, as many for every model: one slow run
     after the warm-up does not become the round's time."""
-    from taso_egg import timing
+    from taso_egg.product import timing
 
     sampled = Counter()
 
@@ -389,7 +389,7 @@ def test_matched_kernels_predict_only_from_the_kernels_that_differ():
     seconds: every shared kernel slower by 4 % in the candidate's session (its memory
     placement) moves the ratio not at all, and a BiasGelu run as Add and Gelu moves it by
     their difference alone."""
-    from taso_egg.decide import matched_speedup
+    from taso_egg.product.decide import matched_speedup
 
     original = {("MatMul", "[768]"): [10.0, 10.0], ("BiasGelu", "[3072]"): [2.0]}
     candidate = {("MatMul", "[768]"): [10.4, 10.4], ("Add", "[3072]"): [0.5], ("Gelu", "[3072]"): [1.0]}
@@ -410,7 +410,7 @@ def test_a_result_is_timed_where_its_own_kernels_could_reach_the_margin():
     Gelu in a tenth of it, nor projections merged into one matmul in half of it (a
     Llama's q, k and v): their profiled time is their arithmetic. The re-export keeps
     its own threshold."""
-    from taso_egg.decide import MARGIN, PROFILE_ERROR, REEXPORT_ABOVE, Prediction, matched_speedup, worth_timing
+    from taso_egg.product.decide import MARGIN, PROFILE_ERROR, REEXPORT_ABOVE, Prediction, matched_speedup, worth_timing
 
     shared = {("MatMul", "[768]"): [45.0, 45.0]}
     for share, own, timed in ((0.1, "Add", True), (0.03, "Add", False), (0.1, "Gelu", False),
@@ -435,7 +435,7 @@ def test_a_result_is_timed_where_its_own_kernels_could_reach_the_margin():
 
 def test_profiled_kernels_are_grouped_by_what_they_compute(monkeypatch):
     """Kernels alike (operator and shapes) are grouped, each with its median over the runs."""
-    from taso_egg import decide, timing
+    from taso_egg.product import decide, timing
 
     events = [{"name": n, "op": op, "shapes": "s", "us": us} for us_scale in (1.0, 3.0, 2.0)
               for n, op, us in (("a", "MatMul", 10.0 * us_scale), ("b", "MatMul", 20.0), ("c", "Add", 1.0))]
@@ -448,7 +448,7 @@ def test_profiled_kernels_are_grouped_by_what_they_compute(monkeypatch):
 def test_a_commutative_kernel_is_one_kind_whichever_way_round_its_inputs_are():
     """An Add of (bias, x) and one of (x, bias) are one kind of kernel, so a result that
     writes its bias adds the other way round runs none of its own; a Sub keeps its order."""
-    from taso_egg.timing import node_events
+    from taso_egg.product.timing import node_events
 
     bias, x = {"float": [768]}, {"float": [1, 197, 768]}
 

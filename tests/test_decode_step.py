@@ -12,10 +12,10 @@ from onnx import TensorProto, helper, numpy_helper
 import taso_egg
 from taso_egg.check.runtime import onnx_outputs
 from taso_egg.cli import main
-from taso_egg.dynamic import DynamicModel, check_at_sizes
+from taso_egg.product.dynamic import DynamicModel, check_at_sizes
 from taso_egg.errors import OnnxImportError
-from taso_egg.onnx_io.dim_relations import Relation, dim_relations
-from taso_egg.onnx_io.symbolic import interface, leading_symbols, representative_sizes, second_sizes
+from taso_egg.product.dim_relations import Relation, dim_relations
+from taso_egg.product.symbolic import interface, leading_symbols, representative_sizes, second_sizes
 
 RNG = np.random.default_rng(0)
 HEADS, HEAD = 2, 4
@@ -191,7 +191,7 @@ def _decomposed_rmsnorm(scale: np.ndarray) -> onnx.ModelProto:
 
 def _fused_by_onnxruntime(model: onnx.ModelProto, tmp_path) -> list[str]:
     """The operators onnxruntime runs of ``model`` after its own fusions."""
-    from taso_egg.timing import make_session
+    from taso_egg.product.timing import make_session
 
     make_session(model, optimized_path=str(tmp_path / "optimized.onnx"))
     return [n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx"), load_external_data=False).graph.node]

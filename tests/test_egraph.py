@@ -10,8 +10,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from taso_egg import zoo
-from taso_egg.api import extract_graph
+from taso_egg.research import zoo
+from taso_egg.product.optimize_graph import extract_graph
 from taso_egg.check.whole_graph import check_graphs_equivalent
 from taso_egg.egraph.saturate import Limits, rules_egraph, saturate
 from taso_egg.errors import LimitError

@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from taso_egg import timing
+from taso_egg.product import timing
 from taso_egg.cli import main
 
 RNG = np.random.default_rng(0)
@@ -70,7 +70,7 @@ def test_no_model_is_serialized_with_its_weights(tmp_path, monkeypatch, capsys):
 def test_imports_share_the_read_weights(tmp_path):
     """A file is read into arrays once; the imports at both sizes hold those arrays,
     not copies (on main every import copied every weight out of protobuf)."""
-    from taso_egg.dynamic import DynamicModel
+    from taso_egg.product.dynamic import DynamicModel
     from taso_egg.onnx_io.fed import FedModel
     from taso_egg.onnx_io.reading import read_model_file
 

@@ -1,4 +1,4 @@
-"""Generation measured end to end (python -m taso_egg.bench --generate): a greedy loop
+"""Generation measured end to end (python -m taso_egg.research.benchmarks --generate): a greedy loop
 over a decoder with its key/value cache, on a small onnx.helper decoder shaped as the
 exports are (input_ids, attention_mask, past.* in, logits and present.* out)."""
 
@@ -9,10 +9,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from taso_egg import bench
+from taso_egg.research import benchmarks as bench
 from taso_egg.errors import NotADecoder
-from taso_egg.generate import Decoder, generate, measure
-from taso_egg.timing import make_session
+from taso_egg.product.generate import Decoder, generate, measure
+from taso_egg.product.timing import make_session
 
 VOCAB, HEADS, HEAD = 11, 2, 4
 HIDDEN = HEADS * HEAD

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from taso_egg import zoo
+from taso_egg.research import zoo
 from taso_egg.cost import AnalyticCost, ProfiledCost, graph_cost
 from taso_egg.cost.store import load_profile
 from taso_egg.errors import ProfileError
@@ -30,7 +30,7 @@ from taso_egg.profiling.bundle import (
 )
 from taso_egg.profiling.prepare import build_bundle, staged_configurations
 from taso_egg.profiling.profiler import graph_configurations, profile_configurations
-from taso_egg.timing import exported_graph
+from taso_egg.product.timing import exported_graph
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "squeezenet-small"   # optimized under the analytic GPU model: original != optimized

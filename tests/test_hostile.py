@@ -309,12 +309,12 @@ def _commands(parser, path=()):
 
 
 def _python_m_mains():
-    from taso_egg import bench
+    from taso_egg.research import benchmarks as bench
     from taso_egg.extract import gym_bench as extract_bench
     from taso_egg.profiling import latency_bench as profiling_bench
     from taso_egg.profiling import gpu_run, prepare
 
-    return {"taso_egg.bench": bench.main, "taso_egg.extract.gym_bench": extract_bench.main,
+    return {"taso_egg.research.benchmarks": bench.main, "taso_egg.extract.gym_bench": extract_bench.main,
             "taso_egg.profiling.latency_bench": profiling_bench.main, "taso_egg.profiling.gpu_run": gpu_run.main,
             "taso_egg.profiling.prepare": prepare.main}
 

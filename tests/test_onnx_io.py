@@ -659,7 +659,7 @@ def test_export_for_check_feeds_the_weights_the_written_model_holds():
     arrays, not copies) instead of held as initializers."""
     from taso_egg.executor import random_inputs
     from taso_egg.onnx_io.exporter import FED_ELEMENTS, export_for_check, export_onnx
-    from taso_egg.zoo import squeezenet_small
+    from taso_egg.research.zoo import squeezenet_small
 
     g = squeezenet_small()
     written = export_onnx(g)

@@ -13,7 +13,7 @@ import functools
 import pytest
 import z3
 
-from taso_egg import zoo
+from taso_egg.research import zoo
 from taso_egg.egraph.convert import egraph_form
 from taso_egg.egraph.language import SORTS, egraph_params
 from taso_egg.errors import TasoEggError

@@ -172,7 +172,7 @@ def test_the_egglog_round_trip_keeps_it(op):
     reshapes may stay) and the same values."""
     from collections import Counter
 
-    from taso_egg.api import extract_graph
+    from taso_egg.product.optimize_graph import extract_graph
     from taso_egg.cost import load_cost_model
     from taso_egg.egraph.saturate import saturate
 

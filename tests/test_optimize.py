@@ -10,8 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from taso_egg import zoo
-from taso_egg.api import Extraction, optimize
+from taso_egg.research import zoo
+from taso_egg.product.optimize_graph import Extraction, optimize
 from taso_egg.check.whole_graph import check_graphs_equivalent
 from taso_egg.egraph.saturate import Limits
 from taso_egg.errors import VerificationError
@@ -102,7 +102,7 @@ def test_optimize_is_deterministic(key):
 _PEAK_MEMORY_RUN = """
 import resource, sys
 from taso_egg import zoo
-from taso_egg.api import optimize
+from taso_egg.product.optimize_graph import optimize
 from taso_egg.options import OptimizeOptions
 runs = {
     "bert": optimize(zoo.bert(layers=2, batch=2, seq=8, hidden=64, heads=4), options=OptimizeOptions().replace(measure=0)),
@@ -159,7 +159,7 @@ def test_renamed_input_raises():
 def test_optimize_rejects_a_wrong_extraction(monkeypatch, fake_timer):
     """optimize must check the extracted graph it returns: feed it one with relu ->
     sigmoid, measured faster so that it would be returned."""
-    import taso_egg.api as api
+    import taso_egg.product.optimize_graph as api
 
     wrong = _mlp("sigmoid")
 
@@ -275,7 +275,7 @@ def test_the_original_measured_fastest_is_returned(fake_timer):
 def test_candidates_predicted_to_gain_nothing_are_not_timed(fake_timer):
     """The guard times only candidates predicted to gain enough (decide.worth_timing):
     none when none is (the original written, the predictions in the reason)."""
-    from taso_egg.decide import REEXPORT_ABOVE
+    from taso_egg.product.decide import REEXPORT_ABOVE
 
     g, model = _cluttered()
     fake_timer.ms = {"original": 2.0, "re-export": 1.0, "result": 1.0}
@@ -292,7 +292,7 @@ def test_candidates_predicted_to_gain_nothing_are_not_timed(fake_timer):
 def test_the_result_the_cost_model_prices_faster_is_timed_whatever_its_profile(fake_timer, monkeypatch):
     """Profiles that see no gain do not overrule a cost model that prices one past
     decide.PRICED_ABOVE (BERT from the dynamo exporter: profiled 0.988x, measured 1.03x)."""
-    from taso_egg import decide
+    from taso_egg.product import decide
 
     fake_timer.ms = {"original": 2.0, "result": 1.0}
     fake_timer.predicted = {"result": 1.0}
@@ -421,7 +421,7 @@ def _residual_block(bias_shaped: bool = False):
 
 
 def test_a_residual_add_and_relu_fuse_into_the_conv():
-    from taso_egg.api import extract_graph
+    from taso_egg.product.optimize_graph import extract_graph
     from taso_egg.egraph.saturate import saturate
 
     g = _residual_block()
@@ -436,7 +436,7 @@ def test_a_residual_add_and_relu_fuse_into_the_conv():
 
 
 def test_a_broadcast_add_does_not_fuse_into_the_conv():
-    from taso_egg.api import extract_graph
+    from taso_egg.product.optimize_graph import extract_graph
     from taso_egg.egraph.saturate import saturate
 
     g = _residual_block(bias_shaped=True)
@@ -474,7 +474,7 @@ def test_the_extractors_objective_is_what_the_built_graph_costs(model):
     # The e-graph's concat is binary and the builder flattens nested concats, so a
     # chain must be priced as the one concat it becomes (absorption): before, the
     # ILP's objective on nasnet-a-small lay 13 % above what its graph costs.
-    from taso_egg.api import extract_graph
+    from taso_egg.product.optimize_graph import extract_graph
     from taso_egg.cost import load_cost_model
     from taso_egg.cost.model import graph_cost
     from taso_egg.egraph.saturate import saturate

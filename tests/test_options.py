@@ -28,7 +28,7 @@ def _flags() -> dict[str, tuple]:
 def _parsers():
     """(name, parser) for the taso-egg command and each of its subcommands (nested
     ones too) and the benchmarks' commands."""
-    from taso_egg import bench
+    from taso_egg.research import benchmarks as bench
     from taso_egg.cli import build_parser
     from taso_egg.extract import gym_bench as extract_bench
     from taso_egg.profiling import latency_bench as profiling_bench
@@ -83,9 +83,10 @@ def test_the_command_parses_to_the_librarys_default_options():
 
 
 def test_the_librarys_functions_take_the_same_defaults():
-    from taso_egg import api, compare
+    from taso_egg.product import optimize_graph as api
+    from taso_egg.research import compare
     from taso_egg.extract import registry
-    from taso_egg.search import search
+    from taso_egg.research.search import search
 
     def default(fn, name):
         return inspect.signature(fn).parameters[name].default

@@ -1,4 +1,4 @@
-"""Peers side by side (python -m taso_egg.bench --onnx DIR --peers): other tools'
+"""Peers side by side (python -m taso_egg.research.benchmarks --onnx DIR --peers): other tools'
 models timed in taso-egg's interleaved sessions and checked against the original.
 A peer that is missing, does not apply, fails or computes something else is a cell
 saying so; the figures are this run's, so only their form is checked."""
@@ -10,9 +10,10 @@ import onnx
 import pytest
 from onnx import helper
 
-from taso_egg import bench, decide, peers, timing
+from taso_egg.research import benchmarks as bench
+from taso_egg.product import decide, peers, timing
 from taso_egg.check.tolerance import RTOL
-from taso_egg.peers import PeerOutput
+from taso_egg.product.peers import PeerOutput
 
 from conftest import cluttered_conv_model, init, make_model, vi
 

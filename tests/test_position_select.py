@@ -15,7 +15,7 @@ import onnx
 from onnx import helper
 
 import taso_egg
-from taso_egg.api import extract_graph
+from taso_egg.product.optimize_graph import extract_graph
 from taso_egg.check.runtime import onnx_outputs
 from taso_egg.cost import AnalyticCost
 from taso_egg.egraph.saturate import saturate

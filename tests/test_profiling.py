@@ -13,7 +13,7 @@ import onnx
 import pytest
 from taso_egg.rules.corpus import load_corpus
 
-from taso_egg import zoo
+from taso_egg.research import zoo
 from taso_egg.cost import (
     AnalyticCost,
     OpConfig,
@@ -329,7 +329,7 @@ def test_weight_only_work_costs_nothing():
 
 
 def test_optimize_uses_the_named_profile(tmp_path):
-    from taso_egg.api import optimize
+    from taso_egg.product.optimize_graph import optimize
 
     g = zoo.nasrnn(steps=1, hidden=8)
     p = Profile(_meta())
@@ -431,7 +431,7 @@ def test_bench_predicts_from_a_same_run_profile_too(capsys):
 
 
 def test_shipped_profiles_price_what_the_runtime_runs():
-    from taso_egg.api import runtime_form
+    from taso_egg.product.optimize_graph import runtime_form
     from taso_egg.rules.corpus import load_corpus
 
     model = load_cost_model("cpu-ort")
@@ -445,7 +445,7 @@ def test_shipped_profiles_price_what_the_runtime_runs():
 def test_the_runtime_form_applies_the_rule_family_it_is_given():
     """Rule families are values: every declared fusion is a corpus rule (a renamed rule
     cannot drop out unseen), and runtime_form applies the family it is passed."""
-    from taso_egg.api import runtime_form
+    from taso_egg.product.optimize_graph import runtime_form
     from taso_egg.rules.corpus import FUSIONS, RuleFamily, load_corpus
 
     rules = load_corpus()

@@ -15,7 +15,7 @@ from onnx import TensorProto as TP
 from onnx import helper
 
 import taso_egg
-from taso_egg.api import extract_graph
+from taso_egg.product.optimize_graph import extract_graph
 from taso_egg.egraph.saturate import saturate
 from taso_egg.options import OptimizeOptions
 from test_onnx_io import ops_of, rand, roundtrip

@@ -43,7 +43,7 @@ from taso_egg.rules.instantiate import PatternBuilder, evaluate_param, example_v
 from taso_egg.rules.ast import Proj
 from taso_egg.rules.corpus import load_corpus
 from taso_egg.rules.syntax import parse_rules
-from taso_egg.search.matcher import GraphIndex, RuleMatcher
+from taso_egg.research.search.matcher import GraphIndex, RuleMatcher
 
 
 @dataclasses.dataclass
@@ -397,7 +397,7 @@ def test_every_back_end_translates_the_whole_table():
                           guards=dict.fromkeys(semantics.GUARDS))
     from taso_egg.egraph import rule_compiler as eg
     from taso_egg.rules import instantiate
-    from taso_egg.search import matcher
+    from taso_egg.research.search import matcher
 
     for table in (eg._EGGLOG, zv._Z3, instantiate._NUMERIC, matcher._MATCHER):
         assert set(table.param_fns) == set(semantics.PARAM_FNS)

@@ -10,7 +10,8 @@ default limits reached 100,700 in iteration 1.
 import pytest
 
 import taso_egg.egraph.saturate as sat_mod
-from taso_egg import new_graph, zoo
+from taso_egg import new_graph
+from taso_egg.research import zoo
 from taso_egg.egraph.saturate import Limits, saturate
 from taso_egg.options import MIN_HEADROOM
 

@@ -8,13 +8,13 @@ from taso_egg.rules.instantiate import PatternBuilder, example_values
 from taso_egg.rules.corpus import load_corpus
 from taso_egg.rules.syntax import parse_rules
 
-from taso_egg import zoo
+from taso_egg.research import zoo
 from taso_egg.check.whole_graph import check_graphs_equivalent
 from taso_egg.cli import main
 from taso_egg.cost import AnalyticCost, graph_cost
 from taso_egg.errors import LimitError
 from taso_egg.graph import Graph
-from taso_egg.search import (
+from taso_egg.research.search import (
     GraphIndex,
     Rejected,
     apply_match,
@@ -22,7 +22,7 @@ from taso_egg.search import (
     compile_rules,
     find_matches,
 )
-from taso_egg.search.search import _Search, _State
+from taso_egg.research.search.search import _Search, _State
 
 HAND = {r.name: r for r in load_corpus("taso_hand")}
 COST = AnalyticCost()  # the search's default is a measured profile; tests need no file
@@ -321,7 +321,7 @@ def test_cli_search_writes_the_input_when_the_result_measures_slower(tmp_path, c
     """The guard optimize applies: a result measured slower in onnxruntime is not written."""
     import onnx
 
-    from taso_egg import timing
+    from taso_egg.product import timing
     from taso_egg.onnx_io.exporter import export_onnx
 
     monkeypatch.setattr(timing, "ort_rounds", lambda models, feeds, threads=1:

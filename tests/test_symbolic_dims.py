@@ -339,7 +339,7 @@ def _optimize_flat_adds_dear(path, out):
 
     from taso_egg.cost.model import AnalyticCost
     from taso_egg.onnx_io.exporter import save_atomically
-    from taso_egg.onnx_optimize import optimize_onnx
+    from taso_egg.product.optimize_onnx import optimize_onnx
     from taso_egg.options import CostOptions, DecisionOptions, OptimizeOptions
 
     @dataclass(frozen=True)
@@ -389,10 +389,10 @@ def test_values_wrong_at_the_second_sizes_located_where_they_start(tmp_path):
     """``wrong_values`` runs the candidate at the second sizes against the input there,
     tensor by tensor: none differs when nothing is wrong; where one weight is, only it
     is named, not what is computed from it."""
-    from taso_egg.api import extract_graph
-    from taso_egg.dynamic import retyped, wrong_values
+    from taso_egg.product.optimize_graph import extract_graph
+    from taso_egg.product.dynamic import retyped, wrong_values
     from taso_egg.egraph.saturate import saturate, tensor_classes
-    from taso_egg.onnx_optimize import OnnxInput
+    from taso_egg.product.optimize_onnx import OnnxInput
 
     dyn = OnnxInput.read(_class_token(tmp_path)).dynamic
     sat = saturate(dyn.graph, rules=(), count_classes=False)
@@ -410,7 +410,7 @@ def test_the_guard_times_each_candidate_as_it_is_written(tmp_path, capsys, monke
     input's symbolic dims, not exported at the priced sizes (onnxruntime fuses a
     graph with fixed sizes differently: a BERT ran 4 % slower so), and the written file
     is the model timed."""
-    from taso_egg import decide, timing
+    from taso_egg.product import decide, timing
     from taso_egg.onnx_io.fed import feed
 
     timed = {}

@@ -13,7 +13,7 @@ import pytest
 from onnx import helper
 
 import taso_egg
-from taso_egg.api import extract_graph
+from taso_egg.product.optimize_graph import extract_graph
 from taso_egg.cost import AnalyticCost
 from taso_egg.egraph.saturate import saturate
 from taso_egg.rules.corpus import load_corpus

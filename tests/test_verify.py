@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from taso_egg import zoo
+from taso_egg.research import zoo
 from taso_egg.check.scaled_executor import run_scaled
 from taso_egg.check.whole_graph import check_graphs_equivalent
 from taso_egg.errors import VerificationError

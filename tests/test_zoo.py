@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import pytest
 
-from taso_egg import zoo
+from taso_egg.research import zoo
 from taso_egg.cli import main
 
 from conftest import check_against_ort

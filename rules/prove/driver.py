@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from taso_egg.errors import RuleError
-from taso_egg.files import write_atomically
+from taso_egg.disk.files import write_atomically
 
 from ..ast import Proof
 from ..records import with_proof_records

@@ -12,7 +12,7 @@ its operator's scale. Finer scales are noise the extractor chases: per configura
 swapped configurations one profile made look dear for unmeasured ones at the average
 scale (predicted 1.04-1.05x, measured 0.98-0.99x on a ResNet-50 and a MobileNetV3).
 
-The arithmetic only: ``taso_egg.calibrate`` takes the profile.
+The arithmetic only: ``taso_egg.product.calibrate`` takes the profile.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from ..errors import ProfileError
-from ..files import write_atomically
+from ..disk.files import write_atomically
 from .config import OpConfig
 
 FORMAT = "taso-egg-profile"

@@ -27,7 +27,7 @@ from collections import Counter
 from pathlib import Path
 
 from taso_egg.errors import RuleError
-from taso_egg.files import write_atomically
+from taso_egg.disk.files import write_atomically
 
 from .. import rules as _rules_package
 from ..rules.ast import Proof

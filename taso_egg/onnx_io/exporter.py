@@ -15,10 +15,10 @@ import numpy as np
 
 from ..errors import ExportError, TasoEggError
 from ..executor import call_kernel
-from ..files import write_atomically
+from ..disk.files import write_atomically
 from ..graph import Graph, Node, claim_unique_name, node_digest, node_local_bytes
 from ..ops import EWADD, EWMUL, INPUT, OPAQUE, OPS, WEIGHT
-from ..versions import ir_version_for
+from ..ops.versions import ir_version_for
 from .fed import FedModel, save_external, save_inline, stub
 from .validate import checker_complaint
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 from ..errors import OnnxImportError, TasoEggError, first_line
-from ..versions import MIN_OPSET
+from ..ops.versions import MIN_OPSET
 from .fed import FedModel, feed
 from .validate import validate_model
 

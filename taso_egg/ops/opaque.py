@@ -18,7 +18,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..errors import CannotRun, ExecutionError, first_line
-from ..versions import ir_version_for
+from .versions import ir_version_for
 from .base import OpSpec, Param, TensorType, register
 
 

@@ -34,7 +34,7 @@ from ..cost import OpConfig
 from ..errors import ProfileError
 from ..graph import Graph, new_graph
 from ..ops import TensorType
-from ..timing import kernel_times, make_session
+from ..product.timing import kernel_times, make_session
 
 SAMPLE_S = 1e-3         # a sample loops the operator for at least this long
 DIRECT_ABOVE_S = 2e-3   # slower than this, a session run's fixed overhead is < 1%: no copies

@@ -33,7 +33,7 @@ from pathlib import Path
 from ..cost import OpConfig
 from ..cost.config import jsonable
 from ..errors import ProfileError, TasoEggError
-from ..files import write_atomically
+from ..disk.files import write_atomically
 from ..graph import Graph, new_graph
 from ..ops import INPUT, OPAQUE, WEIGHT
 from .profiler import configuration_counts

@@ -160,7 +160,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     try:
         if args.xp == "numpy":  # on the CPU one thread, as every CPU profile is taken
-            from ..timing import pinned_threads
+            from ..product.timing import pinned_threads
 
             with pinned_threads():
                 return run(args)

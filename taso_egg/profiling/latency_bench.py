@@ -63,7 +63,7 @@ class SameRunProfiles:
 
     def model_for(self, backend_name: str, graphs):
         from ..cost import ProfiledCost
-        from ..timing import pinned_threads
+        from ..product.timing import pinned_threads
         from .backends import make_backend
         from .profiler import graph_configurations, new_profile, profile_configurations, unique
 
@@ -101,7 +101,7 @@ def _time_profiling(models, repeats, warmups, out) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .. import zoo
+    from ..research import zoo
     from ..cli_args import add_option_arguments
     from ..options import DEFAULT_PROFILE, DecisionOptions, ExtractionOptions
 
@@ -125,15 +125,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from .. import zoo
-    from ..api import optimize, runtime_form
+    from ..research import zoo
+    from ..product.optimize_graph import optimize, runtime_form
     from ..cli_args import options_from_args
     from ..cost import load_cost_model
     from ..executor import random_inputs, run
     from ..onnx_io.exporter import export_onnx
     from ..options import CostOptions, DecisionOptions, ExtractionOptions, OptimizeOptions
     from ..rules.corpus import load_corpus
-    from ..timing import exported_graph, make_session, median_times, pinned_threads
+    from ..product.timing import exported_graph, make_session, median_times, pinned_threads
 
     args = build_parser().parse_args(argv)
     out = sys.stdout

@@ -24,7 +24,7 @@ from ..cli_args import CommandParser
 from ..cost import AnalyticCost, load_cost_model
 from ..cost.store import now, profiles_dir
 from ..errors import TasoEggError
-from ..files import check_writable
+from ..disk.files import check_writable
 from ..options import DAG_EXTRACTORS, CostOptions, DecisionOptions, OptimizeOptions
 from ..graph import Graph
 from .bundle import (
@@ -66,7 +66,7 @@ def staged_configurations(graph: Graph, saturation, extracted: dict[str, Graph],
     """(config, stage) for one model: what ``deployed`` (the graphs a device run times)
     run, then what the extractors chose (as built and as exported), then every e-node
     of ``saturation`` (None: the graph alone)."""
-    from ..timing import exported_graph
+    from ..product.timing import exported_graph
 
     pairs = [(c, "run") for g in deployed for c in graph_configurations(g)]
     pairs += [(c, "graphs") for c in graph_configurations(graph)]
@@ -89,7 +89,7 @@ def list_meta(model, models, device: str, rules) -> dict:
 
 
 def extracted_graphs(saturation, model, known: dict[str, Graph] | None = None) -> dict[str, Graph]:
-    from ..api import extract_graph
+    from ..product.optimize_graph import extract_graph
 
     known = dict(known or {})
     for x in DAG_EXTRACTORS:
@@ -101,10 +101,10 @@ def extracted_graphs(saturation, model, known: dict[str, Graph] | None = None) -
 def build_bundle(models, out: Path, model=None, rules=None, log=print) -> dict:
     """Optimize each model under ``model`` (default ``gpu_cost_model()``) and write
     the bundle into ``out``; returns the graphs file's content."""
-    from ..api import optimize
+    from ..product.optimize_graph import optimize
     from ..rules.corpus import load_corpus
-    from ..timing import exported_graph
-    from ..zoo import MODELS
+    from ..product.timing import exported_graph
+    from ..research.zoo import MODELS
 
     model = model or gpu_cost_model()
     rules = tuple(load_corpus() if rules is None else rules)

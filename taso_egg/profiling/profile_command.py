@@ -13,10 +13,10 @@ from pathlib import Path
 
 from ..cli_args import add_input_shape_argument, parse_input_shapes
 from ..errors import ProfileError
-from ..files import check_writable
+from ..disk.files import check_writable
 from ..ops import OPS
 from ..options import DAG_EXTRACTORS, DEFAULT_PROFILE
-from ..timing import pinned_threads
+from ..product.timing import pinned_threads
 from .backends import BACKENDS, DEVICE_OF, make_backend
 
 
@@ -54,13 +54,13 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from ..api import extract_graph
+    from ..product.optimize_graph import extract_graph
     from ..cost import ProfiledCost
     from ..cost.store import load_profile, profiles_dir
     from ..egraph.saturate import saturate
     from ..rules.corpus import load_corpus
-    from ..timing import exported_graph
-    from ..zoo import load_model
+    from ..product.timing import exported_graph
+    from ..research.zoo import load_model
     from .profiler import (
         graph_configurations,
         new_profile,
@@ -134,8 +134,8 @@ def _list_configs(args) -> int:
     from ..cost import load_cost_model
     from ..egraph.saturate import saturate
     from ..rules.corpus import load_corpus
-    from ..timing import exported_graph
-    from ..zoo import load_model
+    from ..product.timing import exported_graph
+    from ..research.zoo import load_model
     from .bundle import config_list, write_json
     from .prepare import calibration_pairs, extracted_graphs, gpu_cost_model, list_meta, staged_configurations
 

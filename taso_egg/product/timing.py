@@ -13,12 +13,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import ProfileError, first_line
-from .executor import random_inputs, run
-from .graph import Graph
-from .onnx_io.exporter import export_onnx
-from .onnx_io.fed import feed, release_mapped_pages, save_external, session_parts
-from .onnx_io.importer import load_onnx
+from ..errors import ProfileError, first_line
+from ..executor import random_inputs, run
+from ..graph import Graph
+from ..onnx_io.exporter import export_onnx
+from ..onnx_io.fed import feed, release_mapped_pages, save_external, session_parts
+from ..onnx_io.importer import load_onnx
 
 
 # The shortest sample: faster callables are called repeatedly within one sample.

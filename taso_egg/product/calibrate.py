@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .cost import CalibratedCost, CostModel, node_config
-from .cost.calibrated import spread
-from .graph import Graph
-from .ops import OPS
+from ..cost import CalibratedCost, CostModel, node_config
+from ..cost.calibrated import spread
+from ..graph import Graph
+from ..ops import OPS
 
 # Profiled runs after the warm-up: each kernel's median over them is its time; five
 # cost a few seconds on the largest exports measured.
@@ -43,7 +43,7 @@ def runtime_profile(graph: Graph, feeds, runs: int = PROFILE_RUNS) -> RuntimePro
     ``runs`` runs after a warm-up), each kernel's time mapped to the graph's nodes."""
     import onnx
 
-    from .onnx_io.exporter import export_fed_named
+    from ..onnx_io.exporter import export_fed_named
     from .timing import kernel_times
 
     model, names = export_fed_named(graph)

@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from . import timing
-from .errors import ProfileError
-from .executor import random_inputs
-from .graph import Graph
-from .onnx_io.exporter import export_fed
-from .onnx_io.fed import array_of, file_backed
-from .options import MAX_ROUNDS, MIN_ROUNDS
+from ..errors import ProfileError
+from ..executor import random_inputs
+from ..graph import Graph
+from ..onnx_io.exporter import export_fed
+from ..onnx_io.fed import array_of, file_backed
+from ..options import MAX_ROUNDS, MIN_ROUNDS
 from .phases import PhaseTimes
 
 if TYPE_CHECKING:

@@ -19,16 +19,16 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .cli_args import add_limit_arguments, add_option_arguments, limits_from_args, options_from_args
-from .cost import CostModel, graph_cost
-from .egraph.saturate import saturate
-from .errors import TasoEggError
-from .files import check_writable, write_atomically
-from .graph import Graph
-from .onnx_io.counts import operator_counts
-from .onnx_io.exporter import export_onnx
-from .options import CostOptions, ExtractionOptions, Limits, SearchOptions
-from .timing import measure
+from ..cli_args import add_limit_arguments, add_option_arguments, limits_from_args, options_from_args
+from ..cost import CostModel, graph_cost
+from ..egraph.saturate import saturate
+from ..errors import TasoEggError
+from ..disk.files import check_writable, write_atomically
+from ..graph import Graph
+from ..onnx_io.counts import operator_counts
+from ..onnx_io.exporter import export_onnx
+from ..options import CostOptions, ExtractionOptions, Limits, SearchOptions
+from ..product.timing import measure
 
 METHODS = ("backtracking", "eqsat-greedy", "eqsat-ilp")
 
@@ -80,9 +80,9 @@ def compare_model(name: str, graph: Graph, cost_model: CostModel, rules=None,
                   progress=None) -> ModelComparison:
     """Run both methods on ``graph`` and measure their results (``measure_repeats`` = 0
     skips the measurements)."""
-    from .api import extract_graph, runtime_cost
-    from .check.whole_graph import check_graphs_equivalent
-    from .rules.corpus import load_corpus
+    from ..product.optimize_graph import extract_graph, runtime_cost
+    from ..check.whole_graph import check_graphs_equivalent
+    from ..rules.corpus import load_corpus
     from .search import backtracking_search
 
     rules = tuple(load_corpus() if rules is None else rules)  # the same rules for both methods
@@ -249,7 +249,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from . import zoo
-    from .cost import load_cost_model
+    from ..cost import load_cost_model
 
     unknown = [m for m in args.models if m not in zoo.MODELS]
     if unknown:

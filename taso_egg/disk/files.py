@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from .errors import TasoEggError
+from ..errors import TasoEggError
 
 
 def check_writable(path, error: type[TasoEggError], inputs=()) -> None:

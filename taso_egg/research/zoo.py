@@ -12,7 +12,7 @@ matmul wherever the original has one; ResNet-50 is TASO's stem-less, head-less c
 
 from __future__ import annotations
 
-from .graph import Graph, Tensor, new_graph
+from ..graph import Graph, Tensor, new_graph
 
 
 def bert(layers: int = 8, batch: int = 16, seq: int = 64, hidden: int = 1024, heads: int = 16) -> Graph:
@@ -442,8 +442,8 @@ def load_model(name: str, input_shapes=None) -> Graph:
     dimensions); the commands that take either call this."""
     import os
 
-    from .errors import TasoEggError
-    from .onnx_io.importer import load_onnx
+    from ..errors import TasoEggError
+    from ..onnx_io.importer import load_onnx
 
     if name in MODELS:
         return MODELS[name]()

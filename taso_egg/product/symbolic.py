@@ -31,8 +31,8 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..errors import OnnxImportError, TasoEggError
-from .fed import FedModel, array_of, file_backed, is_stub
-from .validate import checker_complaint, without_weight_data
+from ..onnx_io.fed import FedModel, array_of, file_backed, is_stub
+from ..onnx_io.validate import checker_complaint, without_weight_data
 
 DEFAULT_LEADING = 1    # a symbolic dim at axis 0 of an input: a batch
 DEFAULT_OTHER = 64     # any other symbolic dim: a sequence length, an image side

@@ -14,7 +14,7 @@ from taso_egg.options import CostOptions, DecisionOptions, SearchOptions
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help="ONNX file, or a zoo model name (taso_egg.zoo.MODELS)")
+    parser.add_argument("model", help="ONNX file, or a zoo model name (taso_egg.research.zoo.MODELS)")
     parser.add_argument("-o", "--output", required=True, type=Path, help="optimized ONNX file")
     add_option_arguments(parser, SearchOptions)
     parser.add_argument("--time-limit", type=float, default=None, metavar="S",
@@ -28,12 +28,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from taso_egg.decide import format_ratio, keep_unless_faster
+    from taso_egg.product.decide import format_ratio, keep_unless_faster
     from taso_egg.errors import ExportError
-    from taso_egg.files import check_writable
+    from taso_egg.disk.files import check_writable
     from taso_egg.onnx_io.counts import describe, format_table, operator_counts
     from taso_egg.onnx_io.exporter import export_onnx, save_atomically
-    from taso_egg.zoo import load_model
+    from taso_egg.research.zoo import load_model
 
     from .search import backtracking_search
 

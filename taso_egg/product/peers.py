@@ -1,5 +1,5 @@
 """Other tools' optimizations of an ONNX model, made as a user would make them, for the
-benchmark (``python -m taso_egg.bench --onnx DIR --peers``) to time beside taso-egg's:
+benchmark (``python -m taso_egg.research.benchmarks --onnx DIR --peers``) to time beside taso-egg's:
 
 - onnxsim: ``onnxsim.simplify`` (constant folding, shape inference, dead code);
 - onnxslim: ``onnxslim.slim`` (the same, plus pattern fusions);

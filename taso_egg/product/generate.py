@@ -1,7 +1,7 @@
 """Generation measured end to end: a greedy loop over a decoder with its key/value
 cache, as optimum's ``ORTModelForCausalLM`` and onnxruntime-genai run one: a prompt of
 P tokens, then N new ones, each step feeding the cache the last one returned.
-``python -m taso_egg.bench --generate ORIGINAL OTHER ...`` prints the table.
+``python -m taso_egg.research.benchmarks --generate ORIGINAL OTHER ...`` prints the table.
 
 A decoder is read from its interface alone: ``input_ids``, an optional
 ``attention_mask`` and ``position_ids``, cache inputs named ``past...`` each returned
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import NotADecoder, first_line
+from ..errors import NotADecoder, first_line
 
 
 _CACHE_INPUT = re.compile(r"^past(?:_key_values)?(.*)$")

@@ -116,7 +116,7 @@ def _inferred_relations(proto, symbols: list[str]):
     import sympy
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
-    from .validate import without_weight_data
+    from ..onnx_io.validate import without_weight_data
 
     light = without_weight_data(getattr(proto, "model", proto))  # a FedModel's protobuf: stubs for weights
     declared = {}

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Iterable, Mapping, Sequence
 
-from .graph import Graph
-from .ops import OPS
-from .ops.base import elementwise_flops
+from ..graph import Graph
+from ..ops import OPS
+from ..ops.base import elementwise_flops
 
 def _colour(op: str) -> str:
     """A node's fill, by what the operator table says it is: inputs, weights and
@@ -125,7 +125,7 @@ def draw_egraph(egraph, ax=None, chosen: Iterable[str] = (), title: str | None =
     bold. Refuses e-graphs above ``max_nodes`` e-nodes (they would be unreadable)."""
     from matplotlib.patches import FancyBboxPatch
 
-    from .errors import TasoEggError
+    from ..errors import TasoEggError
 
     if egraph.num_nodes > max_nodes:
         raise TasoEggError(f"e-graph has {egraph.num_nodes} e-nodes; drawing is limited to "

@@ -164,7 +164,7 @@ def backtracking_search(graph: Graph, rules=None, cost_model: CostModel | None =
     """TASO's backtracking search: ``budget`` graphs popped, ``alpha`` the relaxation
     (TASO's 1000 and 1.05 by default, ``SearchOptions``). ``rules``: parsed Rule objects (default: the
     corpus, as saturation uses); costs from ``cost_model`` when given, else from
-    ``profile``, with the same default as ``taso_egg.api.optimize``. ``progress`` is
+    ``profile``, with the same default as ``taso_egg.product.optimize_graph.optimize``. ``progress`` is
     called with each StepStats. The best graph is checked numerically against
     ``graph`` (``verify``) before it is returned."""
     from taso_egg.check.whole_graph import check_graphs_equivalent

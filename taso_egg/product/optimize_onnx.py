@@ -17,14 +17,14 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
-from .api import OptimizeResult, Writer, optimize
+from .optimize_graph import OptimizeResult, Writer, optimize
 from .dynamic import DynamicModel, write_symbolic
-from .egraph.saturate import tensor_classes
-from .onnx_io.counts import describe
-from .onnx_io.last_position import describe as describe_last_position, parse_last_position, read_last_position
-from .onnx_io.reading import read_model_file, upgraded
-from .onnx_io.symbolic import describe_sizes
-from .options import Hooks, OptimizeOptions
+from ..egraph.saturate import tensor_classes
+from ..onnx_io.counts import describe
+from ..onnx_io.last_position import describe as describe_last_position, parse_last_position, read_last_position
+from ..onnx_io.reading import read_model_file, upgraded
+from .symbolic import describe_sizes
+from ..options import Hooks, OptimizeOptions
 from .phases import PhaseTimes
 
 
@@ -220,10 +220,10 @@ def optimize_model(model, output=None, *, input_shapes: Mapping[str, Sequence[in
     reason. ``rules`` replace the proved corpus, ``extra_rules`` are added to it (or to
     ``rules``), loaded once the model is read. Errors a caller can cause are
     ``TasoEggError``s naming what is wrong."""
-    from .errors import ExportError, NotModelled
-    from .files import check_writable
-    from .onnx_io.exporter import save_atomically
-    from .onnx_io.fed import FedModel, inline
+    from ..errors import ExportError, NotModelled
+    from ..disk.files import check_writable
+    from ..onnx_io.exporter import save_atomically
+    from ..onnx_io.fed import FedModel, inline
 
     options = (options or OptimizeOptions()).replace(**option_changes)
     if last_position is not None and not isinstance(last_position, Mapping):
@@ -247,7 +247,7 @@ def optimize_model(model, output=None, *, input_shapes: Mapping[str, Sequence[in
                                 time.perf_counter() - start, [change] if change else [], interface_change=change)
         return _returned(original, output, external, read_back), report
     if extra_rules:
-        from .rules.corpus import load_corpus
+        from ..rules.corpus import load_corpus
 
         rules = list(load_corpus() if rules is None else rules) + list(extra_rules)
     hooks = replace(hooks or Hooks(), phase_times=phases)
@@ -297,6 +297,6 @@ def _returned(model, output, external: bool, read_back: bool):
 
 def _weight_bytes(model) -> int:
     """The bytes of ``model``'s initializers (a ModelProto or a FedModel)."""
-    from .onnx_io.fed import array_of
+    from ..onnx_io.fed import array_of
 
     return sum(array_of(model, t).nbytes for t in model.graph.initializer)

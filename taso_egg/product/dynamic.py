@@ -23,12 +23,12 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .errors import ExecutionError, NotModelled, OnnxImportError, ShapeError, VerificationError
-from .graph import Graph
-from .onnx_io.dim_relations import dim_relations
-from .onnx_io.importer import OtherSizes, load_onnx, value_types
-from .ops import INPUT, OPAQUE, RESHAPE, SPLIT, WEIGHT
-from .onnx_io.symbolic import (Interface, NotSymbolic, check_feeds_fit, describe_sizes, grown_sizes, import_shapes,
+from ..errors import ExecutionError, NotModelled, OnnxImportError, ShapeError, VerificationError
+from ..graph import Graph
+from .dim_relations import dim_relations
+from ..onnx_io.importer import OtherSizes, load_onnx, value_types
+from ..ops import INPUT, OPAQUE, RESHAPE, SPLIT, WEIGHT
+from .symbolic import (Interface, NotSymbolic, check_feeds_fit, describe_sizes, grown_sizes, import_shapes,
                                input_types, interface, leading_symbols, representative_sizes, second_sizes, symbolize,
                                tied_sizes, writable_sizes)
 
@@ -213,8 +213,8 @@ def _runs(reference, graph: Graph) -> bool:
     """Whether the model runs at the sizes ``graph`` was imported at: no tensor is
     empty, and, where an opaque node's types came from ONNX's shape inference (which
     lets a window outlast its input), onnxruntime runs it."""
-    from .check.runtime import onnx_outputs
-    from .executor import random_inputs
+    from ..check.runtime import onnx_outputs
+    from ..executor import random_inputs
 
     if any(0 in t.shape for n in graph.nodes.values() for t in n.outputs):
         return False
@@ -254,7 +254,7 @@ def write_symbolic(dyn: DynamicModel, candidate: Graph, candidate_classes: Mappi
     ``candidate`` is ``dyn.graph`` itself (the re-export) or an extracted graph with the
     e-class of each of its tensors (``candidate_classes``) and of each tensor of
     ``dyn.graph`` (``input_classes``)."""
-    from .onnx_io.exporter import export_fed
+    from ..onnx_io.exporter import export_fed
 
     if candidate is dyn.graph:
         try:
@@ -300,8 +300,8 @@ def check_at_sizes(dyn: DynamicModel, model, seed: int = 0) -> dict[str, float]:
     """``model`` against the input in onnxruntime at the first and the second sizes: the
     worst relative error at each; VerificationError where they differ, NotSymbolic
     where the comparison would prove nothing."""
-    from .check.runtime import check_onnx_model
-    from .executor import random_feeds
+    from ..check.runtime import check_onnx_model
+    from ..executor import random_feeds
 
     errors = {}
     for sizes, graph in ((dyn.first, dyn.graph), (dyn.second, dyn.second_graph())):
@@ -449,11 +449,11 @@ def wrong_values(dyn: DynamicModel, candidate: Graph, at_second: Graph, made: Ma
     it is computed from does. Empty where onnxruntime cannot run them."""
     from onnx import ValueInfoProto
 
-    from .check.runtime import onnx_outputs
-    from .check.tolerance import relative_error
-    from .executor import random_inputs
-    from .onnx_io.exporter import export_fed_named
-    from .onnx_io.fed import FedModel
+    from ..check.runtime import onnx_outputs
+    from ..check.tolerance import relative_error
+    from ..executor import random_inputs
+    from ..onnx_io.exporter import export_fed_named
+    from ..onnx_io.fed import FedModel
 
     sized = dyn.second_graph()
     same = {s.id: n.id for n, s in zip(dyn.graph.nodes.values(), sized.nodes.values())}

@@ -1,0 +1,1 @@
+"""What is kept on disk: outputs written all or nothing, derived data cached across processes."""
