@@ -24,11 +24,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from taso_egg.product import decide, timing
+from taso_egg.product import decide, guard, timing
 from taso_egg.research import zoo
 from taso_egg.executor import random_feeds
 from taso_egg.onnx_io.exporter import export_onnx
-from taso_egg.product.symbolic import input_types, interface
+from taso_egg.product.dims import input_types, interface
 
 DIMS = {"batch": 1, "sequence": 64, "samples": 16000}
 
@@ -57,7 +57,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("models", nargs="+", help="zoo model names, ONNX files, folders of them")
     p.add_argument("--max-rounds", type=int, default=decide.MAX_ROUNDS)
-    p.add_argument("--seconds", type=float, default=decide.TIME_BUDGET, help="time budget per model")
+    p.add_argument("--seconds", type=float, default=guard.TIME_BUDGET, help="time budget per model")
     p.add_argument("--total-seconds", type=float, default=None, help="skip the models left after this")
     p.add_argument("--no-skip", action="store_true", help="time every copy, whatever its prediction")
     p.add_argument("--dim", action="append", default=[], metavar="NAME=N",
@@ -82,7 +82,7 @@ def main(argv=None) -> int:
             with timing.pinned_threads():
                 # two sessions of the same bytes: the copy is the candidate
                 next_round = timing.ort_rounds({"original": source, "copy": source}, inputs)
-                report = decide.run_guard(next_round, ["original", "copy"], max_rounds=args.max_rounds,
+                report = guard.run_guard(next_round, ["original", "copy"], max_rounds=args.max_rounds,
                                           seconds=args.seconds)
         except Exception as e:  # one model onnxruntime cannot run is a row, not the end
             print(f"{label:<34}  failed: {type(e).__name__}: {e}", flush=True)
@@ -92,10 +92,10 @@ def main(argv=None) -> int:
         print(f"{label:<34}{predicted:>9.3f}x{c.ratio:>7.3f}x{f'[{c.low:.3f}, {c.high:.3f}]':>20}  {c.decision:<10}"
               f"{c.rounds:>7}{report.seconds:>9.1f}{report.medians['original']:>11.3f}  {report.stopped}", flush=True)
     print(f"predicted = the copy's speedup from matched kernel profiles (timed where it could reach "
-          f"{1 + decide.MARGIN:g}x); "
+          f"{1 + guard.MARGIN:g}x); "
           f"ratio = the original's time over the copy's (Hodges-Lehmann over paired rounds), "
-          f"{100 * (1 - 2 * decide.ALPHA):.0f} % interval (split over the guard's looks); faster/slower "
-          f"need the interval beyond {1 + decide.MARGIN:g} / {1 / (1 + decide.MARGIN):.3f}; "
+          f"{100 * (1 - 2 * guard.ALPHA):.0f} % interval (split over the guard's looks); faster/slower "
+          f"need the interval beyond {1 + guard.MARGIN:g} / {1 / (1 + guard.MARGIN):.3f}; "
           f"false decisions: {false}")
     return min(false, 1)
 

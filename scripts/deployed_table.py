@@ -27,8 +27,8 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
-from taso_egg.product.symbolic import input_types
-from taso_egg.product.symbolic import interface as symbolic_interface
+from taso_egg.product.dims import input_types
+from taso_egg.product.dims import interface as symbolic_interface
 
 SIZES = ({"batch": 1, "other": 16}, {"batch": 2, "other": 32})  # two sizes of each symbolic dim
 

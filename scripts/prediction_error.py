@@ -19,7 +19,7 @@ from taso_egg.product import timing
 from taso_egg.product.optimize_graph import extract_graph, runtime_calibrated, runtime_form
 from taso_egg.product.calibrate import runtime_profile
 from taso_egg.cost import graph_cost, load_cost_model, node_config
-from taso_egg.product.decide import run_guard
+from taso_egg.product.guard import run_guard
 from taso_egg.egraph.saturate import saturate
 from taso_egg.executor import random_inputs
 from taso_egg.onnx_io.exporter import export_fed

@@ -15,7 +15,7 @@ from .cli_args import (CommandParser, add_input_shape_argument, add_optimize_arg
 from .errors import ExportError, NotModelled, TasoEggError
 from .onnx_io.last_position import parse_last_position
 from .ops import OPAQUE
-from .product.symbolic import DEFAULT_LEADING, DEFAULT_OTHER
+from .product.dims import DEFAULT_LEADING, DEFAULT_OTHER
 from .options import Hooks
 
 
@@ -39,7 +39,7 @@ def _cmd_inspect(args) -> int:
     from .product.dynamic import DynamicModel
     from .onnx_io.counts import describe
     from .onnx_io.reading import read_model, upgraded
-    from .product.symbolic import describe_sizes
+    from .product.dims import describe_sizes
 
     original = read_model(args.model)
     try:
@@ -203,7 +203,7 @@ def _print_summary(result, report) -> None:
 
 def _print_guard(guard, chosen: str, predicted: float, cost_model: str, profiled: dict) -> None:
     """The headline speedup with its interval, what predicted it, and each candidate's line."""
-    from .product.decide import format_ratio
+    from .product.guard import format_ratio
 
     how = (f"onnxruntime ORT_ENABLE_ALL, 1 thread, CPU time, {guard.rounds} paired rounds in "
            f"{guard.seconds:.1f} s; {100 * guard.confidence:.0f} % interval")

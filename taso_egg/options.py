@@ -168,12 +168,12 @@ class SearchOptions:
 MIN_GAIN = 0.05
 # ``measure`` is the most paired rounds the guard (``decide``) may time. The fewest
 # rounds before its first look: with ten, the exact signed-rank interval can exclude no
-# difference at each look's share of decide.ALPHA (its smallest one-sided p, 2^-10, is
+# difference at each look's share of guard.ALPHA (its smallest one-sided p, 2^-10, is
 # below 0.025 / 18: nine looks, two candidates), and half of them run each order.
 MIN_ROUNDS = 10
 # The most rounds by default: a true 3 % gain with 2 % run-to-run noise is confirmed in
 # about 25 rounds (tests/test_decide.py); small models, whose rounds take milliseconds,
-# can afford the 200 that noisier timings need, and decide.TIME_BUDGET stops large
+# can afford the 200 that noisier timings need, and guard.TIME_BUDGET stops large
 # ones first.
 MAX_ROUNDS = 200
 # The most rounds a caller may ask for: past a few hundred the interval narrows by

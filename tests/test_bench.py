@@ -103,7 +103,7 @@ def test_the_peers_measurement_gives_every_candidate_a_finite_interval(monkeypat
     import itertools
     import time
 
-    from taso_egg.product import decide
+    from taso_egg.product import guard
     from taso_egg.research.benchmarks import _measured
     from taso_egg.options import MIN_ROUNDS
 
@@ -114,7 +114,7 @@ def test_the_peers_measurement_gives_every_candidate_a_finite_interval(monkeypat
         time.sleep(0.02)
         return {n: (100.0 if n == "original" else 90.0) * next(noise) for n in names}
 
-    monkeypatch.setattr(decide, "TIME_BUDGET", 0.03)  # a round takes most of the budget
-    monkeypatch.setattr(decide, "MAX_TIME_BUDGET", 0.03)  # and it is not stretched
+    monkeypatch.setattr(guard, "TIME_BUDGET", 0.03)  # a round takes most of the budget
+    monkeypatch.setattr(guard, "MAX_TIME_BUDGET", 0.03)  # and it is not stretched
     for c in _measured(slow_round, names, 200).values():
         assert c.rounds == MIN_ROUNDS and 0 < c.low <= 100 / 90 <= c.high < float("inf")

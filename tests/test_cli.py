@@ -248,13 +248,13 @@ def test_the_headline_gives_the_result_s_reach_where_it_is_why_it_was_timed(caps
     memory-bound kernels a quarter faster): the headline says so beside the speedup,
     and says nothing more where the two agree."""
     from taso_egg import cli
-    from taso_egg.product import decide
+    from taso_egg.product import decide, guard
 
-    guard = decide.GuardReport({"result": decide.Comparison(1.002, 0.98, 1.02, "undecided", 10)},
+    report = guard.GuardReport({"result": guard.Comparison(1.002, 0.98, 1.02, "undecided", 10)},
                                {"original": 2.0, "result": 2.0}, 10, 40.0, "futile", 0.95)
-    cli._print_guard(guard, "original", 1.004, "a profile",
+    cli._print_guard(report, "original", 1.004, "a profile",
                      {"re-export": decide.Prediction(1.003, 1.003), "result": decide.Prediction(1.007, 1.012)})
     assert "the re-export 1.003x, the result 1.007x (at most 1.012x); the result 1.004x by the cost model" \
         in capsys.readouterr().out
-    cli._print_guard(guard, "original", 1.004, "a profile", {"result": decide.Prediction(1.07, 1.0702)})
+    cli._print_guard(report, "original", 1.004, "a profile", {"result": decide.Prediction(1.07, 1.0702)})
     assert "kernel profiles: the result 1.070x; the result" in capsys.readouterr().out

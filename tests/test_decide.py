@@ -11,8 +11,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from taso_egg.product import decide
-from taso_egg.product.decide import ALPHA, compare, looks, run_guard, signed_rank_interval
+from taso_egg.product import decide, guard
+from taso_egg.product.guard import ALPHA, compare, looks, run_guard, signed_rank_interval
 from taso_egg.options import MAX_MEASURE, MAX_ROUNDS, MIN_ROUNDS, check_measure
 
 
@@ -52,7 +52,7 @@ def test_the_signed_rank_distribution_is_exact():
     n = 8
     sums = Counter(sum(s) for r in range(n + 1) for s in itertools.combinations(range(1, n + 1), r))
     cdf = np.cumsum([sums[t] / 2 ** n for t in range(n * (n + 1) // 2 + 1)])
-    assert np.allclose(decide._signed_rank_cdf(n), cdf)
+    assert np.allclose(guard._signed_rank_cdf(n), cdf)
 
 
 def test_the_interval_has_its_exact_level():
@@ -130,12 +130,12 @@ def test_no_gain_stops_early_and_real_gains_keep_their_power(monkeypatch):
     cases = [({"result": 1.07}, 0.08, 0.0, 30), ({"result": 1.05}, 0.08, 0.0, 30), ({"result": 1.03}, 0.03, 0.15, 200)]
     with_futility = [_decisions(r, cv=cv, seeds=100, spikes=sp, max_rounds=m)["result"]["faster"]
                      for r, cv, sp, m in cases]
-    monkeypatch.setattr(decide, "cannot_clear", lambda *args, **kwargs: False)
+    monkeypatch.setattr(guard, "cannot_clear", lambda *args, **kwargs: False)
     without = [_decisions(r, cv=cv, seeds=100, spikes=sp, max_rounds=m)["result"]["faster"] for r, cv, sp, m in cases]
     assert all(a >= b - 3 for a, b in zip(with_futility, without)), (with_futility, without)
 
 
-@pytest.mark.parametrize("margin", [0.0, decide.MARGIN])
+@pytest.mark.parametrize("margin", [0.0, guard.MARGIN])
 def test_pure_noise_confirms_falsely_at_most_at_the_nominal_level(margin):
     # margin 0: the bare sequential test, looking six times and stopping early
     seeds = 400
@@ -163,7 +163,7 @@ def test_several_candidates_share_the_level():
 
 
 def test_the_time_budget_stops_timing_after_the_minimum(monkeypatch):
-    monkeypatch.setattr(decide, "cannot_clear", lambda *args, **kwargs: False)  # the budget alone stops
+    monkeypatch.setattr(guard, "cannot_clear", lambda *args, **kwargs: False)  # the budget alone stops
     rounds, timed = _rounds(np.random.default_rng(0), {"result": 1.0}, cv=0.10), []
 
     def one_second_a_round(names=None):
@@ -193,7 +193,7 @@ def test_rounds_too_slow_for_the_first_look_are_spent_only_on_a_large_gain(gain,
     assert report.rounds == rounds and report.stopped == stopped
     if stopped == "futile":
         assert report.comparisons["result"].decision == "undecided" and report.futile == ("result",)
-        assert "a round takes 46 s" in decide.not_faster_why(report, "result", "the original")
+        assert "a round takes 46 s" in guard.not_faster_why(report, "result", "the original")
     else:
         assert report.comparisons["result"].decision == "faster"
 
@@ -202,8 +202,8 @@ def test_slow_rounds_stretch_the_budget_to_enough_rounds(monkeypatch):
     """Rounds of 5 s (BERT's three sessions): the 60 s budget would give twelve, too
     few to confirm a 10 % gain through a session's luck; it stretches to fit
     ENOUGH_ROUNDS, and no further than MAX_TIME_BUDGET for slower rounds."""
-    monkeypatch.setattr(decide, "cannot_clear", lambda *args, **kwargs: False)  # the budget alone stops
-    for pace, rounds in [(1.0, 60), (5.0, decide.ENOUGH_ROUNDS), (15.0, int(decide.MAX_TIME_BUDGET / 15))]:
+    monkeypatch.setattr(guard, "cannot_clear", lambda *args, **kwargs: False)  # the budget alone stops
+    for pace, rounds in [(1.0, 60), (5.0, guard.ENOUGH_ROUNDS), (15.0, int(guard.MAX_TIME_BUDGET / 15))]:
         elapsed = []
         noisy = _rounds(np.random.default_rng(0), {"result": 1.0}, cv=0.10)
 
@@ -213,14 +213,14 @@ def test_slow_rounds_stretch_the_budget_to_enough_rounds(monkeypatch):
 
         report = run_guard(one_round, ["original", "result"], clock=lambda: sum(elapsed))
         assert report.rounds == rounds and report.stopped == "time", (pace, report.rounds)
-        assert report.budget == max(decide.TIME_BUDGET, min(decide.MAX_TIME_BUDGET, rounds * pace))
+        assert report.budget == max(guard.TIME_BUDGET, min(guard.MAX_TIME_BUDGET, rounds * pace))
 
 
 def test_the_schedule_fits_the_rounds_the_budget_allows(monkeypatch):
     """Rounds of 3 s in a 60 s budget: 20 rounds, looked at after 10 and 20, each look
     with a quarter of the level (two looks, two candidates), not a share of the nine
     looks up to MAX_ROUNDS that the budget would never reach."""
-    monkeypatch.setattr(decide, "cannot_clear", lambda *args, **kwargs: False)  # the budget alone stops
+    monkeypatch.setattr(guard, "cannot_clear", lambda *args, **kwargs: False)  # the budget alone stops
     rounds, elapsed = _rounds(np.random.default_rng(0), {"re-export": 1.0, "result": 1.0}, cv=0.10), []
 
     def three_seconds_a_round(names=None):
@@ -230,7 +230,7 @@ def test_the_schedule_fits_the_rounds_the_budget_allows(monkeypatch):
     report = run_guard(three_seconds_a_round, ["original", "re-export", "result"], seconds=60, longest=60,
                        clock=lambda: sum(elapsed))
     assert report.rounds == 20 and report.stopped == "time"
-    assert decide.looks(MIN_ROUNDS, 20) == [10, 20]
+    assert guard.looks(MIN_ROUNDS, 20) == [10, 20]
 
 
 def test_a_candidate_shown_not_faster_is_timed_no_more():
@@ -410,7 +410,8 @@ def test_a_result_is_timed_where_its_own_kernels_could_reach_the_margin():
     Gelu in a tenth of it, nor projections merged into one matmul in half of it (a
     Llama's q, k and v): their profiled time is their arithmetic. The re-export keeps
     its own threshold."""
-    from taso_egg.product.decide import MARGIN, PROFILE_ERROR, REEXPORT_ABOVE, Prediction, matched_speedup, worth_timing
+    from taso_egg.product.decide import PROFILE_ERROR, REEXPORT_ABOVE, Prediction, matched_speedup, worth_timing
+    from taso_egg.product.guard import MARGIN
 
     shared = {("MatMul", "[768]"): [45.0, 45.0]}
     for share, own, timed in ((0.1, "Add", True), (0.03, "Add", False), (0.1, "Gelu", False),

@@ -14,8 +14,8 @@ from taso_egg.check.runtime import onnx_outputs
 from taso_egg.cli import main
 from taso_egg.product.dynamic import DynamicModel, check_at_sizes
 from taso_egg.errors import OnnxImportError
-from taso_egg.product.dim_relations import Relation, dim_relations
-from taso_egg.product.symbolic import interface, leading_symbols, representative_sizes, second_sizes
+from taso_egg.product.dims import Relation, dim_relations
+from taso_egg.product.dims import interface, leading_symbols, representative_sizes, second_sizes
 
 RNG = np.random.default_rng(0)
 HEADS, HEAD = 2, 4

@@ -80,9 +80,9 @@ def test_the_command_does_not_read_its_output_back(tmp_path, monkeypatch):
 def test_nothing_to_gain_is_not_timed(tmp_path, monkeypatch):
     """A model the rules cannot improve is written unchanged without a round of timing:
     its re-export (the importer's clean-up) is predicted at no gain."""
-    from taso_egg.product import decide
+    from taso_egg.product import decide, guard
 
-    monkeypatch.setattr(decide, "time_in_onnxruntime",
+    monkeypatch.setattr(guard, "time_in_onnxruntime",
                         lambda *args, **kwargs: pytest.fail("a model predicted to gain nothing was timed"))
     # The profiles of a model of a millisecond scatter (0.81x-1.20x in a fresh process), so
     # they are given here as what they would show without noise: the same kernels.

@@ -1,7 +1,7 @@
 """Models with symbolic dims: imported at representative sizes, written back with
 their symbolic dims, checked at two sizes.
 
-``DynamicModel.load`` imports a model at the sizes ``onnx_io.symbolic`` chooses (the
+``DynamicModel.load`` imports a model at the sizes ``dims.DimPlan`` chooses (the
 graph ``optimize`` prices, saturates and times), told the model's types at the second
 sizes so that what depends on the sizes (masks, position ranges) stays computed at run
 time; both imports then make the same choices, node for node. ``write_symbolic`` turns the chosen
@@ -12,7 +12,7 @@ at those sizes), both are exported and ``symbolize``d into one model, and that m
 is checked against the input in onnxruntime at both sizes. A candidate that cannot be
 written so, or differs at either size, is refused with the reason and the tensors
 responsible (``SymbolicWrite.culprits``: where a rewrite held only at the priced
-sizes), which ``api.optimize`` forbids and extracts again without.
+sizes), which ``optimize_graph.optimize`` forbids and extracts again without.
 """
 
 from __future__ import annotations
@@ -23,14 +23,12 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..errors import ExecutionError, NotModelled, OnnxImportError, ShapeError, VerificationError
+from ..errors import ExecutionError, ShapeError, VerificationError
 from ..graph import Graph
-from .dim_relations import dim_relations
 from ..onnx_io.importer import OtherSizes, load_onnx, value_types
 from ..ops import INPUT, OPAQUE, RESHAPE, SPLIT, WEIGHT
-from .symbolic import (Interface, NotSymbolic, check_feeds_fit, describe_sizes, grown_sizes, import_shapes,
-                               input_types, interface, leading_symbols, representative_sizes, second_sizes, symbolize,
-                               tied_sizes, writable_sizes)
+from .dims import DimPlan, Interface, describe_sizes, input_types, tied_sizes
+from .symbolize import NotSymbolic, symbolize, writable_sizes
 
 
 @dataclass
@@ -57,46 +55,33 @@ class DynamicModel:
              fixed: bool = False) -> DynamicModel:
         """``given``: input name -> shape (--input-shape), the sizes to price and time at;
         ``fixed``: the model is written with them (--fix-shapes), so everything that
-        depends on them may fold."""
-        given = dict(given or {})
-        iface = interface(reference)
-        relations = dim_relations(reference, iface.symbols, leading_symbols(iface)) if iface.symbolic else {}
-        zeros = {d: 0 for name, shape in given.items() for d, size in zip(iface.dims.get(name, ()), shape)
-                 if isinstance(d, str) and size == 0}
-        if zeros and fixed:
-            raise OnnxImportError(f"--fix-shapes with {describe_sizes(zeros)}: a model fixed at an empty "
-                                  f"tensor computes nothing; give sizes of 1 or more")
-        # an input given at an empty size is imported at the chosen sizes, checked at the empty ones
-        given = {name: shape for name, shape in given.items()
-                 if not any(isinstance(d, str) and d in zeros for d in iface.dims.get(name, ()))}
-        cache = concatenated_dims(reference, iface) if iface.symbolic else set()
-        new_tokens = frozenset(new_token_dims(relations, cache))
-        first = representative_sizes(iface, given, relations, one=new_tokens)
-        check_feeds_fit(iface, first)
+        depends on them may fold. The sizes are chosen once (``dims.DimPlan``); where an
+        opaque node cannot take them, the defaulted ones grow."""
+        plan = DimPlan.choose(reference, given, fixed)
+        iface, first = plan.iface, plan.first
         while True:
-            second = second_sizes(first, relations)
-            grown = grown_sizes(iface, first, given, relations)
+            second = plan.second(first)
+            grown = plan.grown(first)
             at = second  # the sizes an opaque node is probed at, for the error
             try:
                 other = None
                 if not fixed and iface.symbolic:
-                    second, second_types = _second_that_runs(reference, iface, first, second, given, relations)
+                    second, second_types = _second_that_runs(reference, plan, first, second)
                     other = OtherSizes(second_types, writable_sizes(first, second))
                 at = first
-                graph = load_onnx(reference, import_shapes(iface, first, given), other)
+                graph = load_onnx(reference, plan.import_shapes(first), other)
             except ExecutionError as e:
                 # an opaque node's types probed in onnxruntime: a window longer than
                 # its input (a speech encoder's strided convolutions) at these sizes
                 if grown is None or not _too_small(e):
-                    raise _refused(_at_sizes(e, iface, at, given, relations), iface, given) from None
+                    raise plan.refused(plan.at_sizes(e, at)) from None
                 first = grown
                 continue
             except ShapeError as e:
-                raise _at_sizes(e, iface, first, given, relations) from None
+                raise plan.at_sizes(e, first) from None
             if grown is None or _runs(reference, graph):
-                empty = empty_sizes(first, zeros or {d: 0 for d in cache}, relations)
-                return cls(reference, iface, first, second, graph, fixed=fixed, empty=empty,
-                           new_tokens=frozenset(d for d in new_tokens if first[d] == 1))
+                return cls(reference, iface, first, second, graph, fixed=fixed, empty=plan.empty(first),
+                           new_tokens=plan.new_tokens_at(first))
             first = grown
 
     @property
@@ -112,17 +97,18 @@ class DynamicModel:
         return self._second_graph
 
 
-def _second_that_runs(reference, iface: Interface, first: Mapping[str, int], second: dict[str, int],
-                      given: Mapping, relations: Mapping) -> tuple[dict[str, int], dict]:
+def _second_that_runs(reference, plan: DimPlan, first: Mapping[str, int],
+                      second: dict[str, int]) -> tuple[dict[str, int], dict]:
     """``second`` and the model's value types there; where an opaque node refuses those
     sizes, ``second`` with one chosen dim held at its first size, the first such that
     runs (onnxruntime-genai's ``kv_cache_dim``, which GroupQueryAttention takes at the
     head size alone). One probe per chosen dim at most; none runs: the first error."""
+    iface, relations = plan.iface, plan.relations
     try:
         return second, value_types(reference, iface.shapes(second))
     except ExecutionError as e:
         refused = e
-    set_by_given = _given_dims(iface, given)
+    set_by_given = plan.given_dims()
     for s in iface.symbols:
         if s in relations or s in set_by_given or second[s] == first[s]:
             continue
@@ -132,81 +118,6 @@ def _second_that_runs(reference, iface: Interface, first: Mapping[str, int], sec
         except ExecutionError:
             continue
     raise refused
-
-
-def empty_sizes(first: Mapping[str, int], zeros: Mapping[str, int], relations: Mapping) -> dict[str, int] | None:
-    """``first`` with the ``zeros`` (dims at 0) and the dims tied to them recomputed;
-    None where there are none, or a tied dim comes out empty too or negative."""
-    if not zeros:
-        return None
-    sizes = {s: v for s, v in first.items() if s not in relations}
-    sizes.update(zeros)
-    sizes = {**sizes, **{d: rel.value(sizes) for d, rel in relations.items()}}
-    return sizes if all(sizes[d] > 0 for d in relations if d not in zeros) else None
-
-
-def concatenated_dims(reference, iface: Interface) -> set[str]:
-    """The symbols along which an input is concatenated (a key/value cache's past
-    length, the present cache being the past one and the new positions): an empty
-    cache is how such a model is first called."""
-    dims: set[str] = set()
-    inputs = {vi.name for vi in iface.inputs}
-    for node in reference.graph.node:
-        if node.op_type != "Concat":
-            continue
-        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-        for name in node.input:
-            if name in inputs:
-                shape = iface.dims[name]
-                d = shape[axis] if -len(shape) <= axis < len(shape) else None
-                if isinstance(d, str):
-                    dims.add(d)
-    return dims
-
-
-def new_token_dims(relations: Mapping, cache: set[str]) -> set[str]:
-    """The dims a cache's length grows by (``past_sequence_length + sequence_length``,
-    optimum's mask: ``sequence_length``): a model that takes its cache is called once
-    per token it generates and once for the prompt, so it is priced and timed as that
-    step, one new token (a prefill of the default 64 on a cache of 64 measured
-    optimum's Llama at 47 ms where its step takes 9)."""
-    new = set()
-    for rel in relations.values():
-        reads = dict(rel.terms)
-        if any(reads.get(d) == 1 for d in cache):
-            new.update(s for s, k in rel.terms if k == 1 and s not in cache)
-    return new
-
-
-def _at_sizes(error: Exception, iface: Interface, sizes: Mapping[str, int], given: Mapping,
-              relations: Mapping) -> Exception:
-    """``error`` (a node that cannot take the sizes a symbolic model was imported at)
-    naming those sizes, which of them were chosen rather than given, the ties found
-    among them, and the flag that sets them."""
-    if not iface.symbolic:
-        return error
-    set_by_given = _given_dims(iface, given)
-    chosen = [s for s in iface.symbols if s not in set_by_given]
-    ties = "; ties read from the graph: " + ", ".join(f"{d} = {r}" for d, r in relations.items()) if relations else ""
-    why = (f" (at {describe_sizes(sizes)}{ties}; " +
-           (f"{', '.join(chosen)} chosen by default: set them with --input-shape NAME=D0,D1,...)" if chosen
-            else "as given by --input-shape)"))
-    return type(error)(str(error) + why)
-
-
-def _given_dims(iface: Interface, given: Mapping) -> set[str]:
-    """The symbols the shapes given (--input-shape) set."""
-    return {d for name in given for d in iface.dims.get(name, ()) if isinstance(d, str)}
-
-
-def _refused(error: ExecutionError, iface: Interface, given: Mapping) -> Exception:
-    """An opaque node onnxruntime refuses at sizes chosen by default (a contrib
-    operator with rules of its own: GroupQueryAttention takes a batch above 1 only for
-    one new token, a cache mask only as lengths): the model is carried whole, written
-    unchanged with the reason, not refused; at sizes the caller gave, the error stands."""
-    if set(iface.symbols) <= _given_dims(iface, given):
-        return error
-    return NotModelled(f"{error}; no sizes the model takes were found")
 
 
 def _runs(reference, graph: Graph) -> bool:

@@ -399,7 +399,7 @@ def step_table(rows: list[StepRow], pasts: tuple[int, ...]) -> str:
     """The rows as text: each cache length's median step time over rounds, and the
     speedup over the first model from the paired rounds (the guard's signed-rank
     interval, 95 %)."""
-    from .decide import compare
+    from .guard import compare
 
     base = rows[0]
     header = f"{'model':<34}" + "".join(f"{f'past {p} ms':>13}{'vs first':>27}" for p in pasts) + f"{'max rel err':>13}"

@@ -20,7 +20,8 @@ from ..check.regions import LocalCheck, check_locally
 from ..check.runtime import OnnxCheck, check_float32_proves_nothing, check_onnx_model
 from ..check.whole_graph import check_graphs_equivalent, share_weights
 from ..cost import CostModel, graph_cost, load_cost_model
-from .decide import Decision, GuardReport, decide
+from .decide import Decision, decide
+from .guard import GuardReport
 from ..egraph.convert import build_graph
 from ..egraph.pricing import priced_egraph
 from ..egraph.saturate import Saturation, saturate, tensor_classes
@@ -222,7 +223,7 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
     cost model prices the first two alike, so only measurement can tell them apart:
     with ``measure`` > 0 every candidate is timed (one that computes node for node what
     an earlier one does is left out), and the fastest confirmed faster than the
-    original (its ratio's interval above 1 + decide.MARGIN; ``OptimizeStats.guard``)
+    original (its ratio's interval above 1 + guard.MARGIN; ``OptimizeStats.guard``)
     is returned, whatever the prediction said; else the original. With ``measure`` = 0 the result is returned on its predicted gain
     and the re-export is listed in ``Decision.not_measured`` (``OptimizeStats.decision``).
 

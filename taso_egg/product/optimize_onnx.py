@@ -23,7 +23,7 @@ from ..egraph.saturate import tensor_classes
 from ..onnx_io.counts import describe
 from ..onnx_io.last_position import describe as describe_last_position, parse_last_position, read_last_position
 from ..onnx_io.reading import read_model_file, upgraded
-from .symbolic import describe_sizes
+from .dims import describe_sizes
 from ..options import Hooks, OptimizeOptions
 from .phases import PhaseTimes
 

@@ -231,7 +231,8 @@ def _zoo_row(name: str, kwargs: dict, extractor: str, corpus: str, options: dict
 # --- real exports --------------------------------------------------------------------------
 
 def _onnx_table(args) -> int:
-    from ..product.decide import MARGIN, PRICED_ABOVE, PROFILE_ERROR, REEXPORT_ABOVE
+    from ..product.decide import PRICED_ABOVE, PROFILE_ERROR, REEXPORT_ABOVE
+    from ..product.guard import MARGIN
 
     measure = _optimize_options(vars(args)).decision.measure
     files = sorted(Path(args.onnx).glob("*.onnx"))
@@ -339,7 +340,7 @@ def _measured(next_round, names: list[str], most: int) -> dict:
     five candidates timed for ten rounds would get no finite interval)."""
     import math
 
-    from ..product.decide import run_guard, time_budget
+    from ..product.guard import run_guard, time_budget
     from ..options import MIN_ROUNDS
 
     start = time.perf_counter()

@@ -28,7 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from taso_egg.product.decide import format_ratio, keep_unless_faster
+    from taso_egg.product.decide import keep_unless_faster
+    from taso_egg.product.guard import format_ratio
     from taso_egg.errors import ExportError
     from taso_egg.disk.files import check_writable
     from taso_egg.onnx_io.counts import describe, format_table, operator_counts

@@ -1,209 +1,36 @@
-"""Symbolic dimensions: the sizes a model is optimized at, and writing it back with
-its symbolic dims.
+"""A candidate written back with the input's symbolic dims (``symbolize``).
 
-A model whose inputs have symbolic dims (a dynamic batch, a sequence length) is
-imported at representative sizes: one size per dim_param name, shared by every input
-that names it; given by ``--input-shape``, else ``DEFAULT_LEADING`` for a dim that
-leads an input (a batch) and ``DEFAULT_OTHER`` for the rest (a sequence length).
-Everything is priced, saturated and timed there. Where a default leaves some tensor
-empty (a conv stack over 64 audio samples has no frames), the defaulted sizes that do
-not lead an input double until none is (``grown_sizes``).
-
-A candidate to write is exported twice: at those sizes and at ``second_sizes`` (each
-symbol moved to a prime that divides none of the first sizes, so that the ratios of
-the two sizes are multiplicatively independent). Node for node the two exports agree
-but for the integer constants that encode a symbolic size (Reshape targets, Expand
-shapes, Slice ends, ...); each element of those is solved for the one monomial
-``c * s1^e1 * s2^e2 ...`` that gives both values (unique under that independence)
-and written as arithmetic on the model's own ``Shape`` of an input. The inputs and
-outputs are the original's value infos: names, order, dtypes and dim_params. What
-cannot be written so (a float constant that depends on a size, a size that is not a
-monomial of the symbols, such as ``seq - 1``) raises ``NotSymbolic`` naming it.
+The candidate is exported twice: at the first sizes and at the second ones
+(``dims.second_sizes``: each symbol moved to a prime that divides none of the first
+sizes, so that the ratios of the two sizes are multiplicatively independent). Node for
+node the two exports agree but for the integer constants that encode a symbolic size
+(Reshape targets, Expand shapes, Slice ends, ...); each element of those is solved for
+the one monomial ``c * s1^e1 * s2^e2 ...`` that gives both values (unique under that
+independence) and written as arithmetic on the model's own ``Shape`` of an input. The
+inputs and outputs are the original's value infos: names, order, dtypes and
+dim_params. What cannot be written so (a float constant that depends on a size, a size
+that is not a monomial of the symbols, such as ``seq - 1``) raises ``NotSymbolic``
+naming it.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..errors import OnnxImportError, TasoEggError
+from ..errors import TasoEggError
 from ..onnx_io.fed import FedModel, array_of, file_backed, is_stub
 from ..onnx_io.validate import checker_complaint, without_weight_data
+from .dims import Interface, describe_sizes, interface
 
-DEFAULT_LEADING = 1    # a symbolic dim at axis 0 of an input: a batch
-DEFAULT_OTHER = 64     # any other symbolic dim: a sequence length, an image side
 _MAX_EXPONENT = 2      # sizes up to the square of a symbol (attention's seq x seq)
-_MAX_GROWN = 1 << 14   # a default grows up to this (a second of 16 kHz audio)
 
 
 class NotSymbolic(TasoEggError):
     """A candidate that cannot be written with the input's symbolic dims."""
-
-
-@dataclass(frozen=True)
-class Interface:
-    """The model's graph inputs (initializers aside) and outputs as value infos, and
-    for each input its dims: an int where fixed, the symbol's name where symbolic (a
-    dim with no dim_param gets a name of its own, ``?input:axis``)."""
-
-    inputs: tuple            # ValueInfoProto, in the model's order
-    outputs: tuple
-    dims: dict[str, tuple]   # input name -> (int | str, ...)
-
-    @property
-    def symbols(self) -> list[str]:
-        seen: dict[str, None] = {}
-        for dims in self.dims.values():
-            seen.update((d, None) for d in dims if isinstance(d, str))
-        return list(seen)
-
-    @property
-    def symbolic(self) -> bool:
-        return bool(self.symbols)
-
-    def source(self, symbol: str) -> tuple[str, int]:
-        """The first input axis that has ``symbol``: where the written model reads it."""
-        return next((name, axis) for name, dims in self.dims.items()
-                    for axis, d in enumerate(dims) if d == symbol)
-
-    def shapes(self, sizes: Mapping[str, int]) -> dict[str, tuple[int, ...]]:
-        """Every input's shape with each symbol at ``sizes``."""
-        return {name: tuple(sizes[d] if isinstance(d, str) else d for d in dims)
-                for name, dims in self.dims.items()}
-
-
-def interface(proto) -> Interface:
-    initializers = {t.name for t in proto.graph.initializer}
-    inputs = tuple(vi for vi in proto.graph.input if vi.name not in initializers)
-    dims = {}
-    for vi in inputs:
-        shape = vi.type.tensor_type.shape if vi.type.HasField("tensor_type") else None
-        dims[vi.name] = tuple(
-            # a fixed size, even 0 (the importer refuses an empty tensor in one line)
-            d.dim_value if d.HasField("dim_value") else (d.dim_param or f"?{vi.name}:{axis}")
-            for axis, d in enumerate(shape.dim if shape is not None else ()))
-    return Interface(inputs, tuple(proto.graph.output), dims)
-
-
-def leading_symbols(iface: Interface) -> set[str]:
-    """The symbols at axis 0 of an input: batches, which keep their default of 1."""
-    return {dims[0] for dims in iface.dims.values() if dims and isinstance(dims[0], str)}
-
-
-def representative_sizes(iface: Interface, given: Mapping[str, Sequence[int]],
-                         relations: Mapping | None = None, one: Sequence[str] = ()) -> dict[str, int]:
-    """One size per symbol: as ``given`` (input name -> shape, --input-shape) sets it,
-    else the defaults (1 for the dims in ``one``), with each dim the graph ties to others
-    (``relations``, from ``dim_relations``) computed from them. One line (OnnxImportError) when two given
-    shapes set one symbol to different sizes, or the sizes given contradict a relation;
-    a given shape of the wrong rank is left for the importer."""
-    relations = dict(relations or {})
-    sizes: dict[str, int] = {}
-    setter: dict[str, str] = {}
-    for name, shape in given.items():
-        dims = iface.dims.get(name)
-        if dims is None or len(dims) != len(shape):
-            continue
-        for d, size in zip(dims, shape):
-            if not isinstance(d, str):
-                continue
-            if d in sizes and sizes[d] != int(size):
-                raise OnnxImportError(f"inputs {setter[d]!r} and {name!r} share the symbolic "
-                                      f"dimension {d!r}, but the shapes given (--input-shape) set it "
-                                      f"to {sizes[d]} and {int(size)}")
-            sizes[d], setter[d] = int(size), name
-    for d, rel in relations.items():  # a tied dim given, one dim it reads not: solved for that one
-        unset = [(s, k) for s, k in rel.terms if s not in sizes]
-        if d in sizes and len(unset) == 1 and abs(unset[0][1]) == 1:
-            s, k = unset[0]
-            sizes[s] = (sizes[d] - rel.value({**sizes, s: 0})) * k
-    leading = leading_symbols(iface)
-    for s in iface.symbols:
-        if s not in relations:
-            sizes.setdefault(s, 1 if s in one else DEFAULT_LEADING if s in leading else DEFAULT_OTHER)
-    return tied_sizes(sizes, relations, setter)
-
-
-def tied_sizes(sizes: Mapping[str, int], relations: Mapping, setter: Mapping[str, str] = {}) -> dict[str, int]:
-    """``sizes`` with every tied dim computed from the dims it reads; one line
-    (OnnxImportError) where that contradicts a size given, or is negative."""
-    out = dict(sizes)
-    for d, rel in relations.items():
-        value = rel.value(out)
-        if d in setter and out[d] != value:
-            raise OnnxImportError(f"the graph ties the symbolic dimension {d!r} to {rel} "
-                                  f"({describe_sizes({s: out[s] for s, _ in rel.terms}) or 'constant'}: {value}), "
-                                  f"but the shapes given (--input-shape) set it to {out[d]}")
-        if value < 0:
-            raise OnnxImportError(f"the graph ties the symbolic dimension {d!r} to {rel}, which is {value} at "
-                                  f"{describe_sizes(out)}; set the dims it reads with --input-shape")
-        out[d] = value
-    return out
-
-
-def input_types(iface: Interface, sizes: Mapping[str, int]):
-    """``(name, shape, dtype)`` of every tensor input with each symbol at ``sizes``."""
-    from onnx import helper
-
-    shapes = iface.shapes(sizes)
-    return [(vi.name, shapes[vi.name], helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type))
-            for vi in iface.inputs if vi.type.HasField("tensor_type")]
-
-
-def check_feeds_fit(iface: Interface, sizes: Mapping[str, int]) -> None:
-    """One line (``executor.check_feed_fits``) when an input's random values at ``sizes``
-    cannot be made: checked before anything is sized from them (second sizes, imports)."""
-    from ..executor import check_feed_fits
-
-    for name, shape, dtype in input_types(iface, sizes):
-        check_feed_fits(name, shape, dtype)
-
-
-def grown_sizes(iface: Interface, sizes: Mapping[str, int],
-                given: Mapping[str, Sequence[int]], relations: Mapping | None = None) -> dict[str, int] | None:
-    """``sizes`` with every symbol that no given shape sets, that leads no input and
-    that the graph ties to no other doubled (the tied ones follow); None when there is
-    none, or past ``_MAX_GROWN``."""
-    relations = dict(relations or {})
-    set_by_given = {d for name, shape in given.items() for d in iface.dims.get(name, ())
-                    if isinstance(d, str)}
-    leading = leading_symbols(iface)
-    free = [s for s in iface.symbols if s not in set_by_given and s not in leading and s not in relations]
-    if not free or any(sizes[s] * 2 > _MAX_GROWN for s in free):
-        return None
-    return tied_sizes({s: v * 2 if s in free else v for s, v in sizes.items()}, relations)
-
-
-def import_shapes(iface: Interface, sizes: Mapping[str, int],
-                  given: Mapping[str, Sequence[int]]) -> dict[str, tuple[int, ...]]:
-    """The shapes to import at: ``given`` as given (the importer checks them against the
-    model), every other input with its symbols at ``sizes``."""
-    symbolic = {name for name, dims in iface.dims.items() if any(isinstance(d, str) for d in dims)}
-    shapes = {name: shape for name, shape in iface.shapes(sizes).items() if name in symbolic and name not in given}
-    shapes.update({name: tuple(shape) for name, shape in given.items()})
-    return shapes
-
-
-def second_sizes(sizes: Mapping[str, int], relations: Mapping | None = None) -> dict[str, int]:
-    """For each symbol the smallest prime above its size that divides no nonzero size
-    and is no other symbol's, each tied dim computed from those (``relations``): the
-    sizes the candidates are also written and checked at."""
-    relations = dict(relations or {})
-    taken: set[int] = set()
-    out = {}
-    for s, size in sizes.items():
-        if s in relations:
-            continue
-        p = size + 1
-        while not _is_prime(p) or p in taken or any(v and v % p == 0 for v in sizes.values()):
-            p += 1
-        taken.add(p)
-        out[s] = p
-    return tied_sizes(out, relations)
 
 
 def writable_sizes(here: Mapping[str, int], there: Mapping[str, int]):
@@ -217,16 +44,6 @@ def writable_sizes(here: Mapping[str, int], there: Mapping[str, int]):
                                           for x, y in zip(v.ravel().tolist(), w.ravel().tolist()))
     return writable
 
-
-def describe_sizes(sizes: Mapping[str, int]) -> str:
-    return ", ".join(f"{s}={v}" for s, v in sizes.items())
-
-
-def _is_prime(n: int) -> bool:
-    return n > 1 and all(n % k for k in range(2, math.isqrt(n) + 1))
-
-
-# --- writing a candidate with symbolic dims ---------------------------------------------
 
 def symbolize(at_first, at_second, original, first: Mapping[str, int], second: Mapping[str, int]):
     """The candidate exported at ``first`` sizes (``at_first``) and at ``second`` sizes
