@@ -727,7 +727,7 @@ def test_later_merges_are_held_back_past_the_growth_bound():
 def test_saturation_loads_egglog_bindings_alone_and_the_package_still_imports():
     import subprocess
 
-    code = ("import sys; from taso_egg import zoo; from taso_egg.egraph.saturate import saturate; "
+    code = ("import sys; from taso_egg.research import zoo; from taso_egg.egraph.saturate import saturate; "
             "sat = saturate(zoo.nasrnn_small(), rules=[]); front = 'egglog' in sys.modules; "
             "import egglog; print(front, egglog.bindings is sys.modules['egglog.bindings'], "
             "egglog.EGraph is not None)")

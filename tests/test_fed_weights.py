@@ -201,7 +201,7 @@ _SESSION_MEMORY_RUN = """
 import json, sys
 import numpy as np
 from onnx import TensorProto, helper
-from taso_egg import timing
+from taso_egg.product import timing
 from taso_egg.onnx_io.fed import FedModel, stub
 
 def rss():  # resident and peak resident MiB
@@ -276,7 +276,7 @@ import json, sys
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
-from taso_egg import timing
+from taso_egg.product import timing
 from taso_egg.onnx_io import fed
 from taso_egg.onnx_io.reading import read_model_file
 

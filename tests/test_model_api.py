@@ -164,3 +164,14 @@ def test_a_model_past_2_gb_goes_through_the_call(tmp_path):
                           timeout=900)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
     assert (tmp_path / "big.opt.onnx.data").stat().st_size >= 3 * 1024 * 200_000 * 4
+
+
+def test_a_result_chosen_on_its_predicted_cost_is_not_headlined_as_the_input():
+    """measure=0 writes the result on its predicted cost: the headline says so, rather
+    than "the input written"."""
+    from taso_egg.product.optimize_onnx import OptimizeReport
+
+    report = OptimizeReport("result", "", None, None, {"result": 1.2}, {"saturation": 1.0}, 1.0)
+    assert report.headline().startswith("result written, not timed: predicted 1.200x")
+    kept = OptimizeReport("original", "nothing to gain", None, None, {}, {}, 0.5)
+    assert kept.headline().startswith("the input written: nothing to gain")

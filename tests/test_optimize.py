@@ -101,7 +101,7 @@ def test_optimize_is_deterministic(key):
 
 _PEAK_MEMORY_RUN = """
 import resource, sys
-from taso_egg import zoo
+from taso_egg.research import zoo
 from taso_egg.product.optimize_graph import optimize
 from taso_egg.options import OptimizeOptions
 runs = {

@@ -186,6 +186,9 @@ class OptimizeReport:
         if self.speedup is not None and self.written != "original":
             low, high = self.interval
             what = f"{self.written} written, {self.speedup:.3f}x [{low:.3f}, {high:.3f}] measured"
+        elif self.written != "original":  # chosen on its predicted cost (measure=0)
+            predicted = self.predicted.get(self.written)
+            what = f"{self.written} written, not timed" + (f": predicted {predicted:.3f}x" if predicted else "")
         else:
             what = f"the input written: {self.why}"
         phases = ", ".join(f"{name} {s:.1f} s" for name, s in self.phases.items())
