@@ -169,3 +169,35 @@ def test_a_cache_another_model_does_not_take_is_one_line(tmp_path, capsys):
     assert bench.main(["--generate", first, other, "--step-at", "3", "--rounds", "1"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not the same model's cache" in err[0]
+
+
+@pytest.mark.parametrize("step_at", [[], ["--step-at", "3"]])
+def test_threads_reach_every_session_and_the_table_says_how_it_timed(tmp_path, capsys, monkeypatch, step_at):
+    """--threads 2: every session of the generation (and of a step) runs 2 intra-op
+    threads, as a user running the model with 2 threads would, and the table says so;
+    a step is then timed in wall time (CPU time would add both threads up)."""
+    from taso_egg.product import timing
+
+    built = []
+    real = timing.make_session
+
+    def spy(model, *args, threads: int = 1, **kwargs):
+        built.append(threads)
+        return real(model, *args, threads=threads, **kwargs)
+
+    monkeypatch.setattr(timing, "make_session", spy)
+    first = tiny_decoder(tmp_path / "a.onnx")
+    args = ["--generate", first, first, "--rounds", "1", "--threads", "2", "--prompt-tokens", "4", "--new-tokens", "3"]
+    assert bench.main(args + step_at) == 0
+    footer = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "2 threads" in footer and "wall time" in footer and "CPU time" not in footer
+    # the reference run and each of the three rows' sessions; only the one-token runs that
+    # read the vocabulary, timed by nobody, keep one thread
+    assert built.count(2) == 4 and set(built) == {1, 2}
+
+
+def test_threads_below_one_are_one_line(tmp_path, capsys):
+    first = tiny_decoder(tmp_path / "a.onnx")
+    with pytest.raises(SystemExit):
+        bench.main(["--generate", first, "--threads", "0"])
+    assert "--threads: must be at least 1" in capsys.readouterr().err

@@ -225,9 +225,9 @@ class Row:
 
 
 def measure(paths: list[str], prompt_tokens: int = 64, new_tokens: int = 64, rounds: int = 5,
-            labels: list[str] | None = None, seed: int = 0, progress=None) -> list[Row]:
+            labels: list[str] | None = None, seed: int = 0, progress=None, threads: int = 1) -> list[Row]:
     """Each model's generation timed in ``rounds`` rounds, the models in a fresh random
-    order each round, a fresh session each (one thread, all onnxruntime optimizations)
+    order each round, a fresh session each (``threads`` intra-op threads, all onnxruntime optimizations)
     warmed by a short generation; the first model's tokens fed to all (its own greedy
     choice), and each one's logits compared with the first's at every step. The first
     model also runs as a second row, an A/A pair: the spread two identical files show."""
@@ -245,11 +245,11 @@ def measure(paths: list[str], prompt_tokens: int = 64, new_tokens: int = 64, rou
             raise NotADecoder(f"{decoder.path}: scores {size} tokens where the first model scores "
                               f"{vocabulary}: not the same model's weights")
     prompt = [int(t) for t in rng.integers(0, vocabulary, prompt_tokens)]
-    reference = generate(make_session(decoders[0].path), decoders[0], prompt, new_tokens)
+    reference = generate(make_session(decoders[0].path, threads=threads), decoders[0], prompt, new_tokens)
     return_freed_memory()
     for i in range(rounds):
         for k in round_order(list(range(len(rows))), rng):
-            session = make_session(decoders[k].path)
+            session = make_session(decoders[k].path, threads=threads)
             generate(session, decoders[k], prompt[:8], 4, keep_logits=False)  # warm-up
             run = generate(session, decoders[k], prompt, new_tokens, forced=reference.tokens, keep_logits=i == 0)
             del session
@@ -277,7 +277,11 @@ def _tail(text: str, width: int) -> str:
     return text if len(text) <= width else "..." + text[len(text) - width + 3:]
 
 
-def table(rows: list[Row], prompt_tokens: int, new_tokens: int) -> str:
+def _threads_text(threads: int) -> str:
+    return "one thread" if threads == 1 else f"{threads} threads"
+
+
+def table(rows: list[Row], prompt_tokens: int, new_tokens: int, threads: int = 1) -> str:
     """The rows as text: medians over rounds, and each model's ratio to the first
     round by round (median, and the range over rounds)."""
     base = rows[0]
@@ -294,7 +298,8 @@ def table(rows: list[Row], prompt_tokens: int, new_tokens: int) -> str:
                      f"{ratios(row, 'first_token_s', True):>27}{np.median(row.tokens_per_s):>10.1f}"
                      f"{ratios(row, 'tokens_per_s', False):>27}{err:>13}{row.disagreements:>12}")
     lines.append(f"greedy generation, prompt {prompt_tokens} tokens, {new_tokens} new (batch 1): onnxruntime "
-                 f"CPU, ORT_ENABLE_ALL, one thread, wall time; medians over {len(base.tokens_per_s)} rounds "
+                 f"CPU, ORT_ENABLE_ALL, {_threads_text(threads)}, wall time; medians over "
+                 f"{len(base.tokens_per_s)} rounds "
                  f"(models in a fresh random order each round, a fresh session each, warmed by a short "
                  f"generation); first token = the prompt read and the first token chosen; tokens/s = the "
                  f"new tokens after the first; vs first = against the first model, round by round (median "
@@ -316,10 +321,12 @@ class StepRow:
 
 
 def measure_steps(paths: list[str], pasts: tuple[int, ...] = (31, 255), rounds: int = 20, runs: int = 15,
-                  labels: list[str] | None = None, seed: int = 0, progress=None) -> list[StepRow]:
+                  labels: list[str] | None = None, seed: int = 0, progress=None,
+                  threads: int = 1) -> list[StepRow]:
     """One decode step (batch 1, one new token) on a cache of each length in ``pasts``,
-    as a generation loop runs it for each token: CPU seconds of one thread, the median
-    of ``runs`` steps. Each round the models run in a fresh random order, a fresh session
+    as a generation loop runs it for each token: the median of ``runs`` steps, in CPU
+    seconds with one thread (``threads`` 1: what the step costs, least moved by load),
+    else in wall seconds (CPU time would add up every thread's). Each round the models run in a fresh random order, a fresh session
     each (all onnxruntime optimizations) warmed by one step at each length; the first
     model also runs as a second row, an A/A pair. Every model is fed the same token and
     cache (random values; slots matched by name, ``.0.key`` in ``past.0.key`` and
@@ -336,7 +343,8 @@ def measure_steps(paths: list[str], pasts: tuple[int, ...] = (31, 255), rounds: 
     caches = {past: _random_cache(decoders, past, rng) for past in pasts}
     feeds = [{past: _step_feeds(d, token, past, caches[past]) for past in pasts} for d in decoders]
     names = [d.output_names for d in decoders]
-    session = make_session(decoders[0].path)
+    clock = time.process_time if threads == 1 else time.perf_counter
+    session = make_session(decoders[0].path, threads=threads)
     reference = {past: np.array(_step(session, decoders[0], names[0], feeds[0][past], past)[0].reshape(-1),
                                 np.float64) for past in pasts}
     del session
@@ -344,16 +352,16 @@ def measure_steps(paths: list[str], pasts: tuple[int, ...] = (31, 255), rounds: 
     for i in range(rounds):
         for k in round_order(list(range(len(rows))), rng):
             decoder = decoders[k]
-            session = make_session(decoder.path)
+            session = make_session(decoder.path, threads=threads)
             for past in pasts:
                 logits = _step(session, decoder, names[k], feeds[k][past], past)[0].reshape(-1)  # the warm-up too
                 if i == 0:
                     rows[k].error = max(rows[k].error or 0.0, logits_error([logits], [reference[past]]))
                 times = []
                 for _ in range(runs):
-                    start = time.process_time()
+                    start = clock()
                     _step(session, decoder, names[k], feeds[k][past], past)
-                    times.append(time.process_time() - start)
+                    times.append(clock() - start)
                 rows[k].seconds.setdefault(past, []).append(float(np.median(times)))
             del session
             return_freed_memory()
@@ -395,7 +403,7 @@ def _random_cache(decoders: list[Decoder], past: int, rng) -> dict[str, np.ndarr
     return cache
 
 
-def step_table(rows: list[StepRow], pasts: tuple[int, ...]) -> str:
+def step_table(rows: list[StepRow], pasts: tuple[int, ...], threads: int = 1) -> str:
     """The rows as text: each cache length's median step time over rounds, and the
     speedup over the first model from the paired rounds (the guard's signed-rank
     interval, 95 %)."""
@@ -416,7 +424,8 @@ def step_table(rows: list[StepRow], pasts: tuple[int, ...]) -> str:
         err = "-" if row is base else f"{row.error:.1e}"
         lines.append(f"{_tail(row.label, 33):<34}" + "".join(cells) + f"{err:>13}")
     lines.append(f"one decode step (batch 1, one new token on a cache of the given length): onnxruntime CPU, "
-                 f"ORT_ENABLE_ALL, one thread, CPU time, the median of each round's runs over "
+                 f"ORT_ENABLE_ALL, {_threads_text(threads)}, {'CPU' if threads == 1 else 'wall'} time, the median "
+                 f"of each round's runs over "
                  f"{len(base.seconds[pasts[0]])} rounds (models in a fresh random order each round, a fresh "
                  f"session each); vs first = speedup over the first model from the paired rounds, with the "
                  f"signed-rank 95 % interval (the A/A row is the same file twice); max rel err = largest logit "
