@@ -201,3 +201,58 @@ def test_threads_below_one_are_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit):
         bench.main(["--generate", first, "--threads", "0"])
     assert "--threads: must be at least 1" in capsys.readouterr().err
+
+
+def test_the_floor_keeps_the_weight_products_packed_and_computes_what_they_do(tmp_path):
+    """A step's floor: every product over a stored weight (plain, tied through a
+    Transpose, dequantized, a Gemm with transB), fed one token each; q/k/v and gate/up,
+    plain weights reading one activation, become one MatMul each, and every output is what
+    the products compute there."""
+    from taso_egg.product.step_floor import matmul_floor
+
+    rng = np.random.default_rng(3)
+    w = {"Wq": (8, 8), "Wk": (8, 4), "Wv": (8, 4), "Wg": (8, 16), "Wu": (8, 16), "E": (32, 8), "Wo": (5, 8)}
+    arrays = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in w.items()}
+    q8 = rng.integers(-8, 8, (8, 6)).astype(np.int8)
+    inits = [numpy_helper.from_array(a, n) for n, a in arrays.items()] + [
+        numpy_helper.from_array(q8, "W8"), numpy_helper.from_array(np.float32(0.05), "s8"),
+        numpy_helper.from_array(np.int8(0), "z8")]
+    nodes = [helper.make_node("MatMul", ["x", n], [n + ".y"]) for n in ("Wq", "Wk", "Wv")] + [
+        helper.make_node("Relu", ["x"], ["y"]),
+        helper.make_node("MatMul", ["y", "Wg"], ["g"]), helper.make_node("MatMul", ["y", "Wu"], ["u"]),
+        helper.make_node("Transpose", ["E"], ["Et"], perm=[1, 0]), helper.make_node("MatMul", ["y", "Et"], ["head"]),
+        helper.make_node("DequantizeLinear", ["W8", "s8", "z8"], ["Wd"]), helper.make_node("MatMul", ["x", "Wd"], ["d"]),
+        helper.make_node("Flatten", ["x"], ["x2"]), helper.make_node("Gemm", ["x2", "Wo"], ["o"], transB=1)]
+    outs = ["Wq.y", "Wk.y", "Wv.y", "g", "u", "head", "d", "o"]
+    graph = helper.make_graph(nodes, "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8])],
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs], inits)
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+    floor, feeds = matmul_floor(str(path))
+    ops = sorted(n.op_type for n in floor.graph.node)
+    assert ops == ["DequantizeLinear", "Gemm", "MatMul", "MatMul", "MatMul", "MatMul", "Transpose"]
+    assert {name: a.shape for name, a in feeds.items()} == {"x": (1, 1, 8), "y": (1, 1, 8), "x2": (1, 8)}
+    got = dict(zip([o.name for o in floor.graph.output], make_session(floor).run(None, feeds)))
+    x, y, x2 = feeds["x"], feeds["y"], feeds["x2"]
+    qkv = next(v for k, v in got.items() if k.endswith(".packed3.out"))
+    gate_up = next(v for k, v in got.items() if k.endswith(".packed2.out"))
+    assert np.allclose(qkv, x @ np.concatenate([arrays["Wq"], arrays["Wk"], arrays["Wv"]], 1), atol=1e-5)
+    assert np.allclose(gate_up, y @ np.concatenate([arrays["Wg"], arrays["Wu"]], 1), atol=1e-5)
+    assert np.allclose(got["head"], y @ arrays["E"].T, atol=1e-5)
+    # onnxruntime runs an int8 weight's product with the activation quantized too: its rounding
+    assert np.allclose(got["d"], x @ (q8.astype(np.float32) * 0.05), rtol=0.02, atol=0.02)
+    assert np.allclose(got["o"], x2 @ arrays["Wo"].T, atol=1e-5)
+
+
+def test_the_floor_is_a_row_of_the_step_table(tmp_path, capsys):
+    first = tiny_decoder(tmp_path / "a.onnx")
+    assert bench.main(["--generate", first, "--step-at", "0", "5", "--rounds", "2", "--floor"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    floor = next(line for line in out if line.startswith("floor: "))
+    cells = floor.split()
+    assert float(cells[-5]) > 0 and cells[-4].endswith("x") and cells[-1] == "-"  # ms, ratio [interval], no error
+    assert "weight products alone" in out[-1]
+    with pytest.raises(SystemExit):
+        bench.main(["--generate", first, "--floor"])
+    assert "--floor: " in capsys.readouterr().err

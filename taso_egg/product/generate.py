@@ -322,11 +322,13 @@ class StepRow:
 
 def measure_steps(paths: list[str], pasts: tuple[int, ...] = (31, 255), rounds: int = 20, runs: int = 15,
                   labels: list[str] | None = None, seed: int = 0, progress=None,
-                  threads: int = 1) -> list[StepRow]:
+                  threads: int = 1, floor: bool = False) -> list[StepRow]:
     """One decode step (batch 1, one new token) on a cache of each length in ``pasts``,
     as a generation loop runs it for each token: the median of ``runs`` steps, in CPU
     seconds with one thread (``threads`` 1: what the step costs, least moved by load),
-    else in wall seconds (CPU time would add up every thread's). Each round the models run in a fresh random order, a fresh session
+    else in wall seconds (CPU time would add up every thread's). With ``floor``, the first
+    model's weight products alone on one token (``step_floor.matmul_floor``) run as a row
+    of their own, timed the same way: what no rewrite of the step goes below. Each round the models run in a fresh random order, a fresh session
     each (all onnxruntime optimizations) warmed by one step at each length; the first
     model also runs as a second row, an A/A pair. Every model is fed the same token and
     cache (random values; slots matched by name, ``.0.key`` in ``past.0.key`` and
@@ -349,8 +351,18 @@ def measure_steps(paths: list[str], pasts: tuple[int, ...] = (31, 255), rounds: 
                                 np.float64) for past in pasts}
     del session
     return_freed_memory()
+    timed = list(range(len(rows)))
+    if floor:
+        from .step_floor import matmul_floor
+
+        floor_model, floor_feeds = matmul_floor(decoders[0].path)
+        rows.append(StepRow("floor: MatMuls alone", decoders[0].path))
     for i in range(rounds):
-        for k in round_order(list(range(len(rows))), rng):
+        for k in round_order(timed + ([len(rows) - 1] if floor else []), rng):
+            if floor and k == len(rows) - 1:
+                _time_floor(make_session(floor_model, threads=threads), floor_feeds, rows[k], pasts, runs, clock)
+                return_freed_memory()
+                continue
             decoder = decoders[k]
             session = make_session(decoder.path, threads=threads)
             for past in pasts:
@@ -368,6 +380,19 @@ def measure_steps(paths: list[str], pasts: tuple[int, ...] = (31, 255), rounds: 
         if progress:
             progress(i + 1, rounds)
     return rows
+
+
+def _time_floor(session, feeds: dict, row: StepRow, pasts: tuple[int, ...], runs: int, clock) -> None:
+    """The floor timed as a step is, once per cache length (it reads no cache: the
+    columns agree but for noise), after a warm-up run."""
+    session.run(None, feeds)
+    for past in pasts:
+        times = []
+        for _ in range(runs):
+            start = clock()
+            session.run(None, feeds)
+            times.append(clock() - start)
+        row.seconds.setdefault(past, []).append(float(np.median(times)))
 
 
 def _step_feeds(decoder: Decoder, token: int, past: int, cache: dict) -> dict:
@@ -421,7 +446,7 @@ def step_table(rows: list[StepRow], pasts: tuple[int, ...], threads: int = 1) ->
                 c = compare(base.seconds[p], row.seconds[p])
                 ratio = f"{c.ratio:.3f}x [{c.low:.3f}, {c.high:.3f}]"
             cells.append(f"{1e3 * np.median(row.seconds[p]):>13.3f}{ratio:>27}")
-        err = "-" if row is base else f"{row.error:.1e}"
+        err = "-" if row is base or row.error is None else f"{row.error:.1e}"
         lines.append(f"{_tail(row.label, 33):<34}" + "".join(cells) + f"{err:>13}")
     lines.append(f"one decode step (batch 1, one new token on a cache of the given length): onnxruntime CPU, "
                  f"ORT_ENABLE_ALL, {_threads_text(threads)}, {'CPU' if threads == 1 else 'wall'} time, the median "
@@ -430,5 +455,7 @@ def step_table(rows: list[StepRow], pasts: tuple[int, ...], threads: int = 1) ->
                  f"session each); vs first = speedup over the first model from the paired rounds, with the "
                  f"signed-rank 95 % interval (the A/A row is the same file twice); max rel err = largest logit "
                  f"difference against the first model, relative to its largest logit, at any cache length "
-                 f"(every model fed the same token and cache)")
+                 f"(every model fed the same token and cache)" +
+                 ("; floor = the first model's weight products alone (MatMul, Gemm, MatMulNBits; "
+                  "q/k/v and gate/up packed) on one token" if rows[-1].label.startswith("floor: ") else ""))
     return "\n".join(lines)

@@ -90,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step-at", type=int, nargs="+", metavar="PAST",
                    help="--generate: time one decode step on a cache of each of these lengths (CPU time, "
                         "the guard's paired interval) instead of a generation")
+    p.add_argument("--floor", action="store_true",
+                   help="--step-at: also time the first model's weight products alone on one token (q/k/v "
+                        "and gate/up packed), the step's floor, as a row of its own")
     p.add_argument("--threads", type=int, default=1, metavar="T",
                    help="--generate: onnxruntime's intra-op threads in every session, as a user runs the "
                         "model (default: %(default)s; above 1, --step-at times wall time, not CPU time)")
@@ -135,13 +138,15 @@ def _generate_table(args, parser) -> int:
 
     if args.threads < 1:
         parser.error("--threads: must be at least 1")
+    if args.floor and not args.step_at:
+        parser.error("--floor: times a decode step's floor beside --step-at; give --step-at too")
     if args.step_at and min(args.step_at) < 0:
         parser.error("--step-at: cache lengths must be at least 0")
     try:
         if args.step_at:
             pasts = tuple(args.step_at)
             rows = generate.measure_steps(args.generate, pasts, args.rounds, progress=progress,
-                                          threads=args.threads)
+                                          threads=args.threads, floor=args.floor)
             text = generate.step_table(rows, pasts, args.threads)
         else:
             rows = generate.measure(args.generate, args.prompt_tokens, args.new_tokens, args.rounds,
