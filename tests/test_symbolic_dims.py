@@ -465,3 +465,28 @@ def test_a_window_longer_than_the_default_sizes_grows_them_where_onnx_cannot_inf
     assert "Invalid input shape" not in cap.err  # onnxruntime's own log stays quiet
     _assert_interface_kept(onnx.load(path), onnx.load(out))
     _assert_same_outputs(path, out, [(1, 600), (2, 1000)])
+
+
+def test_an_empty_tensor_at_every_size_does_not_grow_the_sizes(tmp_path, capsys):
+    """Phi-3's export splits each head into its rotated part and the rest, ``q[..., 32:]``
+    of a 32-wide head: empty at every size, by design. The sizes stay at their defaults
+    (growing them would never fill it: a 10 MB Phi-3 was sized at past 16384, took 195 s
+    and peaked at 6.7 GB), and the model is optimized and written as any other."""
+    from taso_egg.product.dynamic import DynamicModel
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 32])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 32])
+    nodes = [_ints("start", [32]), _ints("end", [2 ** 62]), _ints("axis", [2]), _ints("zero", [0]),
+             helper.make_node("MatMul", ["x", "w"], ["q"]),
+             helper.make_node("Slice", ["q", "zero", "start", "axis"], ["rotated"]),
+             helper.make_node("Slice", ["q", "start", "end", "axis"], ["rest"]),  # empty: [batch, seq, 0]
+             helper.make_node("Sin", ["rotated"], ["s"]),
+             helper.make_node("Concat", ["s", "rest"], ["y"], axis=2)]
+    path = _save(tmp_path, helper.make_graph(nodes, "rotary", [x], [y], [_weight("w", 32, 32)]))
+    dyn = DynamicModel.load(onnx.load(path))
+    assert dyn.first == {"batch": 1, "seq": 64}
+    out = tmp_path / "out.onnx"
+    rc, cap = _optimize(capsys, path, out)
+    assert rc == 0, cap.err
+    _assert_interface_kept(onnx.load(path), onnx.load(out))
+    _assert_same_outputs(path, out, [(1, 5, 32), (3, 9, 32)])
