@@ -6,9 +6,10 @@ imported at representative sizes: one size per dim_param name, shared by every i
 that names it; given by ``--input-shape``, else ``DEFAULT_LEADING`` for a dim that
 leads an input (a batch) and ``DEFAULT_OTHER`` for the rest (a sequence length), and
 1 for the dims a key/value cache grows by (one new token: the decode step).
-Everything is priced, saturated and timed there. Where a default leaves some tensor
-empty (a conv stack over 64 audio samples has no frames), the defaulted sizes that do
-not lead an input double until none is (``DimPlan.grown``). The second sizes (each
+Everything is priced, saturated and timed there. Where the defaults are too small for
+the model (a conv stack over 64 audio samples has no frames: onnxruntime refuses them,
+or an output comes out empty), the defaulted sizes that lead no input double until it
+runs (``DimPlan.grown``; the import decides when). The second sizes (each
 symbol moved to a prime that divides none of the first sizes: ``second_sizes``) are
 where a candidate is also exported (``symbolize``) and checked; the empty sizes (a
 cache of length 0) where it is checked once more.
@@ -40,11 +41,7 @@ from typing import Mapping, Sequence
 from ..errors import NotModelled, OnnxImportError
 
 DEFAULT_LEADING = 1    # a symbolic dim at axis 0 of an input: a batch
-
-
 DEFAULT_OTHER = 64     # any other symbolic dim: a sequence length, an image side
-
-
 _MAX_GROWN = 1 << 14   # a default grows up to this (a second of 16 kHz audio)
 # onnxruntime's inference runs node by node in Python: only where a relation can
 # matter (two dims that no batch leads) and the graph is not huge is it worth its time
@@ -140,7 +137,14 @@ class DimPlan:
         return second_sizes(first, self.relations)
 
     def grown(self, first: Mapping[str, int]) -> dict[str, int] | None:
-        return grown_sizes(self.iface, first, self.given, self.relations)
+        """``first`` with every symbol that no given shape sets, that leads no input and
+        that the graph ties to no other doubled (the tied ones follow); None when there
+        is none, or past ``_MAX_GROWN``."""
+        fixed = self.given_dims() | leading_symbols(self.iface) | set(self.relations)
+        free = [s for s in self.iface.symbols if s not in fixed]
+        if not free or any(first[s] * 2 > _MAX_GROWN for s in free):
+            return None
+        return tied_sizes({s: v * 2 if s in free else v for s, v in first.items()}, self.relations)
 
     def empty(self, first: Mapping[str, int]) -> dict[str, int] | None:
         return empty_sizes(first, self.zeros, self.relations)
@@ -248,21 +252,6 @@ def check_feeds_fit(iface: Interface, sizes: Mapping[str, int]) -> None:
 
     for name, shape, dtype in input_types(iface, sizes):
         check_feed_fits(name, shape, dtype)
-
-
-def grown_sizes(iface: Interface, sizes: Mapping[str, int],
-                given: Mapping[str, Sequence[int]], relations: Mapping | None = None) -> dict[str, int] | None:
-    """``sizes`` with every symbol that no given shape sets, that leads no input and
-    that the graph ties to no other doubled (the tied ones follow); None when there is
-    none, or past ``_MAX_GROWN``."""
-    relations = dict(relations or {})
-    set_by_given = {d for name, shape in given.items() for d in iface.dims.get(name, ())
-                    if isinstance(d, str)}
-    leading = leading_symbols(iface)
-    free = [s for s in iface.symbols if s not in set_by_given and s not in leading and s not in relations]
-    if not free or any(sizes[s] * 2 > _MAX_GROWN for s in free):
-        return None
-    return tied_sizes({s: v * 2 if s in free else v for s, v in sizes.items()}, relations)
 
 
 def import_shapes(iface: Interface, sizes: Mapping[str, int],

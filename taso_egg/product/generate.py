@@ -351,30 +351,30 @@ def measure_steps(paths: list[str], pasts: tuple[int, ...] = (31, 255), rounds: 
                                 np.float64) for past in pasts}
     del session
     return_freed_memory()
-    timed = list(range(len(rows)))
+    floor_row = None
     if floor:
         from .step_floor import matmul_floor
 
         floor_model, floor_feeds = matmul_floor(decoders[0].path)
+        floor_row = len(rows)
         rows.append(StepRow("floor: MatMuls alone", decoders[0].path))
     for i in range(rounds):
-        for k in round_order(timed + ([len(rows) - 1] if floor else []), rng):
-            if floor and k == len(rows) - 1:
-                _time_floor(make_session(floor_model, threads=threads), floor_feeds, rows[k], pasts, runs, clock)
-                return_freed_memory()
-                continue
-            decoder = decoders[k]
-            session = make_session(decoder.path, threads=threads)
-            for past in pasts:
-                logits = _step(session, decoder, names[k], feeds[k][past], past)[0].reshape(-1)  # the warm-up too
-                if i == 0:
-                    rows[k].error = max(rows[k].error or 0.0, logits_error([logits], [reference[past]]))
-                times = []
-                for _ in range(runs):
-                    start = clock()
-                    _step(session, decoder, names[k], feeds[k][past], past)
-                    times.append(clock() - start)
-                rows[k].seconds.setdefault(past, []).append(float(np.median(times)))
+        for k in round_order(list(range(len(rows))), rng):
+            if k == floor_row:  # it reads no cache: timed at each length all the same, after a warm-up run
+                session = make_session(floor_model, threads=threads)
+                session.run(None, floor_feeds)
+                for past in pasts:
+                    rows[k].seconds.setdefault(past, []).append(
+                        _median_seconds(lambda: session.run(None, floor_feeds), runs, clock))
+            else:
+                decoder = decoders[k]
+                session = make_session(decoder.path, threads=threads)
+                for past in pasts:
+                    logits = _step(session, decoder, names[k], feeds[k][past], past)[0].reshape(-1)  # the warm-up too
+                    if i == 0:
+                        rows[k].error = max(rows[k].error or 0.0, logits_error([logits], [reference[past]]))
+                    rows[k].seconds.setdefault(past, []).append(_median_seconds(
+                        lambda: _step(session, decoder, names[k], feeds[k][past], past), runs, clock))
             del session
             return_freed_memory()
         if progress:
@@ -382,17 +382,14 @@ def measure_steps(paths: list[str], pasts: tuple[int, ...] = (31, 255), rounds: 
     return rows
 
 
-def _time_floor(session, feeds: dict, row: StepRow, pasts: tuple[int, ...], runs: int, clock) -> None:
-    """The floor timed as a step is, once per cache length (it reads no cache: the
-    columns agree but for noise), after a warm-up run."""
-    session.run(None, feeds)
-    for past in pasts:
-        times = []
-        for _ in range(runs):
-            start = clock()
-            session.run(None, feeds)
-            times.append(clock() - start)
-        row.seconds.setdefault(past, []).append(float(np.median(times)))
+def _median_seconds(run, runs: int, clock) -> float:
+    """The median of ``runs`` calls of ``run`` on ``clock``."""
+    times = []
+    for _ in range(runs):
+        start = clock()
+        run()
+        times.append(clock() - start)
+    return float(np.median(times))
 
 
 def _step_feeds(decoder: Decoder, token: int, past: int, cache: dict) -> dict:

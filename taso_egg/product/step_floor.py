@@ -22,7 +22,7 @@ from ..errors import NotADecoder
 _WEIGHT_VIEWS = {("", "Transpose"), ("", "DequantizeLinear")}  # a stored weight as a product reads it
 
 
-@dataclass
+@dataclass(eq=False)  # each product is itself: compared by identity
 class _Product:
     node: object          # the MatMul, Gemm or MatMulNBits
     made: list            # the nodes between its stored weight and it (a Transpose, a DequantizeLinear)
@@ -48,7 +48,7 @@ def matmul_floor(path: str):
     for p in products:
         if p.node.op_type == "MatMul" and not p.made:
             packable[p.node.input[0], p.depth].append(p)
-    nodes, initializers, outputs = [], {}, []
+    nodes, initializers, outputs, made = [], {}, [], set()
     for p in products:
         group = packable.get((p.node.input[0], p.depth), [])
         if p in group and len(group) > 1:
@@ -59,8 +59,10 @@ def matmul_floor(path: str):
                 nodes.append(helper.make_node("MatMul", [p.node.input[0], name], [name + ".out"]))
                 outputs.append((name + ".out", p.dtype))
             continue
-        made = {out for n in nodes for out in n.output}
-        nodes += [n for n in p.made if n.output[0] not in made] + [p.node]  # a view shared by two, once
+        for node in p.made + [p.node]:
+            if node.output[0] not in made:  # a view two products read, once
+                nodes.append(node)
+                made.add(node.output[0])
         initializers.update((t.name, t) for t in p.stored)
         outputs.append((p.node.output[0], p.dtype))
     feeds, inputs = {}, []
