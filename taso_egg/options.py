@@ -92,6 +92,9 @@ EXTRACTOR_NAMES = ("tree", "greedy-dag", "ilp")
 DAG_EXTRACTORS = ("greedy-dag", "ilp")
 
 
+ATTENTION_FORMS = ("rotary", "kernel", "none")
+
+
 @dataclass(frozen=True)
 class ExtractionOptions:
     # The ILP finds the cheapest DAG the e-graph holds (on NASNet-A 0.716 s of predicted
@@ -104,7 +107,20 @@ class ExtractionOptions:
                                "stop the extractor after this many seconds (default {default}; the ILP "
                                "then keeps its best graph so far)", metavar="S")
 
+    # A decoder's attention: its rotary embedding as onnxruntime's RotaryEmbedding (4 to 6
+    # kernels fewer each); the attention itself as GroupQueryAttention only when asked: on
+    # CPU that kernel measured slower than the exported formula past ~90 cached positions
+    # and the If it needs (it refuses a batch above 1 with several new tokens on a
+    # cache) costs 10-20 us a layer (docs/history.md, stop 58).
+    attention: str = option("rotary", "--attention",
+                            "how a decoder's attention is written: rotary (default: its rotary embedding as "
+                            "onnxruntime's RotaryEmbedding), kernel (also the attention over the cache as "
+                            "GroupQueryAttention, the mask as its bias; exact for any mask), none",
+                            choices=ATTENTION_FORMS)
+
     def __post_init__(self):
+        if self.attention not in ATTENTION_FORMS:
+            raise TasoEggError(f"unknown attention form {self.attention!r}; choose from {', '.join(ATTENTION_FORMS)}")
         if self.extractor not in EXTRACTOR_NAMES:
             raise TasoEggError(f"unknown extractor {self.extractor!r}; choose from {', '.join(EXTRACTOR_NAMES)}")
         if not (isinstance(self.time_limit, (int, float)) and self.time_limit > 0):

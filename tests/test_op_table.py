@@ -109,7 +109,10 @@ def _uncovered(node) -> bool:
 
 
 def test_every_operator_but_opaque_states_its_shape_as_data():
-    assert [op for op in OPS if not OPS[op].shape] == ["opaque"]
+    # onnxruntime's attention kernels, written after extraction (product/fuse_attention.py):
+    # no rule names them, and where a graph holding them enters an e-graph they are
+    # barriers, as opaque nodes are
+    assert sorted(op for op in OPS if not OPS[op].shape) == ["gqa", "opaque", "rotary"]
 
 
 @pytest.mark.parametrize("op", SHAPED)

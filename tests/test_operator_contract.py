@@ -38,6 +38,9 @@ class Example:
 
 
 F = "float32"
+# onnxruntime's contrib kernels (behind an If where the kernel refuses some input)
+# import as opaque nodes: carried unchanged, as any operator the table lacks
+OPAQUE_CONTRIB = "opaque: an onnxruntime contrib kernel, carried unchanged when read back"
 X4 = ((2, 4, 5, 5), F)
 M = ((3, 4), F)
 
@@ -94,6 +97,13 @@ EXAMPLES: dict[str, Example] = {
     "softmax": Example((M,), {"axis": 1}),
     "layernorm": Example((M, ((4,), F), ((4,), F)), weights=(1, 2)),
     "opaque": Example(),  # any ONNX node: tests/test_onnx_io.py carries them
+    # batch 1, two new tokens on a cache of three: the input GroupQueryAttention takes
+    "gqa": Example((((1, 2, 32), F), ((1, 2, 16), F), ((1, 2, 16), F), ((1, 2, 3, 8), F), ((1, 2, 3, 8), F),
+                    ((1, 2, 32), F), ((1, 2, 3, 8), F), ((1, 1, 2, 5), F)),
+                   {"num_heads": 4, "kv_num_heads": 2, "scale": 0.35, "nan_to_zero": 1},
+                   reimports=OPAQUE_CONTRIB),
+    "rotary": Example((((2, 3, 16), F), ((2, 1, 3, 4), F), ((2, 1, 3, 4), F), ((2, 5), F)), {"num_heads": 2},
+                      reimports=OPAQUE_CONTRIB),
 }
 
 RUN = [op for op in OPS if not OPS[op].is_leaf and EXAMPLES[op].inputs]
@@ -162,6 +172,8 @@ def test_the_export_imports_back_as_the_operator(op):
     back = load_onnx(export_onnx(_graph(op)[0]))
     if EXAMPLES[op].reimports is True:
         assert op in {n.op for n in back.nodes.values()}, f"{op} reads back as {sorted({n.op for n in back.nodes.values()})}"
+    elif EXAMPLES[op].reimports == OPAQUE_CONTRIB:
+        assert "opaque" in {n.op for n in back.nodes.values()}
     else:
         assert "opaque" not in {n.op for n in back.nodes.values()}
 

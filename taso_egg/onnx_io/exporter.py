@@ -178,6 +178,7 @@ class _Exporter:
         self._used_names: set[str] = set()
         self.names: dict[tuple[int, int], str] = {}
         self._read: set[str] = set()  # output names some node or the graph's output reads
+        self._shared: dict = {}  # key -> names several nodes' exports compute once (``shared``)
 
     def read(self, name: str) -> bool:
         """Whether the output named ``name`` of the node being exported is read (an op
@@ -199,6 +200,14 @@ class _Exporter:
         if domain:
             self.opsets[domain] = opset
         self.nodes.append(node)
+
+    def shared(self, key, make):
+        """What ``make()`` returns (names of nodes it added), made once for every node
+        whose export asks with ``key`` (attention's lengths, read from one cache's shape
+        for every layer)."""
+        if key not in self._shared:
+            self._shared[key] = make()
+        return self._shared[key]
 
     def int64s(self, values, hint: str) -> str:
         return self.constant(np.asarray(values, dtype=np.int64), hint)

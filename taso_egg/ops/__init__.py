@@ -1,6 +1,6 @@
 """The operator table: every operator declared once (see base.OpSpec)."""
 
-from . import elementwise, layout, leaves, masks, nn, normalization, opaque  # noqa: F401  (registers the operators)
+from . import attention, elementwise, layout, leaves, masks, nn, normalization, opaque  # noqa: F401  (registers the operators)
 from .base import FLOAT_DTYPES, ONNX_IMPORTERS, OPS, OpSpec, Shape, TensorType
 
 # The operators other layers build or take apart by what they are, not by a trait: the

@@ -32,6 +32,7 @@ from .phases import PhaseTimes
 from ..onnx_io.exporter import export_for_check, fed_from_check
 from ..onnx_io.fed import FedModel, feed, inline
 from ..rules.corpus import FUSIONS, RuleFamily, load_corpus
+from .fuse_attention import fuse_attention
 
 if TYPE_CHECKING:
     import onnx
@@ -175,10 +176,11 @@ class OptimizeResult:
 
 def extract_graph(saturation: Saturation, extractor: str = ExtractionOptions.extractor,
                   cost_model: CostModel | None = None, time_limit: float | None = None,
-                  forbidden=frozenset()) -> Extraction:
+                  forbidden=frozenset(), attention: str = "none") -> Extraction:
     """Pick the cheapest graph in a saturated e-graph (DAG cost) and rebuild it: price
     every e-node (but the ``forbidden`` ones), run the extractor (``time_limit``
-    seconds; the ILP's default when None), build the chosen graph."""
+    seconds; the ILP's default when None), build the chosen graph, a decoder's
+    attention in the ``attention`` form (``fuse_attention``)."""
     from ..extract import EXTRACTORS
     from ..extract.choice_check import used_classes
 
@@ -190,7 +192,10 @@ def extract_graph(saturation: Saturation, extractor: str = ExtractionOptions.ext
     class_ids, node_ids = xgraph.class_ids, xgraph.node_ids
     picks = [(class_ids[c], node_ids[result.choice[c]]) for c in used_classes(xgraph, result.choice)]
     classes: dict = {}
-    graph = build_graph(configs.eg, picks, saturation.graph, saturation.program.opaque, classes)
+    # onnxruntime's attention kernels, which no rule writes (they take the cache and the
+    # positions as the graph holds them)
+    graph = fuse_attention(build_graph(configs.eg, picks, saturation.graph, saturation.program.opaque, classes),
+                           classes, attention)
     return Extraction(graph, result.dag_cost, result.seconds, extractor, result.status,
                       [node for _, node in picks], classes, time.process_time() - cpu_start, dict(picks),
                       forbidden=frozenset(forbidden))
@@ -286,7 +291,8 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
                        count_classes=progress is not None)
     phase(f"extracting ({extraction.extractor}, time limit {extraction.time_limit:g} s)")
     with phases("extraction"):
-        ext = extract_graph(sat, extraction.extractor, model, extraction.time_limit)
+        ext = extract_graph(sat, extraction.extractor, model, extraction.time_limit,
+                            attention=extraction.attention)
         unwritable = ""
         if writer is not None:
             ext, unwritable = _writable_extraction(sat, ext, phases.wrap("writing", writer.refusal), model,
@@ -383,7 +389,8 @@ def _writable_extraction(sat: Saturation, ext: Extraction, writable, model, opti
             phase(f"note: the extracted graph cannot be written: {why}; extracting again without the "
                   f"{len(more)} e-node(s) responsible ({len(forbidden | more)} in all)")
             try:
-                again = extract_graph(sat, options.extractor, model, options.time_limit, frozenset(forbidden | more))
+                again = extract_graph(sat, options.extractor, model, options.time_limit, frozenset(forbidden | more),
+                                      options.attention)
             except ExtractionError:
                 continue
             forbidden |= more

@@ -1,0 +1,309 @@
+"""Attention over a key/value cache, as one operator: ``gqa``.
+
+A decoder's attention step reads its queries, the new keys and values, the cache of
+past ones and an additive mask, and returns the attention (heads merged) with the cache
+grown by the new entries. Written out by an exporter it is some thirty operators a
+layer; onnxruntime runs it as one kernel, com.microsoft GroupQueryAttention. The
+kernel below is the textbook formula, with each key/value head shared by its group of
+``num_heads / kv_num_heads`` query heads (head ``h`` reads key head ``h // group``):
+
+    present_k = concat(past_k, heads(k)),  present_v = concat(past_v, heads(v))
+    scores    = scale * q . present_k^T + bias        (bias broadcast over batch, heads)
+    out       = softmax(scores) . present_v           (0 where a row's softmax is NaN,
+                                                       with ``nan_to_zero``)
+
+GroupQueryAttention computes exactly this when it is given the mask as
+``attention_bias``, ``causal = 0`` (no mask of its own) and every row's key length as
+the whole cache (``seqlens_k = total - 1``, read from shapes, never from the mask).
+Its CPU kernel refuses one input the formula takes: a batch above 1 with several new
+tokens on a non-empty cache. The export is therefore an ``If`` on the shapes: that
+input runs the formula in standard operators, every other the kernel
+(``tests/test_attention.py`` holds the kernel, both branches and onnxruntime's own
+kernel equal, holey and left-padded masks included).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import OpSpec, Param, TensorType, fail, register
+
+_ONNX_DTYPES = {"float32": 1, "float16": 10}
+
+
+def _gqa_infer(p, ins):
+    q, k, v, past_k, past_v, sizes_q, sizes_cache = ins[:7]
+    heads, kv_heads = p["num_heads"], p["kv_num_heads"]
+    if q.dtype not in _ONNX_DTYPES or any(t.dtype != q.dtype for t in ins[:5] + ins[7:]):
+        fail("gqa", "inputs must be float32 or float16 tensors of one dtype", ins)
+    if len(q.shape) != 3 or len(k.shape) != 3 or len(past_k.shape) != 4:
+        fail("gqa", "query, key and value are [batch, sequence, heads * head size], the caches "
+                    "[batch, key/value heads, past, head size]", ins)
+    if kv_heads < 1 or heads % kv_heads:
+        fail("gqa", f"num_heads {heads} must be a multiple of kv_num_heads {kv_heads}", ins)
+    batch, seq, _ = q.shape
+    size = past_k.shape[3]
+    if q.shape != (batch, seq, heads * size) or k.shape != (batch, seq, kv_heads * size) or v.shape != k.shape:
+        fail("gqa", f"query must be [batch, sequence, {heads} x {size}], key and value "
+                    f"[batch, sequence, {kv_heads} x {size}]", ins)
+    if past_k.shape[:2] != (batch, kv_heads) or past_v.shape != past_k.shape:
+        fail("gqa", f"the caches must be [batch, {kv_heads}, past, {size}]", ins)
+    if sizes_q.shape[:2] != (batch, seq) or len(sizes_cache.shape) < 3 or \
+            (sizes_cache.shape[0], sizes_cache.shape[2]) != (batch, past_k.shape[2]):
+        fail("gqa", "the tensors the lengths are read from must be [batch, sequence, ...] and "
+                    "[batch, _, past, ...]", ins)
+    total = past_k.shape[2] + seq
+    if len(ins) == 8:
+        bias = ins[7].shape
+        if len(bias) != 4 or bias[0] not in (1, batch) or bias[1] not in (1, heads) or bias[2:] != (seq, total):
+            fail("gqa", f"the bias must be [batch or 1, heads or 1, {seq}, {total}]", ins)
+    present = TensorType((batch, kv_heads, total, size), q.dtype)
+    return [q, present, present]
+
+
+def _gqa_kernel(xp, p, q, k, v, past_k, past_v, sizes_q, sizes_cache, bias=None):
+    batch, seq, _ = q.shape
+    heads, kv_heads, size = p["num_heads"], p["kv_num_heads"], past_k.shape[3]
+    group = heads // kv_heads
+
+    def split_heads(x, n):
+        return x.reshape(batch, seq, n, size).transpose(0, 2, 1, 3)
+
+    present_k = xp.concatenate([past_k, split_heads(k, kv_heads)], axis=2)
+    present_v = xp.concatenate([past_v, split_heads(v, kv_heads)], axis=2)
+    total = present_k.shape[2]
+    # each key/value head once, its group's query rows stacked: head h reads h // group
+    rows = split_heads(q, heads).reshape(batch, kv_heads, group * seq, size)
+    scores = (rows @ present_k.transpose(0, 1, 3, 2)).reshape(batch, heads, seq, total)
+    scores = scores * xp.asarray(p["scale"], dtype=q.dtype)
+    if bias is not None:
+        scores = scores + bias
+    shifted = xp.exp(scores - scores.max(axis=-1, keepdims=True))
+    weights = shifted / shifted.sum(axis=-1, keepdims=True)
+    if p["nan_to_zero"]:
+        weights = xp.where(xp.isnan(weights), xp.zeros((), q.dtype), weights)
+    out = weights.reshape(batch, kv_heads, group * seq, total) @ present_v
+    out = out.reshape(batch, heads, seq, size).transpose(0, 2, 1, 3).reshape(batch, seq, heads * size)
+    return [out, present_k, present_v]
+
+
+def _gqa_flops(p, ins, outs):
+    batch, seq, hidden = ins[0].shape
+    total = outs[1].shape[2]
+    return 4.0 * batch * seq * total * hidden + 5.0 * batch * p["num_heads"] * seq * total
+
+
+def _lengths(ctx, sizes_q, sizes_cache):
+    """(seqlens_k, total_sequence_length, refused) from the shapes: every row's keys are
+    the whole cache (the mask, given as the bias, says which count), and whether the
+    input is the one GroupQueryAttention refuses (batch > 1, several new tokens, a
+    non-empty cache)."""
+    i64 = lambda value, hint: ctx.constant(np.asarray(value, dtype=np.int64), hint)  # noqa: E731
+    q_shape, cache_shape = ctx.fresh("gqa_q_shape"), ctx.fresh("gqa_cache_shape")
+    batch, batch_vec, seq, past, total = (ctx.fresh("gqa_" + h) for h in ("batch", "batch_vec", "seq", "past", "total"))
+    ctx.node("Shape", [sizes_q], [q_shape])
+    ctx.node("Shape", [sizes_cache], [cache_shape])
+    ctx.node("Gather", [q_shape, i64(0, "gqa_zero")], [batch], axis=0)
+    ctx.node("Gather", [q_shape, i64([0], "gqa_first")], [batch_vec], axis=0)
+    ctx.node("Gather", [q_shape, i64(1, "gqa_one")], [seq], axis=0)
+    ctx.node("Gather", [cache_shape, i64(2, "gqa_two")], [past], axis=0)
+    ctx.node("Add", [past, seq], [total])
+    last, last_rows, seqlens, total32 = (ctx.fresh("gqa_" + h) for h in ("last", "last_rows", "seqlens_k", "total32"))
+    one, zero = i64(1, "gqa_one_scalar"), i64(0, "gqa_zero_scalar")
+    ctx.node("Sub", [total, one], [last])
+    ctx.node("Expand", [last, batch_vec], [last_rows])
+    ctx.node("Cast", [last_rows], [seqlens], to=6)
+    ctx.node("Cast", [total], [total32], to=6)
+    many, several, cached, both, refused = (ctx.fresh("gqa_" + h) for h in ("many", "several", "cached", "both",
+                                                                            "refused"))
+    ctx.node("Greater", [batch, one], [many])
+    ctx.node("Greater", [seq, one], [several])
+    ctx.node("Greater", [past, zero], [cached])
+    ctx.node("And", [many, several], [both])
+    ctx.node("And", [both, cached], [refused])
+    return seqlens, total32, refused
+
+
+def _gqa_export(ctx, p, in_types, ins, outs):
+    """``If`` (batch > 1, several new tokens, a non-empty cache) the formula in standard
+    operators, else GroupQueryAttention with the mask as its bias; the lengths it takes
+    are computed from the shapes, so the model keeps its symbolic dims."""
+    from onnx import helper, numpy_helper
+
+    dtype = in_types[0].dtype
+    q, k, v, past_k, past_v, sizes_q, sizes_cache = ins[:7]
+    bias = ins[7] if len(ins) == 8 else ""
+    heads, kv_heads, size = p["num_heads"], p["kv_num_heads"], in_types[3].shape[3]
+    ctx.opsets.setdefault("com.microsoft", 1)
+    fresh = lambda hint: ctx.fresh(f"{outs[0]}_{hint}")  # noqa: E731
+    seqlens, total32, refused = ctx.shared(("gqa lengths", sizes_q, sizes_cache),
+                                           lambda: _lengths(ctx, sizes_q, sizes_cache))
+
+    elem = _ONNX_DTYPES[dtype]
+
+    def branch(nodes, results, name):
+        return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(r, elem, None) for r in results])
+
+    def const(value, hint, dt=np.int64):
+        name = fresh(hint)
+        return name, helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(value, dt), name))
+
+    def nan_guard(nodes, x, hint):
+        zero_name, zero = const(0, hint + "_zero", np.dtype(dtype))
+        isnan, guarded = fresh(hint + "_isnan"), fresh(hint + "_guarded")
+        nodes += [zero, helper.make_node("IsNaN", [x], [isnan]), helper.make_node("Where", [isnan, zero_name, x],
+                                                                                  [guarded])]
+        return guarded
+
+    # GroupQueryAttention
+    kernel_outs = [fresh("kernel_out"), fresh("kernel_present_k"), fresh("kernel_present_v")]
+    attrs = dict(num_heads=heads, kv_num_heads=kv_heads, causal=0, scale=float(p["scale"]))
+    kernel_nodes = [helper.make_node("GroupQueryAttention", [q, k, v, past_k, past_v, seqlens, total32, "", "", "",
+                                                             bias] if bias else
+                                     [q, k, v, past_k, past_v, seqlens, total32], kernel_outs,
+                                     name=fresh("GroupQueryAttention"), domain="com.microsoft", **attrs)]
+    if p["nan_to_zero"]:
+        kernel_outs[0] = nan_guard(kernel_nodes, kernel_outs[0], "kernel")
+
+    # the formula
+    nodes: list = []
+
+    def op(op_type, inputs, hint, **kw):
+        name = fresh(hint)
+        nodes.append(helper.make_node(op_type, inputs, [name], **kw))
+        return name
+
+    def shape(values, hint):
+        name, node = const(values, hint)
+        nodes.append(node)
+        return name
+
+    def cache(new, old, hint):
+        split = op("Reshape", [new, shape([0, 0, kv_heads, size], hint + "_split_shape")], hint + "_split")
+        return op("Concat", [old, op("Transpose", [split], hint + "_heads", perm=[0, 2, 1, 3])], hint + "_present",
+                  axis=2)
+
+    present_k, present_v = cache(k, past_k, "formula_k"), cache(v, past_v, "formula_v")
+    q_heads = op("Transpose", [op("Reshape", [q, shape([0, 0, heads, size], "formula_q_shape")], "formula_q_split")],
+                 "formula_q_heads", perm=[0, 2, 1, 3])
+    by_kv_head = shape([0, kv_heads, -1, 0], "formula_group_shape")
+    rows = op("Reshape", [q_heads, by_kv_head], "formula_rows")
+    scores = op("MatMul", [rows, op("Transpose", [present_k], "formula_keys", perm=[0, 1, 3, 2])], "formula_qk")
+    if p["scale"] != 1.0:
+        scale_name, scale = const(p["scale"], "formula_scale", np.dtype(dtype))
+        nodes.append(scale)
+        scores = op("Mul", [scores, scale_name], "formula_scaled")
+    scores = op("Reshape", [scores, shape([0, heads, -1, 0], "formula_heads_shape")], "formula_scores")
+    if bias:
+        scores = op("Add", [scores, bias], "formula_masked")
+    weights = op("Softmax", [scores], "formula_weights", axis=-1)
+    if p["nan_to_zero"]:
+        weights = nan_guard(nodes, weights, "formula")
+    out = op("MatMul", [op("Reshape", [weights, by_kv_head], "formula_weight_rows"), present_v], "formula_av")
+    out = op("Reshape", [out, shape([0, heads, -1, size], "formula_out_heads")], "formula_out_split")
+    out = op("Reshape", [op("Transpose", [out], "formula_out_t", perm=[0, 2, 1, 3]),
+                         shape([0, 0, heads * size], "formula_out_shape")], "formula_out")
+
+    ctx.node("If", [refused], list(outs),
+             then_branch=branch(nodes, [out, present_k, present_v], fresh("formula")),
+             else_branch=branch(kernel_nodes, kernel_outs, fresh("kernel")))
+
+
+register(OpSpec(
+    name="gqa", inputs=(7, 8),
+    params=(Param("num_heads", "int", 1), Param("kv_num_heads", "int", 1), Param("scale", "float", 1.0),
+            Param("nan_to_zero", "int", 0)),
+    infer=_gqa_infer, kernel=_gqa_kernel, export=_gqa_export, flops=_gqa_flops,
+    multi_output=True, in_rules=False,
+    doc="Attention of the new queries over the key/value cache grown by the new keys and values "
+        "(query [B, S, H*D], key and value [B, S, Hkv*D], caches [B, Hkv, P, D], two tensors read for their "
+        "shapes only, [B, S, ...] and [B, _, P, ...], so that layers share their lengths, optional additive "
+        "bias [B|1, H|1, S, P+S]) -> (attention [B, S, H*D], the grown caches [B, Hkv, P+S, D]); "
+        "com.microsoft GroupQueryAttention with its bias, no causal mask of its own."))
+
+
+# --- rotary position embedding -----------------------------------------------------
+
+def _rotary_infer(p, ins):
+    x, cos, sin, sizes = ins
+    heads = p["num_heads"]
+    if len(x.shape) == 3 and heads >= 1 and x.shape[2] % heads == 0:
+        batch, seq, hidden = x.shape
+        half = hidden // heads // 2
+    elif len(x.shape) == 4:
+        batch, _, seq, size = x.shape
+        half = size // 2
+    else:
+        fail("rotary", f"x must be [batch, sequence, {heads} x head size] or [batch, heads, sequence, "
+                       f"head size]", ins)
+    if len(cos.shape) != 4 or cos.shape[0] not in (1, batch) or cos.shape[1:] != (1, seq, half) \
+            or sin.shape != cos.shape or 2 * half != _head_size(p, x.shape):
+        fail("rotary", f"cos and sin must be [{batch} or 1, 1, {seq}, {half}]: half of each head's size", ins)
+    if not sizes.shape or sizes.shape[0] != batch:
+        fail("rotary", f"the tensor read for the batch size must be [{batch}, ...]", ins)
+    if x.dtype not in _ONNX_DTYPES or cos.dtype != x.dtype or sin.dtype != x.dtype:
+        fail("rotary", "x, cos and sin must be float32 or float16 tensors of one dtype", ins)
+    return [x]
+
+
+def _head_size(p, shape) -> int:
+    return shape[2] // p["num_heads"] if len(shape) == 3 else shape[3]
+
+
+def _rotary_kernel(xp, p, x, cos, sin, sizes):
+    half = _head_size(p, x.shape) // 2
+    if x.ndim == 3:  # [B, S, N*D]: each head's angles those of its position
+        batch, seq, hidden = x.shape
+        rows = x.reshape(batch, seq, hidden // (2 * half), 2 * half)
+        c, s = cos[:, 0, :, None, :], sin[:, 0, :, None, :]
+    else:            # [B, N, S, D]
+        rows, c, s = x, cos, sin
+    first, second = rows[..., :half], rows[..., half:]
+    out = xp.concatenate([first * c - second * s, second * c + first * s], axis=-1)
+    return [out.reshape(x.shape)]
+
+
+def _rotary_export(ctx, p, in_types, ins, outs):
+    """com.microsoft RotaryEmbedding, its cache the angles of these very tokens (one
+    row per batch row and position, numbered in order, each token given its own
+    number), so that any position, left padding included, turns as the graph turns
+    it. The rows and numbers are made once for every layer that shares the angles."""
+    x, cos, sin, sizes = ins
+    ctx.opsets.setdefault("com.microsoft", 1)
+    positions, cos_rows, sin_rows = ctx.shared(("rotary rows", cos, sin, sizes),
+                                               lambda: _rotary_rows(ctx, cos, sin, sizes, in_types[1].shape[3]))
+    heads = {"num_heads": p["num_heads"]} if len(in_types[0].shape) == 3 else {}
+    ctx.node("RotaryEmbedding", [x, positions, cos_rows, sin_rows], outs, domain="com.microsoft", interleaved=0,
+             **heads)
+
+
+def _rotary_rows(ctx, cos, sin, sizes, half):
+    i64 = lambda value, hint: ctx.constant(np.asarray(value, dtype=np.int64), hint)  # noqa: E731
+    rows_shape = i64([-1, half], "rotary_rows_shape")
+    cos_rows, sin_rows = ctx.fresh("rotary_cos_rows"), ctx.fresh("rotary_sin_rows")
+    ctx.node("Reshape", [cos, rows_shape], [cos_rows])
+    ctx.node("Reshape", [sin, rows_shape], [sin_rows])
+    names = [ctx.fresh("rotary_" + h) for h in ("shape", "batch_seq", "count", "numbers", "numbered", "sizes_shape",
+                                                "batch", "batch_by_one", "positions")]
+    shape, batch_seq, count, numbers, numbered, sizes_shape, batch, batch_by_one, positions = names
+    ctx.node("Shape", [cos], [shape])
+    ctx.node("Gather", [shape, i64([0, 2], "rotary_batch_seq_axes")], [batch_seq], axis=0)
+    ctx.node("ReduceProd", [batch_seq], [count], keepdims=0)
+    ctx.node("Range", [i64(0, "rotary_start"), count, i64(1, "rotary_step")], [numbers])
+    ctx.node("Reshape", [numbers, batch_seq], [numbered])
+    # angles the same for every batch row ([1, 1, S, D/2]) are numbered once, for all rows
+    ctx.node("Shape", [sizes], [sizes_shape])
+    ctx.node("Gather", [sizes_shape, i64([0], "rotary_batch_axis")], [batch], axis=0)
+    ctx.node("Concat", [batch, i64([1], "rotary_one")], [batch_by_one], axis=0)
+    ctx.node("Expand", [numbered, batch_by_one], [positions])
+    return positions, cos_rows, sin_rows
+
+
+register(OpSpec(
+    name="rotary", inputs=(4, 4), params=(Param("num_heads", "int", 1),),
+    infer=_rotary_infer, kernel=_rotary_kernel, export=_rotary_export,
+    flops=lambda p, ins, outs: 3.0 * outs[0].size, in_rules=False,
+    doc="Rotary position embedding of each head's two halves (not interleaved): x [B, S, N*D] (num_heads "
+        "heads) or [B, N, S, D], the angles' cos and sin [B or 1, 1, S, D/2], a tensor read for the batch size "
+        "only ([B, ...], so that layers share what the export computes from it) -> (x1 cos - x2 sin, "
+        "x2 cos + x1 sin) per head; com.microsoft RotaryEmbedding."))

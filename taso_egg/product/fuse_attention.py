@@ -1,0 +1,456 @@
+"""A decoder's attention over its key/value cache, as written out by an exporter, made
+one ``gqa`` operator (onnxruntime's GroupQueryAttention; see ``ops/attention.py``).
+
+The pass runs on an extracted graph, where the rules have already taken the repeated
+keys and values out (``matmul-repeated-keys/-values``). It matches, from each softmax
+over the keys, what the operator computes and nothing else:
+
+    present_k = concat(past_k, k_heads)                 [B, Hkv, T, D], axis 2
+    scores    = matmul(rows(q_heads), transpose(present_k, 0 1 3 2)), back to [B, H, S, T]
+    weights   = softmax(scores + bias)  (then nan_to_zero, where the exporter guards it)
+    out       = matmul(rows(weights), present_v), back to [B, H, S, D]
+
+where ``rows`` groups the query heads by the key/value head they read ([B, H, S, X] ->
+[B, Hkv, H/Hkv * S, X], or nothing when each query head has its own). A constant scale
+of the queries becomes the operator's; where the queries are turned by rotary position
+embedding (``_rotary``), the operator reads them turned by a ``rotary`` operator in the
+[B, S, N*D] layout the projections give, as onnxruntime's kernels take them. Every intermediate
+must feed the next step alone; the caches may also be outputs (the present cache),
+which the operator then returns. Anything else (another layout, a bias the kernel
+cannot take, a head size it refuses) is left as it is. What the pass writes is checked
+like every candidate: numerically against the input, and at two sizes where the dims
+are symbolic, the second of them (batch 3, several tokens on a cache) the input that
+runs the formula instead of the kernel."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..graph import Graph, Node, Tensor
+from ..ops import INPUT, OPS, WEIGHT
+
+# GroupQueryAttention's CPU kernel: float32 here (its float16 path rounds the scores)
+# and head sizes that are multiples of 8
+_HEAD_SIZE_MULTIPLE = 8
+
+
+@dataclass
+class _Attention:
+    anchor: Node            # the node whose output the operator's first output replaces
+    merged: bool            # the anchor's output is [B, S, H*D] (heads merged), else [B, H, S, D]
+    q_heads: Tensor         # [B, H, S, D]
+    scales: list            # 0-d tensors the queries are multiplied by on the way
+    k_heads: Tensor         # [B, Hkv, S, D]
+    v_heads: Tensor
+    past_k: Tensor          # [B, Hkv, P, D]
+    past_v: Tensor
+    bias: Tensor | None     # [B|1, H|1, S, T]
+    present_k: Node         # the concats the operator's second and third outputs replace
+    present_v: Node
+    nan_to_zero: bool
+    removed: set            # node ids the operator replaces
+
+
+class _Reader:
+    def __init__(self, g: Graph):
+        self.g = g
+        self.users: dict[tuple[int, int], list[Node]] = {}
+        for n in g.nodes.values():
+            for t in n.inputs:
+                self.users.setdefault((t.node, t.index), []).append(n)
+        self.outputs = {(t.node, t.index) for _, t in g.outputs}
+
+    def node(self, t: Tensor) -> Node:
+        return self.g.nodes[t.node]
+
+    def sole_user(self, t: Tensor) -> Node | None:
+        us = self.users.get((t.node, t.index), [])
+        return us[0] if len(us) == 1 and (t.node, t.index) not in self.outputs else None
+
+    def only_read_by(self, t: Tensor, readers: set[int]) -> bool:
+        return all(u.id in readers for u in self.users.get((t.node, t.index), []))
+
+
+def _cache(r: _Reader, t: Tensor):
+    """(past, new) where ``t`` is concat(past, new) along the positions, else None."""
+    n = r.node(t)
+    if n.op != "concat" or len(n.inputs) != 2 or len(t.shape) != 4 or n.params["axis"] % 4 != 2:
+        return None
+    return n
+
+
+def _match(r: _Reader, softmax: Node) -> _Attention | None:
+    x = softmax.inputs[0]
+    if len(x.shape) != 4 or softmax.params["axis"] != 3 or x.dtype != "float32":
+        return None
+    removed = {softmax.id}
+    batch, heads, seq, total = x.shape
+    bias = None
+    scores = x
+    add = r.node(x)
+    if add.op == "ewadd" and r.sole_user(x) is softmax:
+        for i in (0, 1):
+            if r.node(add.inputs[i]).op in ("reshape", "matmul", "smul"):
+                scores, bias = add.inputs[i], add.inputs[1 - i]
+                break
+        else:
+            return None
+        if len(bias.shape) != 4 or bias.shape[0] not in (1, batch) or bias.shape[1] not in (1, heads) \
+                or bias.shape[2:] != (seq, total) or bias.dtype != x.dtype:
+            return None
+        removed.add(add.id)
+    if scores is not x and r.sole_user(scores) is not add:
+        return None
+    # scores: [B, H, S, T], from the grouped rows' product with the transposed keys, scaled
+    # on the way (a scale of the scores is one of the queries)
+    scales: list = []
+    grouped = False
+    n = r.node(scores)
+    while (n.op == "smul" and n.inputs[1].shape == ()) or (n.op == "reshape" and not grouped):
+        if n.op == "smul":
+            scales.append(n.inputs[1])
+        else:
+            grouped = True
+        removed.add(n.id)
+        inner = n.inputs[0]
+        if r.sole_user(inner) is not n:
+            return None
+        n = r.node(inner)
+    product = n
+    if product.op != "matmul" or product.params["activation"] != "NONE":
+        return None
+    keys_t = r.node(product.inputs[1])
+    if keys_t.op != "transpose" or tuple(keys_t.params["perm"]) != (0, 1, 3, 2):
+        return None
+    present_k = _cache(r, keys_t.inputs[0])
+    if present_k is None:
+        return None
+    past_k, k_heads = present_k.inputs
+    kv_heads, size = past_k.shape[1], past_k.shape[3]
+    if size % _HEAD_SIZE_MULTIPLE or heads % kv_heads or k_heads.shape != (batch, kv_heads, seq, size) \
+            or past_k.shape[0] != batch or past_k.shape[2] + seq != total:
+        return None
+    group = heads // kv_heads
+    if product.outputs[0].shape != ((batch, kv_heads, group * seq, total) if grouped else (batch, heads, seq, total)):
+        return None
+    # the rows back to the query heads: the grouping reshape, and scalings before or after it
+    t, consumer, regrouped = product.inputs[0], product, False
+    while r.sole_user(t) is consumer:
+        step = r.node(t)
+        if step.op == "smul" and step.inputs[1].shape == ():
+            scales.append(step.inputs[1])
+        elif step.op == "reshape" and grouped and not regrouped and t.shape == (batch, kv_heads, group * seq, size):
+            regrouped = True
+        else:
+            break
+        removed.add(step.id)
+        consumer, t = step, step.inputs[0]
+    if regrouped != grouped or t.shape != (batch, heads, seq, size) or (not grouped and group != 1):
+        return None
+    q_heads = t
+    removed |= {product.id, keys_t.id, present_k.id}
+    # after the softmax: the guard, the rows again, the values
+    w, nan = softmax.out(), False
+    step = r.sole_user(w)
+    if step is not None and step.op == "nan_to_zero":
+        nan, w = True, step.out()
+        removed.add(step.id)
+        step = r.sole_user(w)
+    if grouped:
+        if step is None or step.op != "reshape" or step.outputs[0].shape != (batch, kv_heads, group * seq, total):
+            return None
+        removed.add(step.id)
+        w = step.out()
+        step = r.sole_user(w)
+    if step is None or step.op != "matmul" or step.inputs[0] != w or step.params["activation"] != "NONE":
+        return None
+    present_v = _cache(r, step.inputs[1])
+    if present_v is None or present_v.outputs[0].shape != present_k.outputs[0].shape:
+        return None
+    past_v, v_heads = present_v.inputs
+    removed |= {step.id, present_v.id}
+    out = step.out()
+    if grouped:
+        back = r.sole_user(out)
+        if back is None or back.op != "reshape" or back.outputs[0].shape != (batch, heads, seq, size):
+            return None
+        removed.add(back.id)
+        step, out = back, back.out()
+    anchor, merged = step, False
+    # heads merged after it: transpose to [B, S, H, D], reshape to [B, S, H*D]
+    t = r.sole_user(out)
+    if t is not None and t.op == "transpose" and tuple(t.params["perm"]) == (0, 2, 1, 3):
+        m = r.sole_user(t.out())
+        if m is not None and m.op == "reshape" and m.outputs[0].shape == (batch, seq, heads * size):
+            removed |= {t.id, m.id}
+            anchor, merged = m, True
+    # the caches: read by this attention alone, or outputs
+    if not r.only_read_by(present_k.out(), removed) or not r.only_read_by(present_v.out(), removed):
+        return None
+    if nan and bias is not None and _finite_constant_mask(r, bias):
+        nan = False  # a finite mask leaves no row without keys: the softmax is never NaN
+    return _Attention(anchor, merged, q_heads, scales, k_heads, v_heads, past_k, past_v, bias, present_k, present_v,
+                      nan, removed)
+
+
+def _finite_constant_mask(r: _Reader, bias: Tensor) -> bool:
+    """Whether ``bias`` is where(condition, a, b) of two finite constants (an exporter's
+    0 / the dtype's minimum), so that adding it leaves every score finite."""
+    n = r.node(bias)
+    if n.op != "where":
+        return False
+    for t in n.inputs[1:]:
+        src = r.node(t)
+        while src.op == "reshape":
+            src = r.node(src.inputs[0])
+        if src.op != WEIGHT.name or not np.all(np.isfinite(r.g.weight_array(src))):
+            return False
+    return True
+
+
+_SWAP = (0, 2, 1, 3)  # [B, S, N, D] <-> [B, N, S, D]
+
+
+def _heads_of(r: _Reader, t: Tensor):
+    """(x, layout) where ``t`` is the [B, S, N*D] tensor ``x`` split into heads:
+    reshaped to [B, S, N, D] ("bsnd") and then maybe swapped to [B, N, S, D] ("bnsd")."""
+    n, layout = r.node(t), "bsnd"
+    if n.op == "transpose" and tuple(n.params["perm"]) == _SWAP:
+        t, n, layout = n.inputs[0], r.node(n.inputs[0]), "bnsd"
+    if n.op != "reshape" or len(t.shape) != 4:
+        return None
+    x = n.inputs[0]
+    b, s, heads, size = t.shape
+    return (x, layout) if x.shape == (b, s, heads * size) else None
+
+
+def _rotated_half(r: _Reader, t: Tensor):
+    """(x, layout) where ``t`` is rotate_half of ``x``'s heads, concat(-second, first)
+    along the head size, in ``layout``."""
+    swaps = 0
+    while r.node(t).op == "transpose" and tuple(r.node(t).params["perm"]) == _SWAP:
+        t, swaps = r.node(t).inputs[0], swaps + 1
+    cat = r.node(t)
+    if cat.op != "concat" or len(cat.inputs) != 2 or len(t.shape) != 4 or cat.params["axis"] % 4 != 3:
+        return None
+    negated, first = cat.inputs
+    neg = r.node(negated)
+    if neg.op != "opaque" or neg.params["op_type"] != "Neg" or len(neg.inputs) != 1:
+        return None
+    second = neg.inputs[0]
+    split = r.node(first)
+    half = t.shape[3] // 2
+    if split.op != "split" or second.node != split.id or (first.index, second.index) != (0, 1) \
+            or split.params["axis"] % 4 != 3 or tuple(split.params["sizes"]) != (half, half):
+        return None
+    heads = _heads_of(r, split.inputs[0])
+    if heads is None:
+        return None
+    x, layout = heads
+    return x, layout if swaps % 2 == 0 else ("bsnd" if layout == "bnsd" else "bnsd")
+
+
+def _equal_halves(r: _Reader, t: Tensor) -> bool:
+    """Whether each row of ``t`` along its last axis is two equal halves, as rotary's
+    angles are (cos(concat(f, f))): traced back through what acts on whole rows alike."""
+    while True:
+        n = r.node(t)
+        if n.op == "concat" and len(n.inputs) == 2 and n.inputs[0] == n.inputs[1] \
+                and n.params["axis"] % len(t.shape) == len(t.shape) - 1:
+            return True
+        if n.op == "reshape" and n.inputs[0].shape[-1:] == t.shape[-1:]:
+            t = n.inputs[0]
+        elif n.op in ("smul", "ewmul") and len(n.inputs) == 2:
+            wide = [u for u in n.inputs if u.shape[-1:] == t.shape[-1:]]
+            if len(wide) != 1 or any(u.shape and u.shape[-1] != 1 for u in n.inputs if u is not wide[0]):
+                return False
+            t = wide[0]
+        elif n.op == "opaque" and n.params["op_type"] in ("Cos", "Sin") and len(n.inputs) == 1:
+            t = n.inputs[0]
+        else:
+            return False
+
+
+def _rotary(r: _Reader, t: Tensor):
+    """(x, heads, cos, sin) where ``t`` [B, N, S, D] is x's heads (the tensor ``heads``)
+    turned by rotary position embedding: heads * cos + rotate_half(heads) * sin, cos
+    and sin [B, 1, S, D] with equal halves; else None."""
+    add = r.node(t)
+    if add.op != "ewadd" or len(t.shape) != 4:
+        return None
+    b, _, s, d = t.shape
+    angles = {(b, 1, s, d), (1, 1, s, d)} if b == 1 else {(b, 1, s, d)}
+    for plain, turned in ((add.inputs[0], add.inputs[1]), (add.inputs[1], add.inputs[0])):
+        m1, m2 = r.node(plain), r.node(turned)
+        if m1.op != "ewmul" or m2.op != "ewmul":
+            continue
+        for x_view, cos in (m1.inputs, m1.inputs[::-1]):
+            for half_view, sin in (m2.inputs, m2.inputs[::-1]):
+                heads, rotated = _heads_of(r, x_view), _rotated_half(r, half_view)
+                if heads is None or rotated is None or heads != rotated or heads[1] != "bnsd" \
+                        or cos.shape not in angles or sin.shape != cos.shape or cos.dtype != t.dtype:
+                    continue
+                if _equal_halves(r, cos) and _equal_halves(r, sin):
+                    return heads[0], x_view, cos, sin
+    return None
+
+
+def _constant(r: _Reader, t: Tensor, depth: int = 0):
+    """The value of a tensor computed from weights alone (a scale and its factors), or None."""
+    n = r.node(t)
+    if n.op == WEIGHT.name:
+        return r.g.weight_array(n)
+    spec = OPS[n.op]
+    if depth > 8 or spec.is_leaf or n.op == "opaque" or not n.inputs:
+        return None
+    values = [_constant(r, u, depth + 1) for u in n.inputs]
+    if any(v is None for v in values):
+        return None
+    return spec.kernel(np, n.params, *values)[t.index]
+
+
+def fuse_attention(g: Graph, classes: dict | None = None, form: str = "rotary") -> Graph:
+    """``g`` with a decoder's attention written in ``form`` (``options.ATTENTION_FORMS``):
+    "rotary", each rotary position embedding ``_rotary`` recognizes made one ``rotary``;
+    "kernel", also each attention over a cache ``_match`` recognizes made one ``gqa``
+    (reading its queries and keys turned in the [B, S, N*D] layout); "none", ``g``.
+    ``g`` itself where nothing matches. ``classes`` (tensor -> e-class, as
+    ``convert.build_graph`` fills it) follows the rebuilt tensors, in place."""
+    if form == "none":
+        return g
+    r = _Reader(g)
+    rotaries = {n.id: turned for n in g.topo_order() if n.op == "ewadd" and (turned := _rotary(r, n.out()))}
+    found: dict[int, _Attention] = {}
+    taken: set[int] = set()
+    for n in g.topo_order():
+        if form == "kernel" and n.op == "softmax":
+            a = _match(r, n)
+            if a is not None and not (a.removed & taken):
+                found[a.anchor.id] = a
+                taken |= a.removed
+    if not found and not rotaries:
+        return g
+    return _rebuild(g, r, found, taken, rotaries, classes)
+
+
+def _rebuild(g: Graph, r: _Reader, found: dict[int, _Attention], removed: set[int], rotaries: dict,
+             classes: dict | None) -> Graph:
+    new = Graph(opset=g.opset)
+    new.ir_version = g.ir_version
+    made: dict[tuple[int, int], Tensor] = {}
+    new_classes: dict = {}
+    lengths_from: dict = {}  # (query's batch and sequence, cache shape) -> the tensors read for them
+
+    def keep_class(old: tuple[int, int], t: Tensor):
+        if classes is not None and old in classes:
+            new_classes[(t.node, t.index)] = classes[old]
+
+    def merged_heads(t: Tensor) -> Tensor:
+        """[B, N, S, D] -> [B, S, N*D]: the source where ``t`` is its own split into heads."""
+        b, n, s, d = t.shape
+        src = r.node(t)
+        if src.op == "transpose" and tuple(src.params["perm"]) == (0, 2, 1, 3):
+            split = r.node(src.inputs[0])
+            if split.op == "reshape" and split.inputs[0].shape == (b, s, n * d):
+                return made[(split.inputs[0].node, split.inputs[0].index)]
+        return new.reshape(new.transpose(made[(t.node, t.index)], (0, 2, 1, 3)), (b, s, n * d))
+
+    halves: dict = {}  # angles (cos or sin, [B, 1, S, D]) -> their first half, made once
+
+    def first_half(t: Tensor) -> Tensor:
+        key = (t.node, t.index)
+        if key not in halves:
+            d = t.shape[3]
+            halves[key] = new.split(made[key], 3, (d // 2, d // 2))[0]
+        return halves[key]
+
+    batches: dict = {}  # angles -> the first tensor they turn, read for its batch size by all
+
+    def batch_from(cos: Tensor, x: Tensor) -> Tensor:
+        return batches.setdefault((cos.node, cos.index), x)
+
+    def rotated_or_merged(t: Tensor) -> Tensor:
+        """[B, N, S, D] -> [B, S, N*D]: turned by a rotary operator where ``t`` is a
+        rotary embedding of a [B, S, N*D] tensor, else merged back."""
+        turned = rotaries.get(t.node) if t.index == 0 else None
+        if turned is None:
+            return merged_heads(t)
+        x, _, cos, sin = turned
+        x = made[(x.node, x.index)]
+        return new.add_node("rotary", [x, first_half(cos), first_half(sin), batch_from(cos, x)],
+                            num_heads=t.shape[1])[0]
+
+    for n in g.topo_order():
+        if n.id in found:
+            a = found[n.id]
+            q = rotated_or_merged(a.q_heads)
+            scale = 1.0
+            for factor in a.scales:  # a constant becomes the operator's scale, others stay on the queries
+                value = _constant(r, factor)
+                if value is not None and np.isfinite(value) and value != 0:
+                    scale *= float(value)
+                else:
+                    q = new.add_node("smul", [q, made[(factor.node, factor.index)]])[0]
+            past_k = made[(a.past_k.node, a.past_k.index)]
+            # the lengths are read from the first attention's query and cache of these
+            # sizes, for every layer: computed once (the check at the second sizes,
+            # where every symbol has another value, sees any that differ)
+            sizes = lengths_from.setdefault((q.shape[:2], past_k.shape), (q, past_k))
+            ins = [q, rotated_or_merged(a.k_heads), merged_heads(a.v_heads), past_k,
+                   made[(a.past_v.node, a.past_v.index)], *sizes]
+            if a.bias is not None:
+                ins.append(made[(a.bias.node, a.bias.index)])
+            out, present_k, present_v = new.add_node(
+                "gqa", ins, num_heads=a.q_heads.shape[1], kv_num_heads=a.k_heads.shape[1], scale=scale,
+                nan_to_zero=int(a.nan_to_zero))
+            if not a.merged:
+                b, s, hd = out.shape
+                heads = a.q_heads.shape[1]
+                out = new.transpose(new.reshape(out, (b, s, heads, hd // heads)), (0, 2, 1, 3))
+            for old, t in (((n.id, 0), out), ((a.present_k.id, 0), present_k), ((a.present_v.id, 0), present_v)):
+                made[old] = t
+                keep_class(old, t)
+            continue
+        if n.id in removed:
+            continue
+        if n.id in rotaries:  # in the heads' layout, for the attention as exported
+            _, heads, cos, sin = rotaries[n.id]
+            heads = made[(heads.node, heads.index)]
+            made[(n.id, 0)] = t = new.add_node("rotary", [heads, first_half(cos), first_half(sin),
+                                                          batch_from(cos, heads)])[0]
+            keep_class((n.id, 0), t)
+            continue
+        if n.op == INPUT.name:
+            outs = [new.new_input(n.params["shape"], n.params["name"], n.params["dtype"])]
+        elif n.op == WEIGHT.name:
+            outs = [new.new_weight(n.params["shape"], name=n.params["name"], dtype=n.params["dtype"])]
+            if n.id in g.weight_data:
+                new.weight_data[outs[0].node] = g.weight_data[n.id]
+        else:
+            outs = new.add_node(n.op, [made[(t.node, t.index)] for t in n.inputs], n.name, **n.params)
+        for i, t in enumerate(outs):
+            made[(n.id, i)] = t
+            keep_class((n.id, i), t)
+    for name, t in g.outputs:
+        new.mark_output(made[(t.node, t.index)], name)
+    _drop_unread(new)
+    if classes is not None:
+        classes.clear()
+        classes.update({k: c for k, c in new_classes.items() if k[0] in new.nodes})
+    return new
+
+
+def _drop_unread(g: Graph) -> None:
+    """Nodes no output reads (the heads' splits the operator reads past), but inputs."""
+    live: set[int] = set()
+    stack = [t.node for _, t in g.outputs]
+    while stack:
+        i = stack.pop()
+        if i not in live:
+            live.add(i)
+            stack.extend(t.node for t in g.nodes[i].inputs)
+    for i in [i for i, n in g.nodes.items() if i not in live and n.op != INPUT.name]:
+        del g.nodes[i]
+        g.weight_data.pop(i, None)

@@ -1,0 +1,273 @@
+"""A decoder's attention written as onnxruntime's kernels (ops/attention.py,
+product/fuse_attention.py): each operator's semantics against onnxruntime's own kernel,
+and the rewrite of an exported attention step equal to the export where other tools
+are not: left padding, a mask with holes, one new token and several, a batch of
+several new tokens on a cache (the input GroupQueryAttention refuses)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from taso_egg import executor
+from taso_egg.graph import Graph
+from taso_egg.onnx_io.exporter import export_onnx
+
+HEADS, KV_HEADS, SIZE, HIDDEN = 4, 2, 8, 32
+
+
+def _session(model):
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def _mask_bias(mask: np.ndarray, seq: int, no_key: str = "-inf") -> np.ndarray:
+    """The additive mask an exporter builds: key j is seen by new token i where the mask
+    keeps it and j <= past + i; -inf (or the dtype's minimum) elsewhere."""
+    batch, total = mask.shape
+    past = total - seq
+    seen = (np.arange(total)[None, :] <= past + np.arange(seq)[:, None])[None] & (mask[:, None, :] == 1)
+    fill = -np.inf if no_key == "-inf" else np.finfo(np.float32).min
+    return np.where(seen, 0.0, fill).astype(np.float32)[:, None]
+
+
+def _holey_mask(batch: int, total: int, rng) -> np.ndarray:
+    """Row 0 left-padded by two, row 1 with a hole in the middle, the others full."""
+    mask = np.ones((batch, total), np.int64)
+    mask[0, :2] = 0
+    if batch > 1 and total > 3:
+        mask[1, total // 2] = 0
+    return mask
+
+
+# --- the operators against onnxruntime's kernels -------------------------------------
+
+@pytest.mark.parametrize("batch,seq,past", [(2, 1, 5), (2, 4, 0), (1, 3, 4), (3, 4, 5)])
+def test_gqa_computes_what_onnxruntimes_kernels_do_for_any_mask(batch, seq, past):
+    """One new token on a cache, a left-padded prompt, several tokens on a cache at batch
+    1 (GroupQueryAttention each), several at batch 3 (the formula: the kernel refuses
+    it), a holey mask each time, rows that see no key included (0, as the export's
+    guard after softmax makes them)."""
+    rng = np.random.default_rng(batch * 100 + seq * 10 + past)
+    total = past + seq
+    g = Graph(opset=17)
+    q = g.new_input((batch, seq, HEADS * SIZE), "q")
+    k, v = (g.new_input((batch, seq, KV_HEADS * SIZE), n) for n in ("k", "v"))
+    past_k, past_v = (g.new_input((batch, KV_HEADS, past, SIZE), n) for n in ("past_k", "past_v"))
+    bias = g.new_input((batch, 1, seq, total), "bias")
+    outs = g.add_node("gqa", [q, k, v, past_k, past_v, q, past_k, bias], num_heads=HEADS, kv_num_heads=KV_HEADS,
+                      scale=0.3, nan_to_zero=1)
+    for name, t in zip(("out", "present_k", "present_v"), outs):
+        g.mark_output(t, name)
+    feeds = {n.params["name"]: rng.standard_normal(n.params["shape"]).astype(np.float32) for n in g.inputs()}
+    feeds["bias"] = _mask_bias(_holey_mask(batch, total, rng), seq)
+    want = executor.run(g, feeds)
+    model = export_onnx(g)
+    got = dict(zip(["out", "present_k", "present_v"], _session(model).run(None, feeds)))
+    assert not np.isnan(want["out"]).any()
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    # the kernel itself, where it takes the input: causal off, every row's keys the whole cache
+    if batch == 1 or seq == 1 or past == 0:
+        raw = helper.make_node("GroupQueryAttention", ["q", "k", "v", "past_k", "past_v", "seqlens_k", "total", "",
+                                                       "", "", "bias"], ["out", "present_k", "present_v"],
+                               domain="com.microsoft", num_heads=HEADS, kv_num_heads=KV_HEADS, causal=0, scale=0.3)
+        inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in feeds] + \
+            [helper.make_tensor_value_info(n, TensorProto.INT32, None) for n in ("seqlens_k", "total")]
+        outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("out", "present_k", "present_v")]
+        one = helper.make_model(helper.make_graph([raw], "gqa", inputs, outputs),
+                                opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+        kernel = _session(one).run(None, dict(feeds, seqlens_k=np.full(batch, total - 1, np.int32),
+                                              total=np.array(total, np.int32)))
+        out = np.where(np.isnan(kernel[0]), 0, kernel[0])  # the guard the operator writes after it
+        np.testing.assert_allclose(out, want["out"], rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(kernel[1], want["present_k"])
+
+
+@pytest.mark.parametrize("layout", ["bsnd", "bnsd"])
+def test_rotary_computes_what_onnxruntimes_kernel_does_at_any_position(layout):
+    rng = np.random.default_rng(3)
+    batch, seq, heads, size = 3, 5, 2, 8
+    g = Graph(opset=17)
+    shape = (batch, seq, heads * size) if layout == "bsnd" else (batch, heads, seq, size)
+    x = g.new_input(shape, "x")
+    cos, sin = (g.new_input((batch, 1, seq, size // 2), n) for n in ("cos", "sin"))
+    g.mark_output(g.add_node("rotary", [x, cos, sin, x], num_heads=heads)[0], "y")
+    # angles of arbitrary positions (left padding: any number at any place)
+    angles = rng.integers(0, 100, (batch, 1, seq, 1)) * rng.random(size // 2).astype(np.float32)
+    feeds = {"x": rng.standard_normal(shape).astype(np.float32), "cos": np.cos(angles).astype(np.float32),
+             "sin": np.sin(angles).astype(np.float32)}
+    want = executor.run(g, feeds)["y"]
+    x4 = feeds["x"].reshape(batch, seq, heads, size).transpose(0, 2, 1, 3) if layout == "bsnd" else feeds["x"]
+    first, second = x4[..., :size // 2], x4[..., size // 2:]
+    textbook = np.concatenate([first * feeds["cos"] - second * feeds["sin"],
+                               second * feeds["cos"] + first * feeds["sin"]], axis=-1)
+    if layout == "bsnd":
+        textbook = textbook.transpose(0, 2, 1, 3).reshape(shape)
+    np.testing.assert_allclose(want, textbook, rtol=1e-5, atol=1e-6)
+    model = export_onnx(g)
+    assert "RotaryEmbedding" in {n.op_type for n in model.graph.node}
+    np.testing.assert_allclose(_session(model).run(None, feeds)[0], want, rtol=1e-5, atol=1e-6)
+
+
+# --- an exported attention step, rewritten -------------------------------------------
+
+def _decoder_step(repeat_kv: bool = True) -> onnx.ModelProto:
+    """One attention layer of a Llama-style decoder step as torch's exporter writes it
+    (rotary embedding of q and k, the cache grown by concat, the keys and values repeated
+    for their group of query heads, scaled scores, the additive causal and padding mask,
+    softmax with SDPA's NaN guard), symbolic batch, sequence and past."""
+    rng = np.random.default_rng(0)
+    group = HEADS // KV_HEADS
+    inits = []
+
+    def const(name, value):
+        inits.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    w = {n: const(n, (rng.standard_normal(shape) * 0.3).astype(np.float32))
+         for n, shape in (("wq", (HIDDEN, HEADS * SIZE)), ("wk", (HIDDEN, KV_HEADS * SIZE)),
+                          ("wv", (HIDDEN, KV_HEADS * SIZE)), ("wo", (HEADS * SIZE, HIDDEN)))}
+    inv_freq = const("inv_freq", (1.0 / 10000 ** (np.arange(0, SIZE, 2) / SIZE)).astype(np.float32)[None, :, None])
+    nodes = []
+
+    def node(op, ins, out=None, **attrs):
+        out = out or f"t{len(nodes)}"
+        nodes.append(helper.make_node(op, ins, [out], **attrs))
+        return out
+
+    i64 = lambda name, v: const(name, np.asarray(v, np.int64))  # noqa: E731
+    # angles: position_ids [B, S] -> freqs [B, S, D/2] -> concat(f, f) -> cos, sin [B, 1, S, D]
+    pos = node("Cast", [node("Unsqueeze", ["position_ids", i64("ax1", [1])])], to=TensorProto.FLOAT)
+    freqs = node("Transpose", [node("MatMul", [node("Expand", [inv_freq, node("Concat", [
+        node("Gather", [node("Shape", ["position_ids"]), i64("zero_vec", [0])], axis=0), i64("one_vec0", [1]),
+        i64("one_vec", [1])], axis=0)]), pos])], perm=[0, 2, 1])
+    emb = node("Concat", [freqs, freqs], axis=-1)
+    cos = node("Unsqueeze", [node("Cos", [emb]), "ax1"])
+    sin = node("Unsqueeze", [node("Sin", [emb]), "ax1"])
+
+    def heads(x, n):  # [B, S, n*D] -> [B, n, S, D]
+        return node("Transpose", [node("Reshape", [x, i64(f"shape_{n}_{len(nodes)}", [0, 0, n, SIZE])])],
+                    perm=[0, 2, 1, 3])
+
+    def rotate(x):
+        first = node("Slice", [x, i64(f"s0_{len(nodes)}", [0]), i64(f"s1_{len(nodes)}", [SIZE // 2]),
+                               i64(f"s2_{len(nodes)}", [3])])
+        second = node("Slice", [x, i64(f"s3_{len(nodes)}", [SIZE // 2]), i64(f"s4_{len(nodes)}", [SIZE]),
+                                i64(f"s5_{len(nodes)}", [3])])
+        return node("Add", [node("Mul", [x, cos]), node("Mul", [node("Concat", [node("Neg", [second]), first],
+                                                                        axis=-1), sin])])
+
+    q = rotate(heads(node("MatMul", ["x", w["wq"]]), HEADS))
+    k = rotate(heads(node("MatMul", ["x", w["wk"]]), KV_HEADS))
+    v = heads(node("MatMul", ["x", w["wv"]]), KV_HEADS)
+    present_k = node("Concat", ["past_key", k], "present_key", axis=2)
+    present_v = node("Concat", ["past_value", v], "present_value", axis=2)
+
+    def repeated(x):  # transformers' repeat_kv: [B, Hkv, T, D] -> [B, H, T, D]
+        if not repeat_kv:
+            return x
+        shape = node("Shape", [x])
+        b, t = (node("Gather", [shape, i64(f"axis{a}_{len(nodes)}", [a])], axis=0) for a in (0, 2))
+        wide = node("Concat", [b, i64(f"kvh{len(nodes)}", [KV_HEADS]), i64(f"g{len(nodes)}", [group]), t,
+                               i64(f"d{len(nodes)}", [SIZE])], axis=0)
+        flat = node("Concat", [b, i64(f"h{len(nodes)}", [HEADS]), t, i64(f"d{len(nodes)}", [SIZE])], axis=0)
+        return node("Reshape", [node("Expand", [node("Unsqueeze", [x, i64(f"ax2_{len(nodes)}", [2])]), wide]), flat])
+
+    scale = const("scale", np.asarray(1 / np.sqrt(SIZE), np.float32))
+    scores = node("Mul", [node("MatMul", [q, node("Transpose", [repeated(present_k)], perm=[0, 1, 3, 2])]), scale])
+    # the mask: key j seen by token i where attention_mask keeps it and j <= past + i
+    total = node("Gather", [node("Shape", ["attention_mask"]), i64("one", 1)], axis=0)
+    seq = node("Gather", [node("Shape", ["position_ids"]), i64("one_again", 1)], axis=0)
+    keys = node("Range", [i64("start", 0), total, i64("step", 1)])
+    rows = node("Add", [node("Range", [i64("start2", 0), seq, i64("step2", 1)]), node("Sub", [total, seq])])
+    causal = node("LessOrEqual", [keys, node("Unsqueeze", [rows, i64("ax_last", [1])])])
+    kept = node("Cast", [node("Unsqueeze", ["attention_mask", i64("ax12", [1, 2])])], to=TensorProto.BOOL)
+    bias = node("Where", [node("And", [causal, kept]), const("zero", np.zeros(1, np.float32)),
+                          const("minus_inf", np.full(1, -np.inf, np.float32))])
+    weights = node("Softmax", [node("Add", [scores, bias])], axis=-1)
+    weights = node("Where", [node("IsNaN", [weights]), const("zero2", np.zeros((), np.float32)), weights])
+    out = node("MatMul", [weights, repeated(present_v)])
+    merged = node("Reshape", [node("Transpose", [out], perm=[0, 2, 1, 3]), i64("merge", [0, 0, HEADS * SIZE])])
+    node("MatMul", [merged, w["wo"]], "y")
+    f, i = TensorProto.FLOAT, TensorProto.INT64
+    inputs = [helper.make_tensor_value_info("x", f, ["batch", "seq", HIDDEN]),
+              helper.make_tensor_value_info("attention_mask", i, ["batch", "total"]),
+              helper.make_tensor_value_info("position_ids", i, ["batch", "seq"]),
+              helper.make_tensor_value_info("past_key", f, ["batch", KV_HEADS, "past", SIZE]),
+              helper.make_tensor_value_info("past_value", f, ["batch", KV_HEADS, "past", SIZE])]
+    outputs = [helper.make_tensor_value_info("y", f, ["batch", "seq", HIDDEN]),
+               helper.make_tensor_value_info("present_key", f, ["batch", KV_HEADS, "total", SIZE]),
+               helper.make_tensor_value_info("present_value", f, ["batch", KV_HEADS, "total", SIZE])]
+    model = helper.make_model(helper.make_graph(nodes, "step", inputs, outputs, inits),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _step_feeds(batch, seq, past, rng, padded=True):
+    total = past + seq
+    mask = _holey_mask(batch, total, rng) if padded else np.ones((batch, total), np.int64)
+    # positions as transformers numbers them: the count of kept tokens before, 1 on padding
+    positions = np.where(mask == 1, np.cumsum(mask, axis=1) - 1, 1)[:, past:]
+    return {"x": rng.standard_normal((batch, seq, HIDDEN)).astype(np.float32), "attention_mask": mask,
+            "position_ids": positions.astype(np.int64),
+            "past_key": rng.standard_normal((batch, KV_HEADS, past, SIZE)).astype(np.float32),
+            "past_value": rng.standard_normal((batch, KV_HEADS, past, SIZE)).astype(np.float32)}
+
+
+@pytest.fixture(scope="module")
+def step():
+    return _decoder_step()
+
+
+@pytest.fixture(scope="module")
+def written(step):
+    """The step optimized in each attention form (as the command does, timing aside)."""
+    from taso_egg import optimize_model
+
+    return {form: optimize_model(step, measure=0, attention=form)[0] for form in ("rotary", "kernel")}
+
+
+def test_the_attention_kernels_are_written(written):
+    ops = {form: {n.op_type for n in m.graph.node} for form, m in written.items()}
+    assert "RotaryEmbedding" in ops["rotary"] and "If" not in ops["rotary"] and "Softmax" in ops["rotary"]
+    assert "RotaryEmbedding" in ops["kernel"] and "If" in ops["kernel"] and "Softmax" not in ops["kernel"]
+    branches = {n.op_type for n in written["kernel"].graph.node if n.op_type == "If"
+                for a in n.attribute for n in a.g.node}
+    assert "GroupQueryAttention" in branches
+
+
+@pytest.mark.parametrize("form", ["rotary", "kernel"])
+@pytest.mark.parametrize("batch,seq,past", [(2, 1, 5), (2, 1, 9), (2, 5, 0), (1, 3, 4), (3, 4, 6)])
+def test_the_rewritten_step_equals_the_export_with_holes_and_padding(step, written, form, batch, seq, past):
+    """Two cache lengths for one new token, a left-padded prompt, several tokens on a
+    cache at batch 1 (the kernel) and at batch 3 (the formula): logits and present
+    cache equal the export's, rows that see no key included."""
+    feeds = _step_feeds(batch, seq, past, np.random.default_rng(batch + seq + past))
+    want = _session(step).run(None, feeds)
+    got = _session(written[form]).run(None, feeds)
+    for name, a, b in zip(("y", "present_key", "present_value"), got, want):
+        assert a.shape == b.shape, name
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=f"{form}: {name}")
+
+
+def test_an_attention_the_kernel_cannot_take_is_left_as_exported():
+    """A head size GroupQueryAttention refuses (not a multiple of 8): the step is
+    written without it, and equal."""
+    global SIZE
+    kept = SIZE
+    try:
+        SIZE = 6
+        model = _decoder_step()
+        from taso_egg import optimize_model
+
+        out, _ = optimize_model(model, measure=0, attention="kernel")
+        assert "If" not in {n.op_type for n in out.graph.node}
+        feeds = _step_feeds(2, 1, 5, np.random.default_rng(1))
+        np.testing.assert_allclose(_session(out).run(None, feeds)[0], _session(model).run(None, feeds)[0],
+                                   rtol=1e-5, atol=1e-5)
+    finally:
+        SIZE = kept
