@@ -185,9 +185,9 @@ def test_extract_time_limit_reaches_the_extractor(monkeypatch, tmp_path, capsys)
     seen = []
     real = api.extract_graph
 
-    def spy(sat, extractor, model, time_limit=None):
+    def spy(sat, extractor, model, time_limit=None, **more):
         seen.append((extractor, time_limit))
-        return real(sat, extractor, model, time_limit)
+        return real(sat, extractor, model, time_limit, **more)
 
     monkeypatch.setattr(api, "extract_graph", spy)
     src = tmp_path / "model.onnx"

@@ -163,7 +163,7 @@ def test_optimize_rejects_a_wrong_extraction(monkeypatch, fake_timer):
 
     wrong = _mlp("sigmoid")
 
-    def fake_extract(saturation, extractor="greedy-dag", cost_model=None, time_limit=None):
+    def fake_extract(saturation, extractor="greedy-dag", cost_model=None, time_limit=None, **more):
         return Extraction(wrong, 0.0, 0.0, extractor, "fake")
 
     monkeypatch.setattr(api, "extract_graph", fake_extract)

@@ -1,9 +1,17 @@
-"""A decoder's attention over its key/value cache, as written out by an exporter, made
-one ``gqa`` operator (onnxruntime's GroupQueryAttention; see ``ops/attention.py``).
+"""A decoder's attention, as an exporter writes it, made onnxruntime's kernels (the
+operators of ``ops/attention.py``), on an extracted graph (where the rules have already
+taken the repeated keys and values out: ``matmul-repeated-keys/-values``). No rule
+names these operators: the pass matches what each computes and nothing else.
 
-The pass runs on an extracted graph, where the rules have already taken the repeated
-keys and values out (``matmul-repeated-keys/-values``). It matches, from each softmax
-over the keys, what the operator computes and nothing else:
+"rotary" (the default ``--attention``): each rotary position embedding,
+
+    x * cos + rotate_half(x) * sin,  rotate_half(x) = concat(-second half, first half)
+
+with cos and sin [B or 1, 1, S, D] whose halves are equal (traced back to the
+exporter's ``concat(freqs, freqs)``), becomes one ``rotary``; a partial rotary
+embedding (GPT-NeoX, Phi-3) turns a part of each head this way, and that part is ``x``.
+
+"kernel": also each attention over a cache grown by concat,
 
     present_k = concat(past_k, k_heads)                 [B, Hkv, T, D], axis 2
     scores    = matmul(rows(q_heads), transpose(present_k, 0 1 3 2)), back to [B, H, S, T]
@@ -11,16 +19,16 @@ over the keys, what the operator computes and nothing else:
     out       = matmul(rows(weights), present_v), back to [B, H, S, D]
 
 where ``rows`` groups the query heads by the key/value head they read ([B, H, S, X] ->
-[B, Hkv, H/Hkv * S, X], or nothing when each query head has its own). A constant scale
-of the queries becomes the operator's; where the queries are turned by rotary position
-embedding (``_rotary``), the operator reads them turned by a ``rotary`` operator in the
-[B, S, N*D] layout the projections give, as onnxruntime's kernels take them. Every intermediate
-must feed the next step alone; the caches may also be outputs (the present cache),
-which the operator then returns. Anything else (another layout, a bias the kernel
-cannot take, a head size it refuses) is left as it is. What the pass writes is checked
-like every candidate: numerically against the input, and at two sizes where the dims
-are symbolic, the second of them (batch 3, several tokens on a cache) the input that
-runs the formula instead of the kernel."""
+[B, Hkv, H/Hkv * S, X], or nothing when each query head has its own), becomes one
+``gqa``. Constant scales of the scores or queries become its scale; queries and keys
+turned by rotary embedding are turned in the [B, S, N*D] layout the projections give,
+as GroupQueryAttention takes them. Every intermediate must feed the next step alone;
+the caches may also be outputs (the present cache), which the operator then returns.
+Anything else (another layout, a bias the kernel cannot take, a head size it refuses)
+is left as it is. What the pass writes is checked like every candidate: numerically
+against the input, and at two sizes where the dims are symbolic, the second of them
+(batch 3, several tokens on a cache) the input that runs the formula in the kernel's
+place."""
 
 from __future__ import annotations
 
@@ -226,30 +234,37 @@ def _heads_of(r: _Reader, t: Tensor):
     return (x, layout) if x.shape == (b, s, heads * size) else None
 
 
-def _rotated_half(r: _Reader, t: Tensor):
-    """(x, layout) where ``t`` is rotate_half of ``x``'s heads, concat(-second, first)
-    along the head size, in ``layout``."""
-    swaps = 0
+def _swaps(r: _Reader, t: Tensor) -> tuple[Tensor, int]:
+    """``t`` with the [B, S, N, D] <-> [B, N, S, D] transposes on it peeled, and how many."""
+    count = 0
     while r.node(t).op == "transpose" and tuple(r.node(t).params["perm"]) == _SWAP:
-        t, swaps = r.node(t).inputs[0], swaps + 1
+        t, count = r.node(t).inputs[0], count + 1
+    return t, count
+
+
+def _rotated_half(r: _Reader, t: Tensor):
+    """(base, swaps) where ``t`` is rotate_half, concat(-second half, first half) along
+    the last axis, of ``base`` transposed ``swaps`` times (the rules may have moved the
+    heads' transposes between the halves, the negation and the concat)."""
+    t, swaps = _swaps(r, t)
     cat = r.node(t)
     if cat.op != "concat" or len(cat.inputs) != 2 or len(t.shape) != 4 or cat.params["axis"] % 4 != 3:
         return None
-    negated, first = cat.inputs
+    negated, inner = _swaps(r, cat.inputs[0])
+    first, first_swaps = _swaps(r, cat.inputs[1])
     neg = r.node(negated)
     if neg.op != "opaque" or neg.params["op_type"] != "Neg" or len(neg.inputs) != 1:
         return None
-    second = neg.inputs[0]
+    second, second_swaps = _swaps(r, neg.inputs[0])
+    if (inner + second_swaps - first_swaps) % 2:
+        return None
     split = r.node(first)
     half = t.shape[3] // 2
     if split.op != "split" or second.node != split.id or (first.index, second.index) != (0, 1) \
             or split.params["axis"] % 4 != 3 or tuple(split.params["sizes"]) != (half, half):
         return None
-    heads = _heads_of(r, split.inputs[0])
-    if heads is None:
-        return None
-    x, layout = heads
-    return x, layout if swaps % 2 == 0 else ("bsnd" if layout == "bnsd" else "bnsd")
+    base, base_swaps = _swaps(r, split.inputs[0])
+    return base, swaps + first_swaps + base_swaps
 
 
 def _equal_halves(r: _Reader, t: Tensor) -> bool:
@@ -274,26 +289,29 @@ def _equal_halves(r: _Reader, t: Tensor) -> bool:
 
 
 def _rotary(r: _Reader, t: Tensor):
-    """(x, heads, cos, sin) where ``t`` [B, N, S, D] is x's heads (the tensor ``heads``)
-    turned by rotary position embedding: heads * cos + rotate_half(heads) * sin, cos
-    and sin [B, 1, S, D] with equal halves; else None."""
+    """(x, cos, sin) where ``t`` [B, N, S, D] is ``x`` (of that shape) turned by rotary
+    position embedding: x * cos + rotate_half(x) * sin, cos and sin [B or 1, 1, S, D]
+    with equal halves; else None. (A partial rotary embedding turns a part of each head
+    this way and concatenates the rest: the part is ``x``.)"""
     add = r.node(t)
     if add.op != "ewadd" or len(t.shape) != 4:
         return None
     b, _, s, d = t.shape
-    angles = {(b, 1, s, d), (1, 1, s, d)} if b == 1 else {(b, 1, s, d)}
+    angles = {(b, 1, s, d), (1, 1, s, d)}
     for plain, turned in ((add.inputs[0], add.inputs[1]), (add.inputs[1], add.inputs[0])):
         m1, m2 = r.node(plain), r.node(turned)
         if m1.op != "ewmul" or m2.op != "ewmul":
             continue
-        for x_view, cos in (m1.inputs, m1.inputs[::-1]):
+        for x, cos in (m1.inputs, m1.inputs[::-1]):
             for half_view, sin in (m2.inputs, m2.inputs[::-1]):
-                heads, rotated = _heads_of(r, x_view), _rotated_half(r, half_view)
-                if heads is None or rotated is None or heads != rotated or heads[1] != "bnsd" \
-                        or cos.shape not in angles or sin.shape != cos.shape or cos.dtype != t.dtype:
+                rotated = _rotated_half(r, half_view)
+                if rotated is None or x.shape != t.shape or cos.shape not in angles or sin.shape != cos.shape \
+                        or cos.dtype != t.dtype:
                     continue
-                if _equal_halves(r, cos) and _equal_halves(r, sin):
-                    return heads[0], x_view, cos, sin
+                base, swaps = _swaps(r, x)
+                if rotated[0] == base and (rotated[1] - swaps) % 2 == 0 \
+                        and _equal_halves(r, cos) and _equal_halves(r, sin):
+                    return x, cos, sin
     return None
 
 
@@ -375,10 +393,11 @@ def _rebuild(g: Graph, r: _Reader, found: dict[int, _Attention], removed: set[in
         """[B, N, S, D] -> [B, S, N*D]: turned by a rotary operator where ``t`` is a
         rotary embedding of a [B, S, N*D] tensor, else merged back."""
         turned = rotaries.get(t.node) if t.index == 0 else None
-        if turned is None:
-            return merged_heads(t)
-        x, _, cos, sin = turned
-        x = made[(x.node, x.index)]
+        heads = _heads_of(r, turned[0]) if turned is not None else None
+        if heads is None or heads[1] != "bnsd":
+            return merged_heads(t)  # (turned in the heads' layout, where it is)
+        _, cos, sin = turned
+        x = made[(heads[0].node, heads[0].index)]
         return new.add_node("rotary", [x, first_half(cos), first_half(sin), batch_from(cos, x)],
                             num_heads=t.shape[1])[0]
 
@@ -416,7 +435,7 @@ def _rebuild(g: Graph, r: _Reader, found: dict[int, _Attention], removed: set[in
         if n.id in removed:
             continue
         if n.id in rotaries:  # in the heads' layout, for the attention as exported
-            _, heads, cos, sin = rotaries[n.id]
+            heads, cos, sin = rotaries[n.id]
             heads = made[(heads.node, heads.index)]
             made[(n.id, 0)] = t = new.add_node("rotary", [heads, first_half(cos), first_half(sin),
                                                           batch_from(cos, heads)])[0]

@@ -93,6 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--floor", action="store_true",
                    help="--step-at: also time the first model's weight products alone on one token (q/k/v "
                         "and gate/up packed), the step's floor, as a row of its own")
+    p.add_argument("--padded", action="store_true",
+                   help="--generate: feed a batch of 2 as transformers' generate does (left padding, a "
+                        "hole in the mask, then several tokens on the cache, then single steps) and compare "
+                        "every model with the first at every call, instead of timing")
     p.add_argument("--threads", type=int, default=1, metavar="T",
                    help="--generate: onnxruntime's intra-op threads in every session, as a user runs the "
                         "model (default: %(default)s; above 1, --step-at times wall time, not CPU time)")
@@ -142,8 +146,14 @@ def _generate_table(args, parser) -> int:
         parser.error("--floor: times a decode step's floor beside --step-at; give --step-at too")
     if args.step_at and min(args.step_at) < 0:
         parser.error("--step-at: cache lengths must be at least 0")
+    if args.padded and (args.step_at or args.floor):
+        parser.error("--padded compares the models' outputs; it times nothing, so takes no --step-at or --floor")
     try:
-        if args.step_at:
+        if args.padded:
+            from ..product import padded
+
+            text = padded.table(padded.run_padded(args.generate, args.threads))
+        elif args.step_at:
             pasts = tuple(args.step_at)
             rows = generate.measure_steps(args.generate, pasts, args.rounds, progress=progress,
                                           threads=args.threads, floor=args.floor)
