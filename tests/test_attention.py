@@ -114,11 +114,22 @@ def test_rotary_computes_what_onnxruntimes_kernel_does_at_any_position(layout):
 
 # --- an exported attention step, rewritten -------------------------------------------
 
-def _decoder_step(repeat_kv: bool = True) -> onnx.ModelProto:
+def _int4(w: np.ndarray, block: int = 32):
+    """``w`` [K, N] as MatMulNBits holds it: 4-bit symmetric blocks along K, two to a
+    byte ([N, K / block, block / 2]), one scale a block."""
+    k, n = w.shape
+    blocks = w.T.reshape(n, k // block, block)
+    scale = np.abs(blocks).max(axis=-1) / 7
+    q = (np.clip(np.round(blocks / scale[..., None]), -8, 7) + 8).astype(np.uint8)
+    return (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8), scale.astype(np.float32).reshape(-1)
+
+
+def _decoder_step(repeat_kv: bool = True, int4: bool = False) -> onnx.ModelProto:
     """One attention layer of a Llama-style decoder step as torch's exporter writes it
     (rotary embedding of q and k, the cache grown by concat, the keys and values repeated
     for their group of query heads, scaled scores, the additive causal and padding mask,
-    softmax with SDPA's NaN guard), symbolic batch, sequence and past."""
+    softmax with SDPA's NaN guard), symbolic batch, sequence and past. ``int4``: the
+    projections as onnxruntime's MatMulNBitsQuantizer writes them (block 32)."""
     rng = np.random.default_rng(0)
     group = HEADS // KV_HEADS
     inits = []
@@ -127,9 +138,10 @@ def _decoder_step(repeat_kv: bool = True) -> onnx.ModelProto:
         inits.append(numpy_helper.from_array(np.asarray(value), name))
         return name
 
-    w = {n: const(n, (rng.standard_normal(shape) * 0.3).astype(np.float32))
-         for n, shape in (("wq", (HIDDEN, HEADS * SIZE)), ("wk", (HIDDEN, KV_HEADS * SIZE)),
-                          ("wv", (HIDDEN, KV_HEADS * SIZE)), ("wo", (HEADS * SIZE, HIDDEN)))}
+    shapes = {"wq": (HIDDEN, HEADS * SIZE), "wk": (HIDDEN, KV_HEADS * SIZE), "wv": (HIDDEN, KV_HEADS * SIZE),
+              "wo": (HEADS * SIZE, HIDDEN)}
+    floats = {n: (rng.standard_normal(shape) * 0.3).astype(np.float32) for n, shape in shapes.items()}
+    w = {n: const(n, value) for n, value in floats.items()} if not int4 else {}
     inv_freq = const("inv_freq", (1.0 / 10000 ** (np.arange(0, SIZE, 2) / SIZE)).astype(np.float32)[None, :, None])
     nodes = []
 
@@ -160,9 +172,19 @@ def _decoder_step(repeat_kv: bool = True) -> onnx.ModelProto:
         return node("Add", [node("Mul", [x, cos]), node("Mul", [node("Concat", [node("Neg", [second]), first],
                                                                         axis=-1), sin])])
 
-    q = rotate(heads(node("MatMul", ["x", w["wq"]]), HEADS))
-    k = rotate(heads(node("MatMul", ["x", w["wk"]]), KV_HEADS))
-    v = heads(node("MatMul", ["x", w["wv"]]), KV_HEADS)
+    def project(x, name):
+        if not int4:
+            return node("MatMul", [x, w[name]])
+        packed, scales = _int4(floats[name])
+        k, n = shapes[name]
+        out = f"t{len(nodes)}"
+        nodes.append(helper.make_node("MatMulNBits", [x, const(name + "_q", packed), const(name + "_scales", scales)],
+                                      [out], domain="com.microsoft", K=k, N=n, bits=4, block_size=32))
+        return out
+
+    q = rotate(heads(project("x", "wq"), HEADS))
+    k = rotate(heads(project("x", "wk"), KV_HEADS))
+    v = heads(project("x", "wv"), KV_HEADS)
     present_k = node("Concat", ["past_key", k], "present_key", axis=2)
     present_v = node("Concat", ["past_value", v], "present_value", axis=2)
 
@@ -191,7 +213,7 @@ def _decoder_step(repeat_kv: bool = True) -> onnx.ModelProto:
     weights = node("Where", [node("IsNaN", [weights]), const("zero2", np.zeros((), np.float32)), weights])
     out = node("MatMul", [weights, repeated(present_v)])
     merged = node("Reshape", [node("Transpose", [out], perm=[0, 2, 1, 3]), i64("merge", [0, 0, HEADS * SIZE])])
-    node("MatMul", [merged, w["wo"]], "y")
+    nodes.append(helper.make_node("Identity", [project(merged, "wo")], ["y"]))
     f, i = TensorProto.FLOAT, TensorProto.INT64
     inputs = [helper.make_tensor_value_info("x", f, ["batch", "seq", HIDDEN]),
               helper.make_tensor_value_info("attention_mask", i, ["batch", "total"]),
@@ -202,8 +224,10 @@ def _decoder_step(repeat_kv: bool = True) -> onnx.ModelProto:
                helper.make_tensor_value_info("present_key", f, ["batch", KV_HEADS, "total", SIZE]),
                helper.make_tensor_value_info("present_value", f, ["batch", KV_HEADS, "total", SIZE])]
     model = helper.make_model(helper.make_graph(nodes, "step", inputs, outputs, inits),
-                              opset_imports=[helper.make_opsetid("", 17)])
-    onnx.checker.check_model(model, full_check=True)
+                              opset_imports=[helper.make_opsetid("", 17)] +
+                              ([helper.make_opsetid("com.microsoft", 1)] if int4 else []))
+    if not int4:  # (the checker knows no contrib operator)
+        onnx.checker.check_model(model, full_check=True)
     return model
 
 
@@ -271,3 +295,20 @@ def test_an_attention_the_kernel_cannot_take_is_left_as_exported():
                                    rtol=1e-5, atol=1e-5)
     finally:
         SIZE = kept
+
+
+def test_an_int4_step_keeps_its_precision_and_gets_the_rotary_kernel():
+    """MatMulNBits projections stay as they are, bytes and all; the rotary embedding
+    between them is still written as the kernel; equal to the export, padded."""
+    from taso_egg import optimize_model
+
+    model = _decoder_step(int4=True)
+    out, _ = optimize_model(model, measure=0, min_gain=0.0)
+    ops = [n.op_type for n in out.graph.node]
+    assert ops.count("MatMulNBits") == 4 and "RotaryEmbedding" in ops
+    stored = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer if t.data_type == TensorProto.UINT8}
+    kept = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer if t.data_type == TensorProto.UINT8}
+    assert kept.keys() == stored.keys() and all(np.array_equal(kept[n], stored[n]) for n in stored)
+    feeds = _step_feeds(2, 3, 5, np.random.default_rng(2))
+    for a, b in zip(_session(out).run(None, feeds), _session(model).run(None, feeds)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)

@@ -256,3 +256,17 @@ def test_the_floor_is_a_row_of_the_step_table(tmp_path, capsys):
     with pytest.raises(SystemExit):
         bench.main(["--generate", first, "--floor"])
     assert "--floor: " in capsys.readouterr().err
+
+
+def test_a_padded_batch_is_compared_with_the_first_model_at_every_call(tmp_path, capsys):
+    from taso_egg.product import padded
+
+    a, other = tiny_decoder(tmp_path / "a.onnx"), tiny_decoder(tmp_path / "b.onnx", seed=1)
+    found = padded.run_padded([a, a, other])
+    assert [len(c.logits) for c in found] == [2 + padded.STEPS] * 3
+    assert found[1].worst == (0.0, 0.0) and found[2].worst[0] > 1e-3
+    assert bench.main(["--generate", a, other, "--padded"]) == 0
+    assert "left-padded" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        bench.main(["--generate", a, other, "--padded", "--step-at", "31"])
+    assert "--padded" in capsys.readouterr().err

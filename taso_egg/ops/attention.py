@@ -78,8 +78,9 @@ def _gqa_kernel(xp, p, q, k, v, past_k, past_v, sizes_q, sizes_cache, bias=None)
     scores = scores * xp.asarray(p["scale"], dtype=q.dtype)
     if bias is not None:
         scores = scores + bias
-    shifted = xp.exp(scores - scores.max(axis=-1, keepdims=True))
-    weights = shifted / shifted.sum(axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore"):  # a row that sees no key: NaN, zeroed below as the export does
+        shifted = xp.exp(scores - scores.max(axis=-1, keepdims=True))
+        weights = shifted / shifted.sum(axis=-1, keepdims=True)
     if p["nan_to_zero"]:
         weights = xp.where(xp.isnan(weights), xp.zeros((), q.dtype), weights)
     out = weights.reshape(batch, kv_heads, group * seq, total) @ present_v
