@@ -107,11 +107,11 @@ class ExtractionOptions:
                                "stop the extractor after this many seconds (default {default}; the ILP "
                                "then keeps its best graph so far)", metavar="S")
 
-    # A decoder's attention: its rotary embedding as onnxruntime's RotaryEmbedding (4 to 6
-    # kernels fewer each); the attention itself as GroupQueryAttention only when asked: on
-    # CPU that kernel measured slower than the exported formula past ~90 cached positions
-    # and the If it needs (it refuses a batch above 1 with several new tokens on a
-    # cache) costs 10-20 us a layer (docs/history.md, stop 58).
+    # A decoder's attention: its rotary embedding as onnxruntime's RotaryEmbedding (5 to 6
+    # kernels fewer each, exact at any position); the attention itself as
+    # GroupQueryAttention only when asked: on CPU its kernel multiplies each query head
+    # alone, so it wins on short caches (a Llama step 1.156x against 1.139x at 64 cached
+    # positions) and loses on long ones (1.426x against 1.583x at 1023): history.md.
     attention: str = option("rotary", "--attention",
                             "how a decoder's attention is written: rotary (default: its rotary embedding as "
                             "onnxruntime's RotaryEmbedding), kernel (also the attention over the cache as "

@@ -44,12 +44,13 @@ def _holey_mask(batch: int, total: int, rng) -> np.ndarray:
 
 # --- the operators against onnxruntime's kernels -------------------------------------
 
+@pytest.mark.parametrize("causal", [0, 1])
 @pytest.mark.parametrize("batch,seq,past", [(2, 1, 5), (2, 4, 0), (1, 3, 4), (3, 4, 5)])
-def test_gqa_computes_what_onnxruntimes_kernels_do_for_any_mask(batch, seq, past):
+def test_gqa_computes_what_onnxruntimes_kernels_do_for_any_mask(batch, seq, past, causal):
     """One new token on a cache, a left-padded prompt, several tokens on a cache at batch
-    1 (GroupQueryAttention each), several at batch 3 (the formula: the kernel refuses
-    it), a holey mask each time, rows that see no key included (0, as the export's
-    guard after softmax makes them)."""
+    1, several at batch 3 (without its causal mask the kernel refuses that one: the
+    formula runs), a holey mask each time, rows that see no key included (0, as the
+    export's guard after softmax makes them)."""
     rng = np.random.default_rng(batch * 100 + seq * 10 + past)
     total = past + seq
     g = Graph(opset=17)
@@ -58,7 +59,7 @@ def test_gqa_computes_what_onnxruntimes_kernels_do_for_any_mask(batch, seq, past
     past_k, past_v = (g.new_input((batch, KV_HEADS, past, SIZE), n) for n in ("past_k", "past_v"))
     bias = g.new_input((batch, 1, seq, total), "bias")
     outs = g.add_node("gqa", [q, k, v, past_k, past_v, q, past_k, bias], num_heads=HEADS, kv_num_heads=KV_HEADS,
-                      scale=0.3, nan_to_zero=1)
+                      scale=0.3, nan_to_zero=1, causal=causal)
     for name, t in zip(("out", "present_k", "present_v"), outs):
         g.mark_output(t, name)
     feeds = {n.params["name"]: rng.standard_normal(n.params["shape"]).astype(np.float32) for n in g.inputs()}
@@ -70,7 +71,7 @@ def test_gqa_computes_what_onnxruntimes_kernels_do_for_any_mask(batch, seq, past
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
     # the kernel itself, where it takes the input: causal off, every row's keys the whole cache
-    if batch == 1 or seq == 1 or past == 0:
+    if not causal and (batch == 1 or seq == 1 or past == 0):
         raw = helper.make_node("GroupQueryAttention", ["q", "k", "v", "past_k", "past_v", "seqlens_k", "total", "",
                                                        "", "", "bias"], ["out", "present_k", "present_v"],
                                domain="com.microsoft", num_heads=HEADS, kv_num_heads=KV_HEADS, causal=0, scale=0.3)
@@ -124,12 +125,13 @@ def _int4(w: np.ndarray, block: int = 32):
     return (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8), scale.astype(np.float32).reshape(-1)
 
 
-def _decoder_step(repeat_kv: bool = True, int4: bool = False) -> onnx.ModelProto:
+def _decoder_step(repeat_kv: bool = True, int4: bool = False, no_key: str = "-inf") -> onnx.ModelProto:
     """One attention layer of a Llama-style decoder step as torch's exporter writes it
     (rotary embedding of q and k, the cache grown by concat, the keys and values repeated
     for their group of query heads, scaled scores, the additive causal and padding mask,
     softmax with SDPA's NaN guard), symbolic batch, sequence and past. ``int4``: the
-    projections as onnxruntime's MatMulNBitsQuantizer writes them (block 32)."""
+    projections as onnxruntime's MatMulNBitsQuantizer writes them (block 32). ``no_key``:
+    what the mask adds for a key not seen, -inf or the dtype's minimum ("min")."""
     rng = np.random.default_rng(0)
     group = HEADS // KV_HEADS
     inits = []
@@ -208,7 +210,8 @@ def _decoder_step(repeat_kv: bool = True, int4: bool = False) -> onnx.ModelProto
     causal = node("LessOrEqual", [keys, node("Unsqueeze", [rows, i64("ax_last", [1])])])
     kept = node("Cast", [node("Unsqueeze", ["attention_mask", i64("ax12", [1, 2])])], to=TensorProto.BOOL)
     bias = node("Where", [node("And", [causal, kept]), const("zero", np.zeros(1, np.float32)),
-                          const("minus_inf", np.full(1, -np.inf, np.float32))])
+                          const("no_key", np.full(1, -np.inf if no_key == "-inf" else np.finfo(np.float32).min,
+                                                  np.float32))])
     weights = node("Softmax", [node("Add", [scores, bias])], axis=-1)
     weights = node("Where", [node("IsNaN", [weights]), const("zero2", np.zeros((), np.float32)), weights])
     out = node("MatMul", [weights, repeated(present_v)])
@@ -243,36 +246,45 @@ def _step_feeds(batch, seq, past, rng, padded=True):
 
 
 @pytest.fixture(scope="module")
-def step():
-    return _decoder_step()
+def steps():
+    return {no_key: _decoder_step(no_key=no_key) for no_key in ("-inf", "min")}
+
+
+FORMS = [("rotary", "-inf"), ("kernel", "-inf"), ("kernel", "min")]
 
 
 @pytest.fixture(scope="module")
-def written(step):
+def written(steps):
     """The step optimized in each attention form (as the command does, timing aside)."""
     from taso_egg import optimize_model
 
-    return {form: optimize_model(step, measure=0, attention=form)[0] for form in ("rotary", "kernel")}
+    return {(form, no_key): optimize_model(steps[no_key], measure=0, attention=form)[0] for form, no_key in FORMS}
 
 
 def test_the_attention_kernels_are_written(written):
-    ops = {form: {n.op_type for n in m.graph.node} for form, m in written.items()}
-    assert "RotaryEmbedding" in ops["rotary"] and "If" not in ops["rotary"] and "Softmax" in ops["rotary"]
-    assert "RotaryEmbedding" in ops["kernel"] and "If" in ops["kernel"] and "Softmax" not in ops["kernel"]
-    branches = {n.op_type for n in written["kernel"].graph.node if n.op_type == "If"
+    ops = {key: [n.op_type for n in m.graph.node] for key, m in written.items()}
+    assert "RotaryEmbedding" in ops["rotary", "-inf"] and "Softmax" in ops["rotary", "-inf"]
+    assert "If" not in ops["rotary", "-inf"]
+    # a 0 / -inf mask: the kernel with its causal mask on takes every input
+    assert "GroupQueryAttention" in ops["kernel", "-inf"] and "If" not in ops["kernel", "-inf"]
+    assert "Softmax" not in ops["kernel", "-inf"]
+    # the dtype's minimum: a row that sees no key averages every key, causal mask or not,
+    # so the kernel runs without one, and the formula where it then refuses the input
+    branches = {n.op_type for n in written["kernel", "min"].graph.node if n.op_type == "If"
                 for a in n.attribute for n in a.g.node}
-    assert "GroupQueryAttention" in branches
+    assert "GroupQueryAttention" in branches and "Softmax" in branches
 
 
-@pytest.mark.parametrize("form", ["rotary", "kernel"])
+@pytest.mark.parametrize("form,no_key", FORMS)
 @pytest.mark.parametrize("batch,seq,past", [(2, 1, 5), (2, 1, 9), (2, 5, 0), (1, 3, 4), (3, 4, 6)])
-def test_the_rewritten_step_equals_the_export_with_holes_and_padding(step, written, form, batch, seq, past):
+def test_the_rewritten_step_equals_the_export_with_holes_and_padding(steps, written, form, no_key, batch, seq,
+                                                                      past):
     """Two cache lengths for one new token, a left-padded prompt, several tokens on a
-    cache at batch 1 (the kernel) and at batch 3 (the formula): logits and present
-    cache equal the export's, rows that see no key included."""
+    cache at batch 1 and at batch 3: logits and present cache equal the export's, rows
+    that see no key included."""
     feeds = _step_feeds(batch, seq, past, np.random.default_rng(batch + seq + past))
-    want = _session(step).run(None, feeds)
-    got = _session(written[form]).run(None, feeds)
+    want = _session(steps[no_key]).run(None, feeds)
+    got = _session(written[form, no_key]).run(None, feeds)
     for name, a, b in zip(("y", "present_key", "present_value"), got, want):
         assert a.shape == b.shape, name
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=f"{form}: {name}")

@@ -8,18 +8,27 @@ kernel below is the textbook formula, with each key/value head shared by its gro
 ``num_heads / kv_num_heads`` query heads (head ``h`` reads key head ``h // group``):
 
     present_k = concat(past_k, heads(k)),  present_v = concat(past_v, heads(v))
-    scores    = scale * q . present_k^T + bias        (bias broadcast over batch, heads)
+    scores    = scale * q . present_k^T + bias        (bias broadcast over batch, heads;
+                                                       with ``causal``, -inf after each
+                                                       new token's own position)
     out       = softmax(scores) . present_v           (0 where a row's softmax is NaN,
                                                        with ``nan_to_zero``)
 
 GroupQueryAttention computes exactly this when it is given the mask as
-``attention_bias``, ``causal = 0`` (no mask of its own) and every row's key length as
-the whole cache (``seqlens_k = total - 1``, read from shapes, never from the mask).
-Its CPU kernel refuses one input the formula takes: a batch above 1 with several new
-tokens on a non-empty cache. The export is therefore an ``If`` on the shapes: that
-input runs the formula in standard operators, every other the kernel
+``attention_bias`` and every row's key length as the whole cache (``seqlens_k = total -
+1``, read from shapes, never from the mask). With ``causal`` (the mask adds -inf to
+every key after a new token's own position, as a decoder's does) its own causal mask
+runs too, hiding nothing more, and ``query_seqlens`` makes it take every input. Without
+(a mask of the dtype's minimum: a row that sees no key then averages every key, future
+ones included), its causal mask is off, and it refuses one input the formula takes: a
+batch above 1 with several new tokens on a non-empty cache. That export is an ``If`` on
+the shapes: that input runs the formula in standard operators, every other the kernel
 (``tests/test_attention.py`` holds the kernel, both branches and onnxruntime's own
 kernel equal, holey and left-padded masks included).
+
+``rotary`` is rotary position embedding as onnxruntime's RotaryEmbedding runs it (each
+head's two halves turned by one angle a position); its export gives the kernel the
+angles the graph computed for these very tokens, so any position ids are exact.
 """
 
 from __future__ import annotations
@@ -78,6 +87,9 @@ def _gqa_kernel(xp, p, q, k, v, past_k, past_v, sizes_q, sizes_cache, bias=None)
     scores = scores * xp.asarray(p["scale"], dtype=q.dtype)
     if bias is not None:
         scores = scores + bias
+    if p["causal"]:  # key j is seen by new token i only where j <= past + i
+        later = xp.arange(total)[None, :] > (total - seq) + xp.arange(seq)[:, None]
+        scores = xp.where(later, xp.asarray(-np.inf, dtype=q.dtype), scores)
     with np.errstate(invalid="ignore"):  # a row that sees no key: NaN, zeroed below as the export does
         shifted = xp.exp(scores - scores.max(axis=-1, keepdims=True))
         weights = shifted / shifted.sum(axis=-1, keepdims=True)
@@ -94,41 +106,62 @@ def _gqa_flops(p, ins, outs):
     return 4.0 * batch * seq * total * hidden + 5.0 * batch * p["num_heads"] * seq * total
 
 
-def _lengths(ctx, sizes_q, sizes_cache):
-    """(seqlens_k, total_sequence_length, refused) from the shapes: every row's keys are
-    the whole cache (the mask, given as the bias, says which count), and whether the
-    input is the one GroupQueryAttention refuses (batch > 1, several new tokens, a
-    non-empty cache)."""
-    i64 = lambda value, hint: ctx.constant(np.asarray(value, dtype=np.int64), hint)  # noqa: E731
-    q_shape, cache_shape = ctx.fresh("gqa_q_shape"), ctx.fresh("gqa_cache_shape")
-    batch, batch_vec, seq, past, total = (ctx.fresh("gqa_" + h) for h in ("batch", "batch_vec", "seq", "past", "total"))
-    ctx.node("Shape", [sizes_q], [q_shape])
-    ctx.node("Shape", [sizes_cache], [cache_shape])
-    ctx.node("Gather", [q_shape, i64(0, "gqa_zero")], [batch], axis=0)
-    ctx.node("Gather", [q_shape, i64([0], "gqa_first")], [batch_vec], axis=0)
-    ctx.node("Gather", [q_shape, i64(1, "gqa_one")], [seq], axis=0)
-    ctx.node("Gather", [cache_shape, i64(2, "gqa_two")], [past], axis=0)
-    ctx.node("Add", [past, seq], [total])
-    last, last_rows, seqlens, total32 = (ctx.fresh("gqa_" + h) for h in ("last", "last_rows", "seqlens_k", "total32"))
-    one, zero = i64(1, "gqa_one_scalar"), i64(0, "gqa_zero_scalar")
-    ctx.node("Sub", [total, one], [last])
-    ctx.node("Expand", [last, batch_vec], [last_rows])
-    ctx.node("Cast", [last_rows], [seqlens], to=6)
-    ctx.node("Cast", [total], [total32], to=6)
-    many, several, cached, both, refused = (ctx.fresh("gqa_" + h) for h in ("many", "several", "cached", "both",
-                                                                            "refused"))
-    ctx.node("Greater", [batch, one], [many])
-    ctx.node("Greater", [seq, one], [several])
-    ctx.node("Greater", [past, zero], [cached])
-    ctx.node("And", [many, several], [both])
-    ctx.node("And", [both, cached], [refused])
-    return seqlens, total32, refused
+class _Lengths:
+    """What GroupQueryAttention reads besides the tensors, computed from the shapes of
+    one query ([B, S, ...]) and one cache ([B, _, P, ...]), each made once for every
+    layer that asks: every row's keys are the whole cache (the mask, given as the bias,
+    says which count), every row's new tokens all of them."""
+
+    def __init__(self, ctx, sizes_q, sizes_cache):
+        self.ctx, self.i64 = ctx, lambda value, hint: ctx.constant(np.asarray(value, dtype=np.int64), hint)
+        names = [ctx.fresh("gqa_" + h) for h in ("q_shape", "cache_shape", "batch", "batch_vec", "seq", "past",
+                                                  "total")]
+        q_shape, cache_shape, self.batch, self.batch_vec, self.seq, self.past, self.total = names
+        ctx.node("Shape", [sizes_q], [q_shape])
+        ctx.node("Shape", [sizes_cache], [cache_shape])
+        ctx.node("Gather", [q_shape, self.i64(0, "gqa_zero")], [self.batch], axis=0)
+        ctx.node("Gather", [q_shape, self.i64([0], "gqa_first")], [self.batch_vec], axis=0)
+        ctx.node("Gather", [q_shape, self.i64(1, "gqa_one")], [self.seq], axis=0)
+        ctx.node("Gather", [cache_shape, self.i64(2, "gqa_two")], [self.past], axis=0)
+        ctx.node("Add", [self.past, self.seq], [self.total])
+        last, last_rows, self.seqlens_k, self.total32 = (ctx.fresh("gqa_" + h) for h in
+                                                         ("last", "last_rows", "seqlens_k", "total32"))
+        ctx.node("Sub", [self.total, self.i64(1, "gqa_one_scalar")], [last])
+        ctx.node("Expand", [last, self.batch_vec], [last_rows])
+        ctx.node("Cast", [last_rows], [self.seqlens_k], to=6)
+        ctx.node("Cast", [self.total], [self.total32], to=6)
+        self._query, self._refused = None, None
+
+    @property
+    def query_seqlens(self) -> str:
+        if self._query is None:
+            rows, self._query = self.ctx.fresh("gqa_seq_rows"), self.ctx.fresh("gqa_query_seqlens")
+            self.ctx.node("Expand", [self.seq, self.batch_vec], [rows])
+            self.ctx.node("Cast", [rows], [self._query], to=6)
+        return self._query
+
+    @property
+    def refused(self) -> str:
+        """Whether the input is the one GroupQueryAttention refuses without its causal
+        mask and query_seqlens: batch > 1, several new tokens, a non-empty cache."""
+        if self._refused is None:
+            ctx = self.ctx
+            one, zero = self.i64(1, "gqa_one_scalar"), self.i64(0, "gqa_zero_scalar")
+            many, several, cached, both, self._refused = (ctx.fresh("gqa_" + h) for h in
+                                                          ("many", "several", "cached", "both", "refused"))
+            ctx.node("Greater", [self.batch, one], [many])
+            ctx.node("Greater", [self.seq, one], [several])
+            ctx.node("Greater", [self.past, zero], [cached])
+            ctx.node("And", [many, several], [both])
+            ctx.node("And", [both, cached], [self._refused])
+        return self._refused
 
 
 def _gqa_export(ctx, p, in_types, ins, outs):
-    """``If`` (batch > 1, several new tokens, a non-empty cache) the formula in standard
-    operators, else GroupQueryAttention with the mask as its bias; the lengths it takes
-    are computed from the shapes, so the model keeps its symbolic dims."""
+    """GroupQueryAttention with the mask as its bias, the lengths it takes computed from
+    the shapes (so the model keeps its symbolic dims). With ``causal``, the kernel alone;
+    without, ``If`` (batch > 1, several new tokens, a non-empty cache: the one input the
+    kernel then refuses) the formula in standard operators, else the kernel."""
     from onnx import helper, numpy_helper
 
     dtype = in_types[0].dtype
@@ -137,8 +170,7 @@ def _gqa_export(ctx, p, in_types, ins, outs):
     heads, kv_heads, size = p["num_heads"], p["kv_num_heads"], in_types[3].shape[3]
     ctx.opsets.setdefault("com.microsoft", 1)
     fresh = lambda hint: ctx.fresh(f"{outs[0]}_{hint}")  # noqa: E731
-    seqlens, total32, refused = ctx.shared(("gqa lengths", sizes_q, sizes_cache),
-                                           lambda: _lengths(ctx, sizes_q, sizes_cache))
+    lengths = ctx.shared(("gqa lengths", sizes_q, sizes_cache), lambda: _Lengths(ctx, sizes_q, sizes_cache))
 
     elem = _ONNX_DTYPES[dtype]
 
@@ -149,22 +181,32 @@ def _gqa_export(ctx, p, in_types, ins, outs):
         name = fresh(hint)
         return name, helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(value, dt), name))
 
-    def nan_guard(nodes, x, hint):
+    def nan_guard(nodes, x, hint, out):
         zero_name, zero = const(0, hint + "_zero", np.dtype(dtype))
-        isnan, guarded = fresh(hint + "_isnan"), fresh(hint + "_guarded")
+        isnan = fresh(hint + "_isnan")
         nodes += [zero, helper.make_node("IsNaN", [x], [isnan]), helper.make_node("Where", [isnan, zero_name, x],
-                                                                                  [guarded])]
-        return guarded
+                                                                                  [out])]
+        return out
 
-    # GroupQueryAttention
-    kernel_outs = [fresh("kernel_out"), fresh("kernel_present_k"), fresh("kernel_present_v")]
-    attrs = dict(num_heads=heads, kv_num_heads=kv_heads, causal=0, scale=float(p["scale"]))
-    kernel_nodes = [helper.make_node("GroupQueryAttention", [q, k, v, past_k, past_v, seqlens, total32, "", "", "",
-                                                             bias] if bias else
-                                     [q, k, v, past_k, past_v, seqlens, total32], kernel_outs,
-                                     name=fresh("GroupQueryAttention"), domain="com.microsoft", **attrs)]
-    if p["nan_to_zero"]:
-        kernel_outs[0] = nan_guard(kernel_nodes, kernel_outs[0], "kernel")
+    def kernel(results):
+        """GroupQueryAttention computing ``results`` (attention, present key and value).
+        With its own causal mask on, query_seqlens lets it take every input (several
+        new tokens on a cache at any batch); without, it runs under the If below."""
+        raw = fresh("kernel_raw") if p["nan_to_zero"] else results[0]
+        inputs = [q, k, v, past_k, past_v, lengths.seqlens_k, lengths.total32, "", "", "", bias]
+        inputs += ["", "", "", "", "", lengths.query_seqlens] if p["causal"] else []
+        nodes = [helper.make_node("GroupQueryAttention", inputs if bias or p["causal"] else inputs[:7],
+                                  [raw, results[1], results[2]], name=fresh("GroupQueryAttention"),
+                                  domain="com.microsoft", num_heads=heads, kv_num_heads=kv_heads,
+                                  causal=int(p["causal"]), scale=float(p["scale"]))]
+        if p["nan_to_zero"]:
+            nan_guard(nodes, raw, "kernel", results[0])
+        return nodes
+
+    if p["causal"]:
+        for node in kernel(list(outs)):
+            ctx.raw_node(node)
+        return
 
     # the formula
     nodes: list = []
@@ -199,21 +241,22 @@ def _gqa_export(ctx, p, in_types, ins, outs):
         scores = op("Add", [scores, bias], "formula_masked")
     weights = op("Softmax", [scores], "formula_weights", axis=-1)
     if p["nan_to_zero"]:
-        weights = nan_guard(nodes, weights, "formula")
+        weights = nan_guard(nodes, weights, "formula", fresh("formula_guarded"))
     out = op("MatMul", [op("Reshape", [weights, by_kv_head], "formula_weight_rows"), present_v], "formula_av")
     out = op("Reshape", [out, shape([0, heads, -1, size], "formula_out_heads")], "formula_out_split")
     out = op("Reshape", [op("Transpose", [out], "formula_out_t", perm=[0, 2, 1, 3]),
                          shape([0, 0, heads * size], "formula_out_shape")], "formula_out")
 
-    ctx.node("If", [refused], list(outs),
+    kernel_outs = [fresh("kernel_out"), fresh("kernel_present_k"), fresh("kernel_present_v")]
+    ctx.node("If", [lengths.refused], list(outs),
              then_branch=branch(nodes, [out, present_k, present_v], fresh("formula")),
-             else_branch=branch(kernel_nodes, kernel_outs, fresh("kernel")))
+             else_branch=branch(kernel(kernel_outs), kernel_outs, fresh("kernel")))
 
 
 register(OpSpec(
     name="gqa", inputs=(7, 8),
     params=(Param("num_heads", "int", 1), Param("kv_num_heads", "int", 1), Param("scale", "float", 1.0),
-            Param("nan_to_zero", "int", 0)),
+            Param("nan_to_zero", "int", 0), Param("causal", "int", 0)),
     infer=_gqa_infer, kernel=_gqa_kernel, export=_gqa_export, flops=_gqa_flops,
     multi_output=True, in_rules=False,
     doc="Attention of the new queries over the key/value cache grown by the new keys and values "

@@ -58,6 +58,7 @@ class _Attention:
     present_k: Node         # the concats the operator's second and third outputs replace
     present_v: Node
     nan_to_zero: bool
+    causal: bool            # the mask is 0 / -inf: the kernel's own causal mask may run with it
     removed: set            # node ids the operator replaces
 
 
@@ -197,25 +198,32 @@ def _match(r: _Reader, softmax: Node) -> _Attention | None:
     # the caches: read by this attention alone, or outputs
     if not r.only_read_by(present_k.out(), removed) or not r.only_read_by(present_v.out(), removed):
         return None
-    if nan and bias is not None and _finite_constant_mask(r, bias):
+    values = _mask_values(r, bias) if bias is not None else None
+    if nan and values is not None and all(np.isfinite(v) for v in values):
         nan = False  # a finite mask leaves no row without keys: the softmax is never NaN
+    # a mask of 0 and -inf: what the kernel's own causal mask hides, the export's hides as
+    # well in a decoder (the second sizes' check, several tokens on a cache, sees one
+    # where it does not), so the kernel runs with it and takes every input
+    causal = values == {0.0, -np.inf}
     return _Attention(anchor, merged, q_heads, scales, k_heads, v_heads, past_k, past_v, bias, present_k, present_v,
-                      nan, removed)
+                      nan, causal, removed)
 
 
-def _finite_constant_mask(r: _Reader, bias: Tensor) -> bool:
-    """Whether ``bias`` is where(condition, a, b) of two finite constants (an exporter's
-    0 / the dtype's minimum), so that adding it leaves every score finite."""
+def _mask_values(r: _Reader, bias: Tensor) -> set | None:
+    """The values ``bias`` takes where it is where(condition, a, b) of two constants (an
+    exporter's 0 and -inf or the dtype's minimum), else None."""
     n = r.node(bias)
     if n.op != "where":
-        return False
+        return None
+    values: set = set()
     for t in n.inputs[1:]:
         src = r.node(t)
         while src.op == "reshape":
             src = r.node(src.inputs[0])
-        if src.op != WEIGHT.name or not np.all(np.isfinite(r.g.weight_array(src))):
-            return False
-    return True
+        if src.op != WEIGHT.name:
+            return None
+        values |= {float(v) for v in np.asarray(r.g.weight_array(src)).ravel()}
+    return values
 
 
 _SWAP = (0, 2, 1, 3)  # [B, S, N, D] <-> [B, N, S, D]
@@ -423,7 +431,7 @@ def _rebuild(g: Graph, r: _Reader, found: dict[int, _Attention], removed: set[in
                 ins.append(made[(a.bias.node, a.bias.index)])
             out, present_k, present_v = new.add_node(
                 "gqa", ins, num_heads=a.q_heads.shape[1], kv_num_heads=a.k_heads.shape[1], scale=scale,
-                nan_to_zero=int(a.nan_to_zero))
+                nan_to_zero=int(a.nan_to_zero), causal=int(a.causal))
             if not a.merged:
                 b, s, hd = out.shape
                 heads = a.q_heads.shape[1]
