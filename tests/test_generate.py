@@ -211,7 +211,8 @@ def test_the_floor_keeps_the_weight_products_packed_and_computes_what_they_do(tm
     from taso_egg.product.step_floor import matmul_floor
 
     rng = np.random.default_rng(3)
-    w = {"Wq": (8, 8), "Wk": (8, 4), "Wv": (8, 4), "Wg": (8, 16), "Wu": (8, 16), "E": (32, 8), "Wo": (5, 8)}
+    w = {"Wq": (8, 8), "Wk": (8, 4), "Wv": (8, 4), "Wg": (8, 16), "Wu": (8, 16), "E": (32, 8), "Wo": (5, 8),
+         "Wb": (8, 3), "b": (3,)}
     arrays = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in w.items()}
     q8 = rng.integers(-8, 8, (8, 6)).astype(np.int8)
     inits = [numpy_helper.from_array(a, n) for n, a in arrays.items()] + [
@@ -222,8 +223,10 @@ def test_the_floor_keeps_the_weight_products_packed_and_computes_what_they_do(tm
         helper.make_node("MatMul", ["y", "Wg"], ["g"]), helper.make_node("MatMul", ["y", "Wu"], ["u"]),
         helper.make_node("Transpose", ["E"], ["Et"], perm=[1, 0]), helper.make_node("MatMul", ["y", "Et"], ["head"]),
         helper.make_node("DequantizeLinear", ["W8", "s8", "z8"], ["Wd"]), helper.make_node("MatMul", ["x", "Wd"], ["d"]),
-        helper.make_node("Flatten", ["x"], ["x2"]), helper.make_node("Gemm", ["x2", "Wo"], ["o"], transB=1)]
-    outs = ["Wq.y", "Wk.y", "Wv.y", "g", "u", "head", "d", "o"]
+        helper.make_node("Flatten", ["x"], ["x2"]), helper.make_node("Gemm", ["x2", "Wo"], ["o"], transB=1),
+        # GPT-2's Conv1D as optimum exports it: a bias of equal values deduplicated, the Identity of another's
+        helper.make_node("Identity", ["b"], ["b_tied"]), helper.make_node("Gemm", ["x2", "Wb", "b_tied"], ["ob"])]
+    outs = ["Wq.y", "Wk.y", "Wv.y", "g", "u", "head", "d", "o", "ob"]
     graph = helper.make_graph(nodes, "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8])],
                               [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs], inits)
     path = tmp_path / "m.onnx"
@@ -231,7 +234,7 @@ def test_the_floor_keeps_the_weight_products_packed_and_computes_what_they_do(tm
 
     floor, feeds = matmul_floor(str(path))
     ops = sorted(n.op_type for n in floor.graph.node)
-    assert ops == ["DequantizeLinear", "Gemm", "MatMul", "MatMul", "MatMul", "MatMul", "Transpose"]
+    assert ops == ["DequantizeLinear", "Gemm", "Gemm", "Identity", "MatMul", "MatMul", "MatMul", "MatMul", "Transpose"]
     assert {name: a.shape for name, a in feeds.items()} == {"x": (1, 1, 8), "y": (1, 1, 8), "x2": (1, 8)}
     got = dict(zip([o.name for o in floor.graph.output], make_session(floor).run(None, feeds)))
     x, y, x2 = feeds["x"], feeds["y"], feeds["x2"]
@@ -243,6 +246,7 @@ def test_the_floor_keeps_the_weight_products_packed_and_computes_what_they_do(tm
     # onnxruntime runs an int8 weight's product with the activation quantized too: its rounding
     assert np.allclose(got["d"], x @ (q8.astype(np.float32) * 0.05), rtol=0.02, atol=0.02)
     assert np.allclose(got["o"], x2 @ arrays["Wo"].T, atol=1e-5)
+    assert np.allclose(got["ob"], x2 @ arrays["Wb"] + arrays["b"], atol=1e-5)
 
 
 def test_the_floor_is_a_row_of_the_step_table(tmp_path, capsys):

@@ -19,7 +19,8 @@ import numpy as np
 
 from ..errors import NotADecoder
 
-_WEIGHT_VIEWS = {("", "Transpose"), ("", "DequantizeLinear")}  # a stored weight as a product reads it
+# a stored weight as a product reads it (Identity: a weight of equal values deduplicated)
+_WEIGHT_VIEWS = {("", "Transpose"), ("", "DequantizeLinear"), ("", "Identity")}
 
 
 @dataclass(eq=False)  # each product is itself: compared by identity
@@ -107,8 +108,15 @@ def _product(node, weights: dict, producer: dict) -> _Product | None:
     if made and made[0].op_type == "Transpose":
         perm = next((list(a.ints) for a in made[0].attribute if a.name == "perm"), [1, 0])
         dims = [dims[k] for k in perm]
-    elif made:  # dequantized: the activation has the scale's dtype
+    elif made and made[0].op_type == "DequantizeLinear":  # the activation has the scale's dtype
         dtype = numpy_helper.to_array(weights[made[0].input[1]]).dtype
+    if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2] not in ("", *weights):
+        bias = producer.get(node.input[2])  # a bias of equal values deduplicated: the Identity of one
+        if bias is None or bias.op_type != "Identity" or bias.input[0] not in weights:
+            return None
+        made, stored = [bias] + made, stored + [weights[bias.input[0]]]
+    elif node.op_type == "Gemm" and len(node.input) > 2 and node.input[2]:
+        stored = stored + [weights[node.input[2]]]
     if node.op_type == "Gemm" and "transB" in attributes and attributes["transB"].i:
         dims = dims[::-1]
     return _Product(node, made, stored, int(dims[0]), dtype, 2 if node.op_type == "Gemm" else 3)
