@@ -82,8 +82,8 @@ class _Reader:
         return all(u.id in readers for u in self.users.get((t.node, t.index), []))
 
 
-def _cache(r: _Reader, t: Tensor):
-    """(past, new) where ``t`` is concat(past, new) along the positions, else None."""
+def _cache(r: _Reader, t: Tensor) -> Node | None:
+    """The concat(past, new) along the positions that makes ``t``, else None."""
     n = r.node(t)
     if n.op != "concat" or len(n.inputs) != 2 or len(t.shape) != 4 or n.params["axis"] % 4 != 2:
         return None
@@ -91,6 +91,9 @@ def _cache(r: _Reader, t: Tensor):
 
 
 def _match(r: _Reader, softmax: Node) -> _Attention | None:
+    """The attention over a cache (the module's formula) whose softmax is ``softmax``,
+    walked from it up to the queries and keys and down to the merged heads; None at the
+    first step that is not the formula's."""
     x = softmax.inputs[0]
     if len(x.shape) != 4 or softmax.params["axis"] != 3 or x.dtype != "float32":
         return None
