@@ -324,3 +324,14 @@ def test_an_int4_step_keeps_its_precision_and_gets_the_rotary_kernel():
     feeds = _step_feeds(2, 3, 5, np.random.default_rng(2))
     for a, b in zip(_session(out).run(None, feeds), _session(model).run(None, feeds)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_the_command_says_how_the_attention_was_written(steps, tmp_path, capsys):
+    from taso_egg.cli import main
+
+    src = tmp_path / "step.onnx"
+    onnx.save(steps["-inf"], str(src))
+    assert main(["optimize", str(src), "-o", str(tmp_path / "out.onnx"), "--measure", "0"]) == 0
+    said = capsys.readouterr().err
+    assert "attention: 2 rotary embedding(s) as RotaryEmbedding, 0 attention(s)" in said
+    assert "--attention kernel writes the attention itself" in said

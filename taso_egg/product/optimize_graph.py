@@ -298,6 +298,12 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
             ext, unwritable = _writable_extraction(sat, ext, phases.wrap("writing", writer.refusal), model,
                                                    extraction, phase)
         before, after = graph_cost(form, model), graph_cost(ext.graph, model)
+    kernels = ext.graph.op_counts()
+    if kernels["rotary"] or kernels["gqa"]:
+        hint = (" (--attention kernel writes the attention itself as GroupQueryAttention: faster on short caches, "
+                "slower on long ones)" if extraction.attention == "rotary" else "")
+        phase(f"attention: {kernels['rotary']} rotary embedding(s) as RotaryEmbedding, {kernels['gqa']} "
+              f"attention(s) over the cache as GroupQueryAttention{hint}")
     # Decide first, check what is returned: a result that is not returned needs no
     # check (timing an unchecked candidate writes nothing).
     decision = decide(graph, None if unwritable else ext.graph, before, after, decision_options.min_gain,
