@@ -1,0 +1,117 @@
+"""4-bit products that read one activation, packed into one (``pack_nbits``).
+
+onnxruntime's MatMulNBitsQuantizer quantizes each projection alone, so a decoder's q, k
+and v (and gate and up) stay three (two) MatMulNBits over one input, each a kernel
+call that streams its weight. Their weights are blocks along K, one column of N after
+another ([N, K / block, block * bits / 8] bytes, a scale per column and block): the
+columns of several products side by side are the product of their weights stacked
+along N, byte for byte. So one MatMulNBits over the stacked bytes and scales, split
+along its last axis, computes bit for bit what they did; nothing is requantized, and
+the stored precision is the model's (only the order of its bytes changes).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..graph import Graph, Tensor
+from ..ops import INPUT, WEIGHT
+
+
+def _attributes(node) -> dict:
+    from onnx import AttributeProto, helper
+
+    return {a.name: helper.get_attribute_value(a) for a in map(AttributeProto.FromString, node.params["attrs"])}
+
+
+def _packable(g: Graph, node) -> bool:
+    """A MatMulNBits with stored weight bytes and scales and nothing else (no zero
+    points, group indices or bias: what the symmetric quantizer writes)."""
+    p = node.params
+    return (node.op == "opaque" and p["op_type"] == "MatMulNBits" and p["domain"] == "com.microsoft"
+            and len(node.inputs) == 3 and not p["empty_inputs"] and not p["captured"]
+            and all(g.nodes[t.node].op == WEIGHT.name for t in node.inputs[1:]))
+
+
+def pack_nbits(g: Graph, classes: dict | None = None) -> Graph:
+    """``g`` with every set of packable MatMulNBits reading one tensor, with one K,
+    bit width, block size and accuracy level, made one over their weights stacked
+    along N and a split; ``g`` itself where there is none. ``classes`` (tensor ->
+    e-class) follows the rebuilt tensors, in place: each part of the split is in the
+    class of the output it replaces."""
+    groups: dict = {}
+    for n in g.topo_order():
+        if _packable(g, n):
+            attrs = _attributes(n)
+            key = (n.inputs[0], n.params["opset"], tuple(sorted((k, v) for k, v in attrs.items() if k != "N")),
+                   tuple(g.weight_array(g.nodes[t.node]).dtype.str for t in n.inputs[1:]))
+            groups.setdefault(key, []).append(n)
+    packs = {members[0].id: members for members in groups.values() if len(members) > 1}
+    if not packs:
+        return g
+    later = {m.id for members in packs.values() for m in members[1:]}
+    new = Graph(opset=g.opset)
+    new.ir_version = g.ir_version
+    made: dict[tuple[int, int], Tensor] = {}
+    new_classes: dict = {}
+
+    def keep(old: tuple[int, int], t: Tensor) -> None:
+        made[old] = t
+        if classes is not None and old in classes:
+            new_classes[(t.node, t.index)] = classes[old]
+
+    for n in g.topo_order():
+        if n.id in later:
+            continue
+        if n.op == INPUT.name:
+            keep((n.id, 0), new.new_input(n.params["shape"], n.params["name"], n.params["dtype"]))
+            continue
+        if n.op == WEIGHT.name:
+            t = new.new_weight(n.params["shape"], name=n.params["name"], dtype=n.params["dtype"])
+            if n.id in g.weight_data:
+                new.weight_data[t.node] = g.weight_data[n.id]
+            keep((n.id, 0), t)
+            continue
+        if n.id not in packs:
+            for i, t in enumerate(new.add_node(n.op, [made[(t.node, t.index)] for t in n.inputs], n.name, **n.params)):
+                keep((n.id, i), t)
+            continue
+        members = packs[n.id]
+        stacked = [np.concatenate([g.weight_array(g.nodes[m.inputs[i].node]) for m in members], axis=0)
+                   for i in (1, 2)]
+        weights = [new.new_weight(a.shape, data=a, name=_free(new, f"{n.name or 'matmul_nbits'}_packed_{part}"))
+                   for a, part in zip(stacked, ("weight", "scales"))]
+        widths = [m.outputs[0].shape[-1] for m in members]
+        out = members[0].outputs[0]
+        params = dict(n.params, attrs=_with_n(n, sum(widths)),
+                      out_types=((out.shape[:-1] + (sum(widths),), out.dtype),))
+        packed = new.add_node("opaque", [made[(n.inputs[0].node, n.inputs[0].index)], *weights], n.name, **params)[0]
+        for m, part in zip(members, new.split(packed, len(out.shape) - 1, widths)):
+            keep((m.id, 0), part)
+    for name, t in g.outputs:
+        new.mark_output(made[(t.node, t.index)], name)
+    new.drop_unread()  # the weights the packed ones replace
+    if classes is not None:
+        classes.clear()
+        classes.update({k: c for k, c in new_classes.items() if k[0] in new.nodes})
+    return new
+
+
+def _free(g: Graph, base: str) -> str:
+    """``base``, or ``base_K`` for the first K that no name of ``g`` takes."""
+    name, k = base, 1
+    while name in g._names:
+        name, k = f"{base}_{k}", k + 1
+    return name
+
+
+def _with_n(node, n: int) -> tuple:
+    from onnx import AttributeProto, helper
+
+    blobs = []
+    for blob in node.params["attrs"]:
+        a = AttributeProto.FromString(blob)
+        if a.name == "N":
+            a = helper.make_attribute("N", n)
+        blobs.append(a.SerializeToString(deterministic=True))
+    return tuple(blobs)
