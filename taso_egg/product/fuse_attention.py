@@ -465,8 +465,22 @@ def _rebuild(g: Graph, r: _Reader, found: dict[int, _Attention], removed: set[in
             keep_class((n.id, i), t)
     for name, t in g.outputs:
         new.mark_output(made[(t.node, t.index)], name)
-    new.drop_unread()
+    _drop_unread(new)
     if classes is not None:
         classes.clear()
         classes.update({k: c for k, c in new_classes.items() if k[0] in new.nodes})
     return new
+
+
+def _drop_unread(g: Graph) -> None:
+    """Nodes no output reads (the heads' splits the operator reads past), but inputs."""
+    live: set[int] = set()
+    stack = [t.node for _, t in g.outputs]
+    while stack:
+        i = stack.pop()
+        if i not in live:
+            live.add(i)
+            stack.extend(t.node for t in g.nodes[i].inputs)
+    for i in [i for i, n in g.nodes.items() if i not in live and n.op != INPUT.name]:
+        del g.nodes[i]
+        g.weight_data.pop(i, None)

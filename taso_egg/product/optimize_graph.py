@@ -33,7 +33,6 @@ from ..onnx_io.exporter import export_for_check, fed_from_check
 from ..onnx_io.fed import FedModel, feed, inline
 from ..rules.corpus import FUSIONS, RuleFamily, load_corpus
 from .fuse_attention import fuse_attention
-from .pack_nbits import pack_nbits
 
 if TYPE_CHECKING:
     import onnx
@@ -177,12 +176,11 @@ class OptimizeResult:
 
 def extract_graph(saturation: Saturation, extractor: str = ExtractionOptions.extractor,
                   cost_model: CostModel | None = None, time_limit: float | None = None,
-                  forbidden=frozenset(), attention: str = "none", pack: bool = False) -> Extraction:
+                  forbidden=frozenset(), attention: str = "none") -> Extraction:
     """Pick the cheapest graph in a saturated e-graph (DAG cost) and rebuild it: price
     every e-node (but the ``forbidden`` ones), run the extractor (``time_limit``
     seconds; the ILP's default when None), build the chosen graph, a decoder's
-    attention in the ``attention`` form (``fuse_attention``) and, with ``pack``, 4-bit
-    products of one activation packed into one (``pack_nbits``)."""
+    attention in the ``attention`` form (``fuse_attention``)."""
     from ..extract import EXTRACTORS
     from ..extract.choice_check import used_classes
 
@@ -198,8 +196,6 @@ def extract_graph(saturation: Saturation, extractor: str = ExtractionOptions.ext
     # positions as the graph holds them)
     graph = fuse_attention(build_graph(configs.eg, picks, saturation.graph, saturation.program.opaque, classes),
                            classes, attention)
-    if pack:
-        graph = pack_nbits(graph, classes)
     return Extraction(graph, result.dag_cost, result.seconds, extractor, result.status,
                       [node for _, node in picks], classes, time.process_time() - cpu_start, dict(picks),
                       forbidden=frozenset(forbidden))
@@ -296,7 +292,7 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
     phase(f"extracting ({extraction.extractor}, time limit {extraction.time_limit:g} s)")
     with phases("extraction"):
         ext = extract_graph(sat, extraction.extractor, model, extraction.time_limit,
-                            attention=extraction.attention, pack=True)
+                            attention=extraction.attention)
         unwritable = ""
         if writer is not None:
             ext, unwritable = _writable_extraction(sat, ext, phases.wrap("writing", writer.refusal), model,
@@ -400,7 +396,7 @@ def _writable_extraction(sat: Saturation, ext: Extraction, writable, model, opti
                   f"{len(more)} e-node(s) responsible ({len(forbidden | more)} in all)")
             try:
                 again = extract_graph(sat, options.extractor, model, options.time_limit, frozenset(forbidden | more),
-                                      options.attention, pack=True)
+                                      options.attention)
             except ExtractionError:
                 continue
             forbidden |= more
