@@ -113,7 +113,7 @@ class _Lengths:
     says which count), every row's new tokens all of them."""
 
     def __init__(self, ctx, sizes_q, sizes_cache):
-        self.ctx, self.i64 = ctx, lambda value, hint: ctx.constant(np.asarray(value, dtype=np.int64), hint)
+        self.ctx, self.i64 = ctx, ctx.int64s
         names = [ctx.fresh("gqa_" + h) for h in ("q_shape", "cache_shape", "batch", "batch_vec", "seq", "past",
                                                   "total")]
         q_shape, cache_shape, self.batch, self.batch_vec, self.seq, self.past, self.total = names
@@ -263,7 +263,8 @@ register(OpSpec(
         "(query [B, S, H*D], key and value [B, S, Hkv*D], caches [B, Hkv, P, D], two tensors read for their "
         "shapes only, [B, S, ...] and [B, _, P, ...], so that layers share their lengths, optional additive "
         "bias [B|1, H|1, S, P+S]) -> (attention [B, S, H*D], the grown caches [B, Hkv, P+S, D]); "
-        "com.microsoft GroupQueryAttention with its bias, no causal mask of its own."))
+        "com.microsoft GroupQueryAttention with its bias; ``causal``: also its own causal mask, -inf after each "
+        "new token's position."))
 
 
 # --- rotary position embedding -----------------------------------------------------
@@ -322,7 +323,7 @@ def _rotary_export(ctx, p, in_types, ins, outs):
 
 
 def _rotary_rows(ctx, cos, sin, sizes, half):
-    i64 = lambda value, hint: ctx.constant(np.asarray(value, dtype=np.int64), hint)  # noqa: E731
+    i64 = ctx.int64s
     rows_shape = i64([-1, half], "rotary_rows_shape")
     cos_rows, sin_rows = ctx.fresh("rotary_cos_rows"), ctx.fresh("rotary_sin_rows")
     ctx.node("Reshape", [cos, rows_shape], [cos_rows])

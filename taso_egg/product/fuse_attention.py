@@ -353,12 +353,11 @@ def fuse_attention(g: Graph, classes: dict | None = None, form: str = "rotary") 
     rotaries = {n.id: turned for n in g.topo_order() if n.op == "ewadd" and (turned := _rotary(r, n.out()))}
     found: dict[int, _Attention] = {}
     taken: set[int] = set()
-    for n in g.topo_order():
-        if form == "kernel" and n.op == "softmax":
-            a = _match(r, n)
-            if a is not None and not (a.removed & taken):
-                found[a.anchor.id] = a
-                taken |= a.removed
+    for n in g.topo_order() if form == "kernel" else ():
+        a = _match(r, n) if n.op == "softmax" else None
+        if a is not None and not (a.removed & taken):
+            found[a.anchor.id] = a
+            taken |= a.removed
     if not found and not rotaries:
         return g
     return _rebuild(g, r, found, taken, rotaries, classes)
@@ -378,13 +377,11 @@ def _rebuild(g: Graph, r: _Reader, found: dict[int, _Attention], removed: set[in
 
     def merged_heads(t: Tensor) -> Tensor:
         """[B, N, S, D] -> [B, S, N*D]: the source where ``t`` is its own split into heads."""
+        heads = _heads_of(r, t)
+        if heads is not None and heads[1] == "bnsd":
+            return made[(heads[0].node, heads[0].index)]
         b, n, s, d = t.shape
-        src = r.node(t)
-        if src.op == "transpose" and tuple(src.params["perm"]) == (0, 2, 1, 3):
-            split = r.node(src.inputs[0])
-            if split.op == "reshape" and split.inputs[0].shape == (b, s, n * d):
-                return made[(split.inputs[0].node, split.inputs[0].index)]
-        return new.reshape(new.transpose(made[(t.node, t.index)], (0, 2, 1, 3)), (b, s, n * d))
+        return new.reshape(new.transpose(made[(t.node, t.index)], _SWAP), (b, s, n * d))
 
     halves: dict = {}  # angles (cos or sin, [B, 1, S, D]) -> their first half, made once
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .generate import Decoder
+from .generate import Decoder, _vocabulary
 
 PROMPT = 8          # tokens of the prompt, padding included
 PADDING = 3         # row 0: left-padded by this many
@@ -48,8 +48,7 @@ def run_padded(paths: list[str], threads: int = 1, seed: int = 0) -> list[Compar
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     sessions = [ort.InferenceSession(p, options, providers=["CPUExecutionProvider"]) for p in paths]
-    vocabulary = sessions[0].get_outputs()[0].shape[-1]
-    vocabulary = vocabulary if isinstance(vocabulary, int) else 100
+    vocabulary = _vocabulary(decoders[0])
     rng = np.random.default_rng(seed)
     batch = 2
     mask = np.ones((batch, PROMPT), np.int64)

@@ -110,13 +110,14 @@ def _product(node, weights: dict, producer: dict) -> _Product | None:
         dims = [dims[k] for k in perm]
     elif made and made[0].op_type == "DequantizeLinear":  # the activation has the scale's dtype
         dtype = numpy_helper.to_array(weights[made[0].input[1]]).dtype
-    if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2] not in ("", *weights):
-        bias = producer.get(node.input[2])  # a bias of equal values deduplicated: the Identity of one
-        if bias is None or bias.op_type != "Identity" or bias.input[0] not in weights:
+    bias = node.input[2] if node.op_type == "Gemm" and len(node.input) > 2 else ""
+    if bias in weights:
+        stored = stored + [weights[bias]]
+    elif bias:  # a bias of equal values deduplicated: the Identity of one
+        view = producer.get(bias)
+        if view is None or view.op_type != "Identity" or view.input[0] not in weights:
             return None
-        made, stored = [bias] + made, stored + [weights[bias.input[0]]]
-    elif node.op_type == "Gemm" and len(node.input) > 2 and node.input[2]:
-        stored = stored + [weights[node.input[2]]]
+        made, stored = [view] + made, stored + [weights[view.input[0]]]
     if node.op_type == "Gemm" and "transB" in attributes and attributes["transB"].i:
         dims = dims[::-1]
     return _Product(node, made, stored, int(dims[0]), dtype, 2 if node.op_type == "Gemm" else 3)
