@@ -26,6 +26,13 @@ the shapes: that input runs the formula in standard operators, every other the k
 (``tests/test_attention.py`` holds the kernel, both branches and onnxruntime's own
 kernel equal, holey and left-padded masks included).
 
+With ``causal``, two options save kernels: ``rotary`` (the queries and keys turned by
+the angles given first, as the ``rotary`` operator turns them: GroupQueryAttention's
+``do_rotary``, reading its cos and sin caches by position id, given one row for each
+token and each token its own row, so any positions are exact) and ``packed`` (the
+query, key and value read from one tensor, side by side along the last axis: the
+packed projection, unsplit).
+
 ``rotary`` is rotary position embedding as onnxruntime's RotaryEmbedding runs it (each
 head's two halves turned by one angle a position); its export gives the kernel the
 angles the graph computed for these very tokens, so any position ids are exact.
@@ -40,18 +47,54 @@ from .base import OpSpec, Param, TensorType, fail, register
 _ONNX_DTYPES = {"float32": 1, "float16": 10}
 
 
+def _gqa_inputs(p, ins) -> dict:
+    """The operator's inputs by role: the query, key and value (or ``qkv``, the three
+    side by side along the last axis, with ``packed``), the caches, the two tensors read
+    for the lengths, the angles' cos and sin (with ``rotary``), the bias (optional)."""
+    ins = list(ins)
+    named = {"qkv": ins.pop(0)} if p["packed"] else dict(zip(("q", "k", "v"), (ins.pop(0) for _ in range(3))))
+    named.update(zip(("past_k", "past_v", "sizes_q", "sizes_cache"), (ins.pop(0) for _ in range(4))))
+    if p["rotary"]:
+        named["cos"], named["sin"] = ins.pop(0), ins.pop(0)
+    named["bias"] = ins.pop(0) if ins else None
+    return named
+
+
+def _unpacked(p, size: int) -> tuple[int, int, int]:
+    """Where the key and value start in a packed [.., (H + 2 Hkv) * D] and its width."""
+    q_width, kv_width = p["num_heads"] * size, p["kv_num_heads"] * size
+    return q_width, q_width + kv_width, q_width + 2 * kv_width
+
+
 def _gqa_infer(p, ins):
-    q, k, v, past_k, past_v, sizes_q, sizes_cache = ins[:7]
+    named = _gqa_inputs(p, ins)
+    past_k, past_v, sizes_q, sizes_cache = (named[r] for r in ("past_k", "past_v", "sizes_q", "sizes_cache"))
     heads, kv_heads = p["num_heads"], p["kv_num_heads"]
-    if q.dtype not in _ONNX_DTYPES or any(t.dtype != q.dtype for t in ins[:5] + ins[7:]):
+    floats = [t for r, t in named.items() if t is not None and r not in ("sizes_q", "sizes_cache")]
+    first = floats[0]
+    if first.dtype not in _ONNX_DTYPES or any(t.dtype != first.dtype for t in floats):
         fail("gqa", "inputs must be float32 or float16 tensors of one dtype", ins)
-    if len(q.shape) != 3 or len(k.shape) != 3 or len(past_k.shape) != 4:
+    if (p["packed"] or p["rotary"]) and not p["causal"]:
+        fail("gqa", "a packed query, key and value, and rotary angles, are taken with the causal mask only", ins)
+    if len(first.shape) != 3 or len(past_k.shape) != 4:
         fail("gqa", "query, key and value are [batch, sequence, heads * head size], the caches "
                     "[batch, key/value heads, past, head size]", ins)
     if kv_heads < 1 or heads % kv_heads:
         fail("gqa", f"num_heads {heads} must be a multiple of kv_num_heads {kv_heads}", ins)
-    batch, seq, _ = q.shape
+    batch, seq, _ = first.shape
     size = past_k.shape[3]
+    if p["packed"]:
+        q_end, _, width = _unpacked(p, size)
+        if first.shape[2] != width:
+            fail("gqa", f"the packed query, key and value must be [batch, sequence, ({heads} + 2 x {kv_heads}) "
+                        f"x {size}]", ins)
+        q = TensorType((batch, seq, q_end), first.dtype)
+        k = v = TensorType((batch, seq, kv_heads * size), first.dtype)
+    else:
+        q, k, v = named["q"], named["k"], named["v"]
+    if p["rotary"] and (len(named["cos"].shape) != 4 or named["cos"].shape[0] not in (1, batch)
+                        or named["cos"].shape[1:] != (1, seq, size // 2) or named["sin"].shape != named["cos"].shape):
+        fail("gqa", f"cos and sin must be [{batch} or 1, 1, {seq}, {size // 2}]: half of each head's size", ins)
     if q.shape != (batch, seq, heads * size) or k.shape != (batch, seq, kv_heads * size) or v.shape != k.shape:
         fail("gqa", f"query must be [batch, sequence, {heads} x {size}], key and value "
                     f"[batch, sequence, {kv_heads} x {size}]", ins)
@@ -62,17 +105,29 @@ def _gqa_infer(p, ins):
         fail("gqa", "the tensors the lengths are read from must be [batch, sequence, ...] and "
                     "[batch, _, past, ...]", ins)
     total = past_k.shape[2] + seq
-    if len(ins) == 8:
-        bias = ins[7].shape
+    if named["bias"] is not None:
+        bias = named["bias"].shape
         if len(bias) != 4 or bias[0] not in (1, batch) or bias[1] not in (1, heads) or bias[2:] != (seq, total):
             fail("gqa", f"the bias must be [batch or 1, heads or 1, {seq}, {total}]", ins)
     present = TensorType((batch, kv_heads, total, size), q.dtype)
     return [q, present, present]
 
 
-def _gqa_kernel(xp, p, q, k, v, past_k, past_v, sizes_q, sizes_cache, bias=None):
-    batch, seq, _ = q.shape
+def _gqa_kernel(xp, p, *ins):
+    named = _gqa_inputs(p, ins)
+    past_k, past_v, bias = named["past_k"], named["past_v"], named["bias"]
     heads, kv_heads, size = p["num_heads"], p["kv_num_heads"], past_k.shape[3]
+    if p["packed"]:
+        q_end, k_end, _ = _unpacked(p, size)
+        qkv = named["qkv"]
+        q, k, v = qkv[..., :q_end], qkv[..., q_end:k_end], qkv[..., k_end:]
+    else:
+        q, k, v = named["q"], named["k"], named["v"]
+    if p["rotary"]:  # the queries and keys turned first, as RotaryEmbedding turns them
+        angles = (named["cos"], named["sin"], named["sizes_q"])
+        q = _rotary_kernel(xp, {"num_heads": heads}, q, *angles)[0]
+        k = _rotary_kernel(xp, {"num_heads": kv_heads}, k, *angles)[0]
+    batch, seq, _ = q.shape
     group = heads // kv_heads
 
     def split_heads(x, n):
@@ -101,9 +156,10 @@ def _gqa_kernel(xp, p, q, k, v, past_k, past_v, sizes_q, sizes_cache, bias=None)
 
 
 def _gqa_flops(p, ins, outs):
-    batch, seq, hidden = ins[0].shape
+    batch, seq, hidden = outs[0].shape
     total = outs[1].shape[2]
-    return 4.0 * batch * seq * total * hidden + 5.0 * batch * p["num_heads"] * seq * total
+    turned = 3.0 * batch * seq * (hidden + outs[1].shape[1] * outs[1].shape[3]) if p["rotary"] else 0.0
+    return 4.0 * batch * seq * total * hidden + 5.0 * batch * p["num_heads"] * seq * total + turned
 
 
 class _Lengths:
@@ -165,9 +221,12 @@ def _gqa_export(ctx, p, in_types, ins, outs):
     from onnx import helper, numpy_helper
 
     dtype = in_types[0].dtype
-    q, k, v, past_k, past_v, sizes_q, sizes_cache = ins[:7]
-    bias = ins[7] if len(ins) == 8 else ""
-    heads, kv_heads, size = p["num_heads"], p["kv_num_heads"], in_types[3].shape[3]
+    named = _gqa_inputs(p, ins)
+    q, k, v = (named["qkv"], "", "") if p["packed"] else (named["q"], named["k"], named["v"])
+    past_k, past_v, sizes_q, sizes_cache = (named[r] for r in ("past_k", "past_v", "sizes_q", "sizes_cache"))
+    bias = named["bias"] or ""
+    heads, kv_heads = p["num_heads"], p["kv_num_heads"]
+    size = _gqa_inputs(p, in_types)["past_k"].shape[3]
     ctx.opsets.setdefault("com.microsoft", 1)
     fresh = lambda hint: ctx.fresh(f"{outs[0]}_{hint}")  # noqa: E731
     lengths = ctx.shared(("gqa lengths", sizes_q, sizes_cache), lambda: _Lengths(ctx, sizes_q, sizes_cache))
@@ -193,12 +252,18 @@ def _gqa_export(ctx, p, in_types, ins, outs):
         With its own causal mask on, query_seqlens lets it take every input (several
         new tokens on a cache at any batch); without, it runs under the If below."""
         raw = fresh("kernel_raw") if p["nan_to_zero"] else results[0]
-        inputs = [q, k, v, past_k, past_v, lengths.seqlens_k, lengths.total32, "", "", "", bias]
+        turning = ["", "", ""]
+        if p["rotary"]:
+            half = _gqa_inputs(p, in_types)["cos"].shape[3]
+            turning = ctx.shared(("gqa angles", named["cos"], named["sin"], sizes_q, lengths),
+                                 lambda: _angle_cache(ctx, named["cos"], named["sin"], sizes_q, half, lengths))
+        inputs = [q, k, v, past_k, past_v, lengths.seqlens_k, lengths.total32, *turning, bias]
         inputs += ["", "", "", "", "", lengths.query_seqlens] if p["causal"] else []
+        turn = {"do_rotary": 1, "rotary_interleaved": 0} if p["rotary"] else {}
         nodes = [helper.make_node("GroupQueryAttention", inputs if bias or p["causal"] else inputs[:7],
                                   [raw, results[1], results[2]], name=fresh("GroupQueryAttention"),
                                   domain="com.microsoft", num_heads=heads, kv_num_heads=kv_heads,
-                                  causal=int(p["causal"]), scale=float(p["scale"]))]
+                                  causal=int(p["causal"]), scale=float(p["scale"]), **turn)]
         if p["nan_to_zero"]:
             nan_guard(nodes, raw, "kernel", results[0])
         return nodes
@@ -253,10 +318,28 @@ def _gqa_export(ctx, p, in_types, ins, outs):
              else_branch=branch(kernel(kernel_outs), kernel_outs, fresh("kernel")))
 
 
+def _angle_cache(ctx, cos, sin, sizes_q, half, lengths):
+    """GroupQueryAttention's own rotary reads cos and sin caches by position id, and
+    wants at least as many rows as keys: the angles of these very tokens (one row each,
+    numbered as ``rotary`` numbers them), then as many rows of zeros as keys, never
+    read."""
+    positions, cos_rows, sin_rows = ctx.shared(("rotary rows", cos, sin, sizes_q),
+                                               lambda: _rotary_rows(ctx, cos, sin, sizes_q, half))
+    names = [ctx.fresh("gqa_" + h) for h in ("total_vec", "pads", "cos_cache", "sin_cache")]
+    total_vec, pads, cos_cache, sin_cache = names
+    ctx.node("Reshape", [lengths.total, ctx.int64s([1], "gqa_one_vec")], [total_vec])
+    ctx.node("Concat", [ctx.int64s([0, 0], "gqa_no_pad"), total_vec, ctx.int64s([0], "gqa_pad_zero")], [pads],
+             axis=0)
+    ctx.node("Pad", [cos_rows, pads], [cos_cache])
+    ctx.node("Pad", [sin_rows, pads], [sin_cache])
+    return [cos_cache, sin_cache, positions]
+
+
 register(OpSpec(
-    name="gqa", inputs=(7, 8),
+    name="gqa", inputs=(5, 10),
     params=(Param("num_heads", "int", 1), Param("kv_num_heads", "int", 1), Param("scale", "float", 1.0),
-            Param("nan_to_zero", "int", 0), Param("causal", "int", 0)),
+            Param("nan_to_zero", "int", 0), Param("causal", "int", 0), Param("rotary", "int", 0),
+            Param("packed", "int", 0)),
     infer=_gqa_infer, kernel=_gqa_kernel, export=_gqa_export, flops=_gqa_flops,
     multi_output=True, in_rules=False,
     doc="Attention of the new queries over the key/value cache grown by the new keys and values "
@@ -264,7 +347,9 @@ register(OpSpec(
         "shapes only, [B, S, ...] and [B, _, P, ...], so that layers share their lengths, optional additive "
         "bias [B|1, H|1, S, P+S]) -> (attention [B, S, H*D], the grown caches [B, Hkv, P+S, D]); "
         "com.microsoft GroupQueryAttention with its bias; ``causal``: also its own causal mask, -inf after each "
-        "new token's position."))
+        "new token's position; with it, ``packed``: query, key and value one tensor [B, S, (H + 2 Hkv) * D] in "
+        "their place, ``rotary``: the angles' cos and sin [B|1, 1, S, D/2] after the two size tensors, the "
+        "queries and keys turned by them first."))
 
 
 # --- rotary position embedding -----------------------------------------------------

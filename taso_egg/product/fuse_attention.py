@@ -22,7 +22,10 @@ where ``rows`` groups the query heads by the key/value head they read ([B, H, S,
 [B, Hkv, H/Hkv * S, X], or nothing when each query head has its own), becomes one
 ``gqa``. Constant scales of the scores or queries become its scale; queries and keys
 turned by rotary embedding are turned in the [B, S, N*D] layout the projections give,
-as GroupQueryAttention takes them. Every intermediate must feed the next step alone;
+as GroupQueryAttention takes them: by the kernel itself where both turn whole heads by
+the same angles under the causal mask (its head size a multiple of 16), reading q, k
+and v as one tensor where they are the three parts of one split (a packed projection,
+joined by ``join_moves`` first), else by ``rotary`` operators. Every intermediate must feed the next step alone;
 the caches may also be outputs (the present cache), which the operator then returns.
 Anything else (another layout, a bias the kernel cannot take, a head size it refuses)
 is left as it is. What the pass writes is checked like every candidate: numerically
@@ -40,8 +43,9 @@ from ..graph import Graph, Node, Tensor
 from ..ops import INPUT, OPS, WEIGHT
 
 # GroupQueryAttention's CPU kernel: float32 here (its float16 path rounds the scores)
-# and head sizes that are multiples of 8
+# and head sizes that are multiples of 8; of 16 where it turns the queries and keys
 _HEAD_SIZE_MULTIPLE = 8
+_TURNING_HEAD_SIZE_MULTIPLE = 16
 
 
 @dataclass
@@ -409,10 +413,31 @@ def _rebuild(g: Graph, r: _Reader, found: dict[int, _Attention], removed: set[in
         return new.add_node("rotary", [x, first_half(cos), first_half(sin), batch_from(cos, x)],
                             num_heads=t.shape[1])[0]
 
+    def unturned(t: Tensor, size: int):
+        """(source [B, S, N*D], cos, sin) where ``t`` is a whole-head rotary embedding
+        of the projection's [B, S, N*D] output, for the kernel to turn; else None."""
+        turned = rotaries.get(t.node) if t.index == 0 else None
+        heads = _heads_of(r, turned[0]) if turned is not None else None
+        if heads is None or heads[1] != "bnsd" or turned[1].shape[3] != size or size % _TURNING_HEAD_SIZE_MULTIPLE:
+            return None
+        return made[(heads[0].node, heads[0].index)], turned[1], turned[2]
+
+    def packed(q: Tensor, k: Tensor, v: Tensor) -> Tensor | None:
+        """The one tensor ``q``, ``k`` and ``v`` are the three parts of, in order."""
+        node = new.nodes[q.node]
+        if node.op == "split" and len(node.params["sizes"]) == 3 and node.params["axis"] == 2 \
+                and (q.index, k.node, k.index, v.node, v.index) == (0, q.node, 1, q.node, 2):
+            return node.inputs[0]
+        return None
+
     for n in g.topo_order():
         if n.id in found:
             a = found[n.id]
-            q = rotated_or_merged(a.q_heads)
+            size = a.q_heads.shape[3]
+            q_turn, k_turn = unturned(a.q_heads, size), unturned(a.k_heads, size)
+            # the kernel turns the queries and keys itself where both turn by the same angles
+            turn = a.causal and q_turn is not None and k_turn is not None and q_turn[1:] == k_turn[1:]
+            q = q_turn[0] if turn else rotated_or_merged(a.q_heads)
             scale = 1.0
             for factor in a.scales:  # a constant becomes the operator's scale, others stay on the queries
                 value = _constant(r, factor)
@@ -424,14 +449,19 @@ def _rebuild(g: Graph, r: _Reader, found: dict[int, _Attention], removed: set[in
             # the lengths are read from the first attention's query and cache of these
             # sizes, for every layer: computed once (the check at the second sizes,
             # where every symbol has another value, sees any that differ)
-            sizes = lengths_from.setdefault((q.shape[:2], past_k.shape), (q, past_k))
-            ins = [q, rotated_or_merged(a.k_heads), merged_heads(a.v_heads), past_k,
-                   made[(a.past_v.node, a.past_v.index)], *sizes]
+            qkv = [q, k_turn[0] if turn else rotated_or_merged(a.k_heads), merged_heads(a.v_heads)]
+            together = packed(*qkv) if turn else None
+            ins = [together] if together is not None else qkv
+            sizes = lengths_from.setdefault((q.shape[:2], past_k.shape), (ins[0], past_k))
+            ins += [past_k, made[(a.past_v.node, a.past_v.index)], *sizes]
+            if turn:
+                ins += [first_half(q_turn[1]), first_half(q_turn[2])]
             if a.bias is not None:
                 ins.append(made[(a.bias.node, a.bias.index)])
             out, present_k, present_v = new.add_node(
                 "gqa", ins, num_heads=a.q_heads.shape[1], kv_num_heads=a.k_heads.shape[1], scale=scale,
-                nan_to_zero=int(a.nan_to_zero), causal=int(a.causal))
+                nan_to_zero=int(a.nan_to_zero), causal=int(a.causal), rotary=int(turn),
+                packed=int(together is not None))
             if not a.merged:
                 b, s, hd = out.shape
                 heads = a.q_heads.shape[1]

@@ -33,6 +33,7 @@ from ..onnx_io.exporter import export_for_check, fed_from_check
 from ..onnx_io.fed import FedModel, feed, inline
 from ..rules.corpus import FUSIONS, RuleFamily, load_corpus
 from .fuse_attention import fuse_attention
+from .join_moves import join_moves
 
 if TYPE_CHECKING:
     import onnx
@@ -179,8 +180,9 @@ def extract_graph(saturation: Saturation, extractor: str = ExtractionOptions.ext
                   forbidden=frozenset(), attention: str = "none") -> Extraction:
     """Pick the cheapest graph in a saturated e-graph (DAG cost) and rebuild it: price
     every e-node (but the ``forbidden`` ones), run the extractor (``time_limit``
-    seconds; the ILP's default when None), build the chosen graph, a decoder's
-    attention in the ``attention`` form (``fuse_attention``)."""
+    seconds; the ILP's default when None), build the chosen graph, its split trees and
+    reshape chains joined (``join_moves``), a decoder's attention in the ``attention``
+    form (``fuse_attention``)."""
     from ..extract import EXTRACTORS
     from ..extract.choice_check import used_classes
 
@@ -194,8 +196,10 @@ def extract_graph(saturation: Saturation, extractor: str = ExtractionOptions.ext
     classes: dict = {}
     # onnxruntime's attention kernels, which no rule writes (they take the cache and the
     # positions as the graph holds them)
-    graph = fuse_attention(build_graph(configs.eg, picks, saturation.graph, saturation.program.opaque, classes),
-                           classes, attention)
+    # data movement in steps joined first: the attention kernel takes a packed
+    # projection's one split as one tensor
+    graph = join_moves(build_graph(configs.eg, picks, saturation.graph, saturation.program.opaque, classes), classes)
+    graph = fuse_attention(graph, classes, attention)
     return Extraction(graph, result.dag_cost, result.seconds, extractor, result.status,
                       [node for _, node in picks], classes, time.process_time() - cpu_start, dict(picks),
                       forbidden=frozenset(forbidden))
