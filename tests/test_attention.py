@@ -290,23 +290,33 @@ def test_the_rewritten_step_equals_the_export_with_holes_and_padding(steps, writ
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=f"{form}: {name}")
 
 
-def test_an_attention_the_kernel_cannot_take_is_left_as_exported():
-    """A head size GroupQueryAttention refuses (not a multiple of 8): the step is
-    written without it, and equal."""
+def _kernel_form_with_head_size(size: int):
+    """The step exported with heads of ``size``, and written in the kernel form."""
+    from taso_egg import optimize_model
+
     global SIZE
     kept = SIZE
     try:
-        SIZE = 6
+        SIZE = size
         model = _decoder_step()
-        from taso_egg import optimize_model
-
-        out, _ = optimize_model(model, measure=0, attention="kernel")
-        assert "If" not in {n.op_type for n in out.graph.node}
-        feeds = _step_feeds(2, 1, 5, np.random.default_rng(1))
-        np.testing.assert_allclose(_session(out).run(None, feeds)[0], _session(model).run(None, feeds)[0],
-                                   rtol=1e-5, atol=1e-5)
+        return model, optimize_model(model, measure=0, attention="kernel")[0]
     finally:
         SIZE = kept
+
+
+def test_an_attention_the_kernel_cannot_take_is_left_as_exported():
+    """A head size GroupQueryAttention refuses (not a multiple of 8): the step is
+    written without it, and equal."""
+    model, out = _kernel_form_with_head_size(6)
+    assert "If" not in {n.op_type for n in out.graph.node}
+    global SIZE
+    kept, SIZE = SIZE, 6
+    try:
+        feeds = _step_feeds(2, 1, 5, np.random.default_rng(1))
+    finally:
+        SIZE = kept
+    np.testing.assert_allclose(_session(out).run(None, feeds)[0], _session(model).run(None, feeds)[0],
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_an_int4_step_keeps_its_precision_and_gets_the_rotary_kernel():
@@ -394,21 +404,16 @@ def test_heads_of_16_are_turned_by_the_attention_kernel_itself():
     takes), the kernel form writes no RotaryEmbedding: the attention kernel turns the
     queries and keys; equal to the export with holes and padding, several new tokens
     at batch 3 included."""
-    global SIZE
-    kept = SIZE
-    try:
-        SIZE = 16
-        model = _decoder_step()
-        from taso_egg import optimize_model
-
-        out, _ = optimize_model(model, measure=0, attention="kernel")
-        ops = [n.op_type for n in out.graph.node]
-        assert "RotaryEmbedding" not in ops and "If" not in ops
-        kernels = [n for n in out.graph.node if n.op_type == "GroupQueryAttention"]
-        assert [a.i for n in kernels for a in n.attribute if a.name == "do_rotary"] == [1]
-        for batch, seq, past in [(2, 1, 5), (2, 5, 0), (3, 4, 6)]:
-            feeds = _step_feeds(batch, seq, past, np.random.default_rng(batch + seq + past))
-            for a, b in zip(_session(out).run(None, feeds), _session(model).run(None, feeds)):
-                np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
-    finally:
-        SIZE = kept
+    model, out = _kernel_form_with_head_size(16)
+    ops = [n.op_type for n in out.graph.node]
+    assert "RotaryEmbedding" not in ops and "If" not in ops
+    kernels = [n for n in out.graph.node if n.op_type == "GroupQueryAttention"]
+    assert [a.i for n in kernels for a in n.attribute if a.name == "do_rotary"] == [1]
+    for batch, seq, past in [(2, 1, 5), (2, 5, 0), (3, 4, 6)]:
+        feeds = _step_feeds(batch, seq, past, np.random.default_rng(batch + seq + past))
+        # _step_feeds sizes the cache by the module's head size: the step's is 16
+        rng = np.random.default_rng(past)
+        feeds["past_key"], feeds["past_value"] = (rng.standard_normal((batch, KV_HEADS, past, 16)).astype(np.float32)
+                                                  for _ in range(2))
+        for a, b in zip(_session(out).run(None, feeds), _session(model).run(None, feeds)):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)

@@ -40,7 +40,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..graph import Graph, Node, Tensor
-from ..ops import INPUT, OPS, WEIGHT
+from ..ops import OPS, WEIGHT
+from .join_moves import copy_node, finish_rebuild
 
 # GroupQueryAttention's CPU kernel: float32 here (its float16 path rounds the scores)
 # and head sizes that are multiples of 8; of 16 where it turns the queries and keys
@@ -479,35 +480,8 @@ def _rebuild(g: Graph, r: _Reader, found: dict[int, _Attention], removed: set[in
                                                           batch_from(cos, heads)])[0]
             keep_class((n.id, 0), t)
             continue
-        if n.op == INPUT.name:
-            outs = [new.new_input(n.params["shape"], n.params["name"], n.params["dtype"])]
-        elif n.op == WEIGHT.name:
-            outs = [new.new_weight(n.params["shape"], name=n.params["name"], dtype=n.params["dtype"])]
-            if n.id in g.weight_data:
-                new.weight_data[outs[0].node] = g.weight_data[n.id]
-        else:
-            outs = new.add_node(n.op, [made[(t.node, t.index)] for t in n.inputs], n.name, **n.params)
-        for i, t in enumerate(outs):
+        for i, t in enumerate(copy_node(new, g, n, made)):
             made[(n.id, i)] = t
             keep_class((n.id, i), t)
-    for name, t in g.outputs:
-        new.mark_output(made[(t.node, t.index)], name)
-    _drop_unread(new)
-    if classes is not None:
-        classes.clear()
-        classes.update({k: c for k, c in new_classes.items() if k[0] in new.nodes})
-    return new
-
-
-def _drop_unread(g: Graph) -> None:
-    """Nodes no output reads (the heads' splits the operator reads past), but inputs."""
-    live: set[int] = set()
-    stack = [t.node for _, t in g.outputs]
-    while stack:
-        i = stack.pop()
-        if i not in live:
-            live.add(i)
-            stack.extend(t.node for t in g.nodes[i].inputs)
-    for i in [i for i, n in g.nodes.items() if i not in live and n.op != INPUT.name]:
-        del g.nodes[i]
-        g.weight_data.pop(i, None)
+    # (the heads' splits the operator reads past are dropped)
+    return finish_rebuild(new, g, made, classes, new_classes)

@@ -100,21 +100,34 @@ def _rebuild(g: Graph, pieces: dict, joined: set, chains: set, classes: dict | N
     for n in g.topo_order():
         if n.id in joined:
             continue  # its parts read come from the root's one split
-        if n.op == INPUT.name:
-            outs = [new.new_input(n.params["shape"], n.params["name"], n.params["dtype"])]
-        elif n.op == WEIGHT.name:
-            outs = [new.new_weight(n.params["shape"], name=n.params["name"], dtype=n.params["dtype"])]
-            if n.id in g.weight_data:
-                new.weight_data[outs[0].node] = g.weight_data[n.id]
-        elif n.id in chains:
+        if n.id in chains:
             inner = n.inputs[0]
             while g.nodes[inner.node].op == "reshape":
                 inner = g.nodes[inner.node].inputs[0]
             outs = [new.reshape(made[(inner.node, inner.index)], n.params["shape"])]
         else:
-            outs = new.add_node(n.op, [made[(t.node, t.index)] for t in n.inputs], n.name, **n.params)
+            outs = copy_node(new, g, n, made)
         for i, t in enumerate(outs):
             keep((n.id, i), t)
+    return finish_rebuild(new, g, made, classes, new_classes)
+
+
+def copy_node(new: Graph, g: Graph, n, made: dict) -> list[Tensor]:
+    """Node ``n`` of ``g`` added to ``new`` as it is (its inputs through ``made``: old
+    tensor -> new), a weight with its data."""
+    if n.op == INPUT.name:
+        return [new.new_input(n.params["shape"], n.params["name"], n.params["dtype"])]
+    if n.op == WEIGHT.name:
+        outs = [new.new_weight(n.params["shape"], name=n.params["name"], dtype=n.params["dtype"])]
+        if n.id in g.weight_data:
+            new.weight_data[outs[0].node] = g.weight_data[n.id]
+        return outs
+    return new.add_node(n.op, [made[(t.node, t.index)] for t in n.inputs], n.name, **n.params)
+
+
+def finish_rebuild(new: Graph, g: Graph, made: dict, classes: dict | None, new_classes: dict) -> Graph:
+    """``new`` given ``g``'s outputs, without what no output reads; ``classes`` made
+    ``new_classes`` (the rebuilt tensors'), in place."""
     for name, t in g.outputs:
         new.mark_output(made[(t.node, t.index)], name)
     _drop_unread(new)
@@ -144,6 +157,7 @@ def _join(new: Graph, root: Tensor, piece, keep) -> None:
 
 
 def _drop_unread(g: Graph) -> None:
+    """Nodes no output reads (the parts a joined split replaced), but inputs."""
     live: set[int] = set()
     stack = [t.node for _, t in g.outputs]
     while stack:
