@@ -42,15 +42,17 @@ def export_onnx(graph: Graph, path: str | os.PathLike | None = None, name: str =
     return model
 
 
-def export_fed(graph: Graph, name: str = "taso_egg", shapes_fixed: bool = True, folds: dict | None = None):
+def export_fed(graph: Graph, name: str = "taso_egg", shapes_fixed: bool = True, folds: dict | None = None,
+               tensor_names: dict | None = None):
     """The graph exported as ``export_onnx`` exports it, as a ``fed.FedModel``: its large
     float constants are stubs fed from the graph's own arrays and the values export
     folds, so candidates share the weights they share and none is copied into protobuf.
     ``shapes_fixed`` False: it is to be written with symbolic dims (``_vector_form``).
     ``folds``: values folded by earlier exports of graphs over the same weights (filled
     here), reused where a fold computes the same from the same arrays: the two sizes of
-    a symbolic write fold one merged projection, not two."""
-    return fed_from_check(*export_for_check(graph, name, shapes_fixed=shapes_fixed, folds=folds))
+    a symbolic write fold one merged projection, not two. ``tensor_names`` as
+    ``export_for_check`` fills it."""
+    return fed_from_check(*export_for_check(graph, name, tensor_names, shapes_fixed=shapes_fixed, folds=folds))
 
 
 def export_fed_named(graph: Graph, name: str = "taso_egg"):

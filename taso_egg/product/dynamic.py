@@ -85,6 +85,11 @@ class DynamicModel:
             first = grown
 
     @property
+    def may_be_empty(self) -> frozenset:
+        """The symbols that may be 0 at run time (an empty cache): those checked at 0."""
+        return frozenset(s for s, v in (self.empty or {}).items() if v == 0)
+
+    @property
     def symbolic(self) -> bool:
         return self.iface.symbolic
 
@@ -171,17 +176,14 @@ def write_symbolic(dyn: DynamicModel, candidate: Graph, candidate_classes: Mappi
     ``candidate`` is ``dyn.graph`` itself (the re-export) or an extracted graph with the
     e-class of each of its tensors (``candidate_classes``) and of each tensor of
     ``dyn.graph`` (``input_classes``)."""
-    from ..onnx_io.exporter import export_fed
-
     if candidate is dyn.graph:
         try:
             # exported as FedModels: both sizes share the input's weight arrays (the
             # second import reads the same ones), so neither copies them into protobuf
             folds: dict = {}
-            model = symbolize(export_fed(dyn.graph, shapes_fixed=False, folds=folds),
-                              export_fed(dyn.second_graph(), shapes_fixed=False, folds=folds), dyn.reference,
-                              dyn.first, dyn.second)
-            del folds  # in memory: what the model holds is in a file now (fed.file_backed)
+            first, second, shapes = _exports_at_both(dyn.graph, dyn.second_graph(), folds)
+            model = symbolize(first, second, dyn.reference, dyn.first, dyn.second, shapes, dyn.may_be_empty)
+            del first, second, folds  # in memory: what the model holds is in a file now (fed.file_backed)
             return SymbolicWrite(model, check_at_sizes(dyn, model, seed))
         except (NotSymbolic, VerificationError) as e:
             return SymbolicWrite(None, {}, str(e))
@@ -193,15 +195,14 @@ def write_symbolic(dyn: DynamicModel, candidate: Graph, candidate_classes: Mappi
     anchored = set(input_classes.values())
     folds: dict = {}  # the weights both sizes fold alike, folded once
     try:
-        first = export_fed(retyped(candidate, candidate_classes, input_classes, dyn.graph, dyn.graph),
-                           shapes_fixed=False, folds=folds)
+        at_first = retyped(candidate, candidate_classes, input_classes, dyn.graph, dyn.graph)
         at_second = retyped(candidate, candidate_classes, input_classes, dyn.graph, dyn.second_graph(),
                             wrong, made, guessed)
         if wrong:
             raise NotSymbolic(wrong[0][1])
-        model = symbolize(first, export_fed(at_second, shapes_fixed=False, folds=folds), dyn.reference,
-                          dyn.first, dyn.second)
-        del first, folds  # in memory: what the model holds is in a file now (fed.file_backed)
+        first, second, shapes = _exports_at_both(at_first, at_second, folds)
+        model = symbolize(first, second, dyn.reference, dyn.first, dyn.second, shapes, dyn.may_be_empty)
+        del first, second, folds  # in memory: what the model holds is in a file now (fed.file_backed)
     except NotSymbolic as e:
         return SymbolicWrite(None, {}, str(e), _regions(candidate, candidate_classes, anchored, guessed,
                                                         [key for key, _ in wrong]))
@@ -211,6 +212,19 @@ def write_symbolic(dyn: DynamicModel, candidate: Graph, candidate_classes: Mappi
         bad = [] if isinstance(e, NotSymbolic) else \
             wrong_values(dyn, candidate, at_second, made, candidate_classes, input_classes, seed)
         return SymbolicWrite(None, {}, str(e), _regions(candidate, candidate_classes, anchored, guessed, bad))
+
+
+def _exports_at_both(at_first: Graph, at_second: Graph, folds: dict):
+    """The two exports ``symbolize`` makes one model of, and each one's tensor shapes
+    by ONNX name (what a Reshape target may copy from its input)."""
+    from ..onnx_io.exporter import export_fed
+
+    exports, shapes = [], []
+    for g in (at_first, at_second):
+        names: dict = {}
+        exports.append(export_fed(g, shapes_fixed=False, folds=folds, tensor_names=names))
+        shapes.append({name: tuple(g.nodes[node].outputs[index].shape) for name, (node, index) in names.items()})
+    return exports[0], exports[1], tuple(shapes)
 
 
 def check_at_sizes(dyn: DynamicModel, model, seed: int = 0) -> dict[str, float]:

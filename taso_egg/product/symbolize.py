@@ -45,12 +45,17 @@ def writable_sizes(here: Mapping[str, int], there: Mapping[str, int]):
     return writable
 
 
-def symbolize(at_first, at_second, original, first: Mapping[str, int], second: Mapping[str, int]):
+def symbolize(at_first, at_second, original, first: Mapping[str, int], second: Mapping[str, int],
+              shapes: tuple[Mapping, Mapping] = ({}, {}), may_be_empty: frozenset = frozenset()):
     """The candidate exported at ``first`` sizes (``at_first``) and at ``second`` sizes
     (``at_second``, node for node the same; ModelProtos or ``fed.FedModel``s) as one
     model with ``original``'s interface: a new FedModel (its large weights
-    ``at_first``'s arrays); NotSymbolic naming what cannot be written so."""
+    ``at_first``'s arrays); NotSymbolic naming what cannot be written so. A Reshape's
+    target takes the sizes its input has at the same axes from it (``_ReshapeInputs``;
+    ``shapes``: tensor name -> shape in each export, where known; the symbols in
+    ``may_be_empty`` may be 0 at run time)."""
     import onnx
+    from onnx import numpy_helper
 
     iface = interface(original)
     g1, g2 = at_first.graph, at_second.graph
@@ -60,6 +65,7 @@ def symbolize(at_first, at_second, original, first: Mapping[str, int], second: M
     a = [second[s] for s in symbols]
     others = {t.name: t for t in g2.initializer}
     targets_only = _reshape_targets_only(g1)
+    copies = _ReshapeInputs(g1, targets_only, shapes, symbols, may_be_empty)
     kept, sized = [], {}
     for t in g1.initializer:
         v1, v2 = array_of(at_first, t), array_of(at_second, others[t.name])
@@ -79,6 +85,10 @@ def symbolize(at_first, at_second, original, first: Mapping[str, int], second: M
                         if term is None)
             raise NotSymbolic(f"constant {t.name!r} holds {x} at {describe_sizes(first)} and {y} at "
                               f"{describe_sizes(second)}: not a product of the symbolic sizes")
+        terms = copies.copied_sizes(t.name, v1, v2, terms)
+        if not any(any(e) for _, e in terms):  # every size copied or inferred: a constant target
+            kept.append(numpy_helper.from_array(np.array([c for c, _ in terms], v1.dtype).reshape(v1.shape), t.name))
+            continue
         sized[t.name] = (v1, terms)
 
     fed = at_first.arrays if isinstance(at_first, FedModel) else {}
@@ -122,6 +132,45 @@ def _reshape_targets_only(graph) -> set[str]:
         for i, name in enumerate(n.input):
             (targets if n.op_type == "Reshape" and i == 1 else other).add(name)
     return targets - other
+
+
+class _ReshapeInputs:
+    """A Reshape target's sizes as ONNX lets a target say them without computing them:
+    0, the input's size at the same axis (allowzero 0), where the input has it at both
+    sizes, and one -1, what the other sizes leave of the element count. Each saves the
+    ``Shape``, ``Gather`` and ``Concat`` kernels that would compute the size at every
+    run: a decoder's step computes a dozen so."""
+
+    def __init__(self, graph, targets: set, shapes: tuple[Mapping, Mapping], symbols: Sequence[str],
+                 may_be_empty: frozenset):
+        self.readers: dict[str, list] = {}
+        for n in graph.node:
+            if n.op_type == "Reshape" and n.input[1] in targets:
+                self.readers.setdefault(n.input[1], []).append(n)
+        self.shapes = shapes
+        self.empty_axes = [s in may_be_empty for s in symbols]
+
+    def copied_sizes(self, name: str, v1: np.ndarray, v2: np.ndarray, terms: list) -> list:
+        """``terms`` (``(c, exponents)`` for each element of a Reshape target) with a
+        size every reader's input has at that axis at both sizes written 0, and then
+        the one size left (if one is) written -1 where no other can be 0 at run time
+        (onnxruntime infers no -1 beside a 0)."""
+        readers = self.readers.get(name)
+        if not readers or v1.ndim != 1 or any(int(x) in (0, -1) for x in v1.tolist()) or \
+                any(a.name == "allowzero" and a.i for n in readers for a in n.attribute):
+            return terms
+        ins = [[shapes.get(n.input[0]) for shapes in self.shapes] for n in readers]
+        if any(shape is None for both in ins for shape in both):
+            return terms
+        copied = [any(e) and all(i < len(s1) and (s1[i], s2[i]) == (int(v1[i]), int(v2[i])) for s1, s2 in ins)
+                  for i, (_, e) in enumerate(terms)]
+        left = [i for i, (_, e) in enumerate(terms) if any(e) and not copied[i]]
+        minus_one = len(left) == 1 and not any(
+            copied[i] and any(k and empty for k, empty in zip(e, self.empty_axes))
+            for i, (_, e) in enumerate(terms) if i != left[0])
+        zero = (0,) * len(self.empty_axes)
+        return [(0, zero) if copied[i] else (-1, zero) if minus_one and i == left[0] else term
+                for i, term in enumerate(terms)]
 
 
 def _monomial(x: int, y: int, r: Sequence[int], a: Sequence[int]):
