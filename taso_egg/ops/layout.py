@@ -290,6 +290,8 @@ def _import_unsqueeze(ctx, node, attrs):
     rank = len(x.shape) + len(axes)
     shape, it = [], iter(x.shape)
     new = {a % rank for a in axes}
+    if len(new) != len(axes):  # invalid ONNX: onnxruntime refuses it too
+        fail("Unsqueeze", f"node {node.name or node.output[0]!r}: axes {list(axes)} name one axis twice", [x.type])
     for i in range(rank):
         shape.append(1 if i in new else next(it))
     return [ctx.g.reshape(x, tuple(shape))]
