@@ -49,9 +49,9 @@ def _split_pieces(g: Graph, users, outputs) -> tuple[dict, set]:
         """(root, start) of split ``node``'s input, following parts only splits read
         (those splits added to ``tree``)."""
         tree.add(node.id)
-        src = node.inputs[0]
+        src, axis = node.inputs[0], node.params["axis"]
         parent = g.nodes[src.node]
-        if parent.op == "split" and parent.params["axis"] == node.params["axis"] and only_split_reads((src.node, src.index), node.params["axis"]):
+        if parent.op == "split" and parent.params["axis"] == axis and only_split_reads((src.node, src.index), axis):
             root, start = place(parent, tree)
             return root, start + sum(parent.params["sizes"][:src.index])
         return (src.node, src.index), 0
