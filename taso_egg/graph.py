@@ -360,6 +360,20 @@ class Graph:
                 hits += 1
         return hits
 
+    def drop_unread(self) -> None:
+        """Remove the nodes no output reads (inputs stay: they are the interface), in
+        place: what a pass that rewires a graph leaves behind."""
+        live: set[int] = set()
+        stack = [t.node for _, t in self.outputs]
+        while stack:
+            i = stack.pop()
+            if i not in live:
+                live.add(i)
+                stack.extend(t.node for t in self.nodes[i].inputs)
+        for i in [i for i, n in self.nodes.items() if i not in live and n.op != INPUT.name]:
+            del self.nodes[i]
+            self.weight_data.pop(i, None)
+
     def summary(self) -> str:
         counts = self.op_counts()
         ops = ", ".join(f"{op} x{c}" for op, c in sorted(counts.items()))

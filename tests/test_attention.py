@@ -6,6 +6,8 @@ several new tokens on a cache (the input GroupQueryAttention refuses)."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -319,18 +321,25 @@ def test_an_attention_the_kernel_cannot_take_is_left_as_exported():
                                rtol=1e-5, atol=1e-5)
 
 
-def test_an_int4_step_keeps_its_precision_and_gets_the_rotary_kernel():
-    """MatMulNBits projections stay as they are, bytes and all; the rotary embedding
-    between them is still written as the kernel; equal to the export, padded."""
+def test_an_int4_step_keeps_its_precision_packs_its_projections_and_gets_the_rotary_kernel():
+    """The MatMulNBits projections keep their bytes: q, k and v, which read one input,
+    become one MatMulNBits over their bytes and scales stacked along N (bit for bit
+    what they computed), the output projection stays; the rotary embedding between
+    them is written as the kernel; equal to the export, padded."""
     from taso_egg import optimize_model
 
     model = _decoder_step(int4=True)
     out, _ = optimize_model(model, measure=0, min_gain=0.0)
     ops = [n.op_type for n in out.graph.node]
-    assert ops.count("MatMulNBits") == 4 and "RotaryEmbedding" in ops
+    assert ops.count("MatMulNBits") == 2 and "RotaryEmbedding" in ops
     stored = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer if t.data_type == TensorProto.UINT8}
     kept = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer if t.data_type == TensorProto.UINT8}
-    assert kept.keys() == stored.keys() and all(np.array_equal(kept[n], stored[n]) for n in stored)
+    assert np.array_equal(kept.pop("wo_q"), stored["wo_q"])
+    (packed_bytes,) = kept.values()  # q, k and v's, in the order the graph reads them
+    assert any(np.array_equal(packed_bytes, np.concatenate([stored[n + "_q"] for n in order]))
+               for order in itertools.permutations(("wq", "wk", "wv")))
+    packed = next(n for n in out.graph.node if n.op_type == "MatMulNBits" and n.input[0] == "x")
+    assert {a.name: a.i for a in packed.attribute}["N"] == (HEADS + 2 * KV_HEADS) * SIZE
     feeds = _step_feeds(2, 3, 5, np.random.default_rng(2))
     for a, b in zip(_session(out).run(None, feeds), _session(model).run(None, feeds)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
@@ -417,3 +426,28 @@ def test_heads_of_16_are_turned_by_the_attention_kernel_itself():
                                                   for _ in range(2))
         for a, b in zip(_session(out).run(None, feeds), _session(model).run(None, feeds)):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_an_int4_step_in_the_kernel_form_feeds_its_packed_projection_to_the_kernel():
+    """Heads of 16, the kernel form: q, k and v packed into one MatMulNBits (bit for bit),
+    whose output GroupQueryAttention reads unsplit and turns itself; equal to the export
+    with holes and padding, several new tokens at batch 3 included."""
+    from taso_egg import optimize_model
+
+    global SIZE
+    kept = SIZE
+    try:
+        SIZE = 16
+        model = _decoder_step(int4=True)
+        out, _ = optimize_model(model, measure=0, min_gain=0.0, attention="kernel")
+        produced = {o: n for n in out.graph.node for o in n.output}
+        (kernel,) = [n for n in out.graph.node if n.op_type == "GroupQueryAttention"]
+        assert produced[kernel.input[0]].op_type == "MatMulNBits" and kernel.input[1] == ""
+        assert {a.name: a.i for a in kernel.attribute}["do_rotary"] == 1
+        assert "Split" not in {n.op_type for n in out.graph.node}
+        for batch, seq, past in [(2, 1, 5), (2, 5, 0), (3, 4, 6)]:
+            feeds = _step_feeds(batch, seq, past, np.random.default_rng(batch + seq + past))
+            for a, b in zip(_session(out).run(None, feeds), _session(model).run(None, feeds)):
+                np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    finally:
+        SIZE = kept

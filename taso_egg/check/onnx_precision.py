@@ -59,7 +59,8 @@ def check_precision_kept(reference, model, what: str = "written model") -> None:
     wider, as a folded DequantizeLinear or a folded Cast of a float16 weight would (the
     narrow elements drop and the wide float ones grow by at least as many; folding
     narrow weights into fewer narrow ones is fine), and as many quantizing nodes of each
-    type (no rounding step dropped). Only the weights the reference's nodes read count."""
+    type (no rounding step dropped; MatMulNBits by their output columns). Only the
+    weights the reference's nodes read count."""
     have, want = _precision(model), _precision(reference, read_only=True)
     narrow = sum(n for (kind, name), n in want.items() if kind == "dtype" and name in NARROW_DTYPES)
     lost = narrow - sum(n for (kind, name), n in have.items() if kind == "dtype" and name in NARROW_DTYPES)
@@ -70,8 +71,9 @@ def check_precision_kept(reference, model, what: str = "written model") -> None:
                                 f"and {widened} more in float32 or float64 (weights widened)")
     for (kind, name), count in sorted(want.items()):
         if kind == "op" and have.get((kind, name), 0) < count:
+            unit = "output columns" if name == "MatMulNBits" else "nodes"
             raise VerificationError(f"{what}: changes the model's precision: it has "
-                                    f"{have.get((kind, name), 0)} {name} nodes where the input has {count}")
+                                    f"{have.get((kind, name), 0)} {name} {unit} where the input has {count}")
 
 
 def _precision(model, read_only: bool = False) -> dict[tuple[str, str], int]:
@@ -97,5 +99,13 @@ def _precision(model, read_only: bool = False) -> dict[tuple[str, str], int]:
         add(a.dtype.name, a.size)
     for n in graph.node:
         if is_quantizing(n.op_type, n.domain):
-            counts[("op", n.op_type)] = counts.get(("op", n.op_type), 0) + 1
+            counts[("op", n.op_type)] = counts.get(("op", n.op_type), 0) + _rounded(n)
     return counts
+
+
+def _rounded(node) -> int:
+    """What one quantizing node counts for: a MatMulNBits its output columns (products
+    over one input packed into one keep every column's quantized weight), any other 1."""
+    if node.op_type == "MatMulNBits":
+        return next((a.i for a in node.attribute if a.name == "N"), 1)
+    return 1

@@ -6,6 +6,7 @@ runs it. Its modules, in the order the data flows through them:
 3. ``dynamic``       import the model at those sizes (``DynamicModel``)
 4. ``calibrate``     one onnxruntime profile of the input scales the cost model
 5. ``optimize_graph`` saturate, extract, decide, check (``optimize``); after extraction,
+   ``pack_nbits`` packs the 4-bit products of one activation into one,
    ``join_moves`` makes split trees and reshape chains one step each, and
    ``fuse_attention`` writes a decoder's attention as onnxruntime's kernels
 6. ``decide``        predict each candidate from kernel profiles; time the ones that could pay

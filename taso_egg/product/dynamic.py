@@ -458,6 +458,13 @@ def _sized_params(node, wants, in_shapes, known: Mapping | None = None) -> tuple
         sizes[-1] += in_shapes[0][axis] - node.inputs[0].shape[axis]
         params["sizes"] = tuple(sizes)
         return params, True
+    if node.op == OPAQUE.name and all(w is None for w in wants):
+        # a node no input tensor equals (written after extraction: 4-bit products
+        # packed into one): its types where onnxruntime runs it at these shapes
+        probed = _probed_types(node, in_shapes)
+        if probed is not None:
+            params["out_types"] = probed
+        return params, False
     if any(w is None for w in wants):
         if "shape" in params and len(node.inputs) == 1 and \
                 math.prod(params["shape"]) == node.inputs[0].type.size:
@@ -475,6 +482,22 @@ def _sized_params(node, wants, in_shapes, known: Mapping | None = None) -> tuple
     if "out_types" in params:
         params["out_types"] = tuple((tuple(w.shape), w.dtype) for w in wants)
     return params, False
+
+
+def _probed_types(node, in_shapes) -> tuple | None:
+    """An opaque node's output types, run once on zeros of ``in_shapes``; None where
+    onnxruntime cannot run it so."""
+    from ..ops.opaque import run_node
+
+    p = node.params
+    arrays = [np.zeros(shape, dtype=t.dtype) for shape, t in zip(in_shapes, node.inputs)]
+    try:
+        outs = run_node(p["op_type"], p["domain"], p["opset"], p["attrs"],
+                        tuple((a.shape, str(a.dtype)) for a in arrays), len(node.outputs), arrays,
+                        p["empty_inputs"], p["captured"])
+    except (ExecutionError, ShapeError):
+        return None
+    return tuple((tuple(o.shape), str(o.dtype)) for o in outs)
 
 
 def _reshaped(target, before, after) -> tuple[int, ...]:

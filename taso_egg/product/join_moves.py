@@ -130,7 +130,7 @@ def finish_rebuild(new: Graph, g: Graph, made: dict, classes: dict | None, new_c
     ``new_classes`` (the rebuilt tensors'), in place."""
     for name, t in g.outputs:
         new.mark_output(made[(t.node, t.index)], name)
-    _drop_unread(new)
+    new.drop_unread()
     if classes is not None:
         classes.clear()
         classes.update({k: c for k, c in new_classes.items() if k[0] in new.nodes})
@@ -154,17 +154,3 @@ def _join(new: Graph, root: Tensor, piece, keep) -> None:
     for key, t in zip(owners, new.split(root, axis, sizes)):
         if key is not None:
             keep(key, t)
-
-
-def _drop_unread(g: Graph) -> None:
-    """Nodes no output reads (the parts a joined split replaced), but inputs."""
-    live: set[int] = set()
-    stack = [t.node for _, t in g.outputs]
-    while stack:
-        i = stack.pop()
-        if i not in live:
-            live.add(i)
-            stack.extend(t.node for t in g.nodes[i].inputs)
-    for i in [i for i, n in g.nodes.items() if i not in live and n.op != INPUT.name]:
-        del g.nodes[i]
-        g.weight_data.pop(i, None)

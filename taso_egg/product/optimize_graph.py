@@ -34,6 +34,7 @@ from ..onnx_io.fed import FedModel, feed, inline
 from ..rules.corpus import FUSIONS, RuleFamily, load_corpus
 from .fuse_attention import fuse_attention
 from .join_moves import join_moves
+from .pack_nbits import pack_nbits
 
 if TYPE_CHECKING:
     import onnx
@@ -177,10 +178,11 @@ class OptimizeResult:
 
 def extract_graph(saturation: Saturation, extractor: str = ExtractionOptions.extractor,
                   cost_model: CostModel | None = None, time_limit: float | None = None,
-                  forbidden=frozenset(), attention: str = "none") -> Extraction:
+                  forbidden=frozenset(), attention: str = "none", pack: bool = False) -> Extraction:
     """Pick the cheapest graph in a saturated e-graph (DAG cost) and rebuild it: price
     every e-node (but the ``forbidden`` ones), run the extractor (``time_limit``
-    seconds; the ILP's default when None), build the chosen graph, its split trees and
+    seconds; the ILP's default when None), build the chosen graph, with ``pack`` its 4-bit
+    products of one activation packed into one (``pack_nbits``), its split trees and
     reshape chains joined (``join_moves``), a decoder's attention in the ``attention``
     form (``fuse_attention``)."""
     from ..extract import EXTRACTORS
@@ -194,12 +196,13 @@ def extract_graph(saturation: Saturation, extractor: str = ExtractionOptions.ext
     class_ids, node_ids = xgraph.class_ids, xgraph.node_ids
     picks = [(class_ids[c], node_ids[result.choice[c]]) for c in used_classes(xgraph, result.choice)]
     classes: dict = {}
+    graph = build_graph(configs.eg, picks, saturation.graph, saturation.program.opaque, classes)
+    if pack:
+        graph = pack_nbits(graph, classes)
     # onnxruntime's attention kernels, which no rule writes (they take the cache and the
-    # positions as the graph holds them)
-    # data movement in steps joined first: the attention kernel takes a packed
-    # projection's one split as one tensor
-    graph = join_moves(build_graph(configs.eg, picks, saturation.graph, saturation.program.opaque, classes), classes)
-    graph = fuse_attention(graph, classes, attention)
+    # positions as the graph holds them), after the data movement in steps is joined:
+    # the kernel takes a packed projection's one split as one tensor
+    graph = fuse_attention(join_moves(graph, classes), classes, attention)
     return Extraction(graph, result.dag_cost, result.seconds, extractor, result.status,
                       [node for _, node in picks], classes, time.process_time() - cpu_start, dict(picks),
                       forbidden=frozenset(forbidden))
@@ -296,7 +299,7 @@ def optimize(graph: Graph, *, rules=None, options: OptimizeOptions | None = None
     phase(f"extracting ({extraction.extractor}, time limit {extraction.time_limit:g} s)")
     with phases("extraction"):
         ext = extract_graph(sat, extraction.extractor, model, extraction.time_limit,
-                            attention=extraction.attention)
+                            attention=extraction.attention, pack=True)
         unwritable = ""
         if writer is not None:
             ext, unwritable = _writable_extraction(sat, ext, phases.wrap("writing", writer.refusal), model,
@@ -400,7 +403,7 @@ def _writable_extraction(sat: Saturation, ext: Extraction, writable, model, opti
                   f"{len(more)} e-node(s) responsible ({len(forbidden | more)} in all)")
             try:
                 again = extract_graph(sat, options.extractor, model, options.time_limit, frozenset(forbidden | more),
-                                      options.attention)
+                                      options.attention, pack=True)
             except ExtractionError:
                 continue
             forbidden |= more
