@@ -59,8 +59,8 @@ def export_fed_named(graph: Graph, name: str = "taso_egg"):
     """``export_fed``'s model, and the tensor each of its run-time tensor names holds:
     ONNX name -> (graph node id, output index) (what maps a runtime profile back to the
     graph's nodes)."""
-    model, fed = export_for_check(graph, name, names := {})
-    return fed_from_check(model, fed), names
+    names: dict = {}
+    return export_fed(graph, name, tensor_names=names), names
 
 
 def fed_from_check(model, arrays: dict):

@@ -226,7 +226,8 @@ def _gqa_export(ctx, p, in_types, ins, outs):
     past_k, past_v, sizes_q, sizes_cache = (named[r] for r in ("past_k", "past_v", "sizes_q", "sizes_cache"))
     bias = named["bias"] or ""
     heads, kv_heads = p["num_heads"], p["kv_num_heads"]
-    size = _gqa_inputs(p, in_types)["past_k"].shape[3]
+    types = _gqa_inputs(p, in_types)
+    size = types["past_k"].shape[3]
     ctx.opsets.setdefault("com.microsoft", 1)
     fresh = lambda hint: ctx.fresh(f"{outs[0]}_{hint}")  # noqa: E731
     lengths = ctx.shared(("gqa lengths", sizes_q, sizes_cache), lambda: _Lengths(ctx, sizes_q, sizes_cache))
@@ -254,7 +255,7 @@ def _gqa_export(ctx, p, in_types, ins, outs):
         raw = fresh("kernel_raw") if p["nan_to_zero"] else results[0]
         turning = ["", "", ""]
         if p["rotary"]:
-            half = _gqa_inputs(p, in_types)["cos"].shape[3]
+            half = types["cos"].shape[3]
             turning = ctx.shared(("gqa angles", named["cos"], named["sin"], sizes_q, lengths),
                                  lambda: _angle_cache(ctx, named["cos"], named["sin"], sizes_q, half, lengths))
         inputs = [q, k, v, past_k, past_v, lengths.seqlens_k, lengths.total32, *turning, bias]

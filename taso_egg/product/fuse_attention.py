@@ -41,7 +41,7 @@ import numpy as np
 
 from ..graph import Graph, Node, Tensor
 from ..ops import OPS, WEIGHT
-from .join_moves import copy_node, finish_rebuild
+from .join_moves import Rebuild
 
 # GroupQueryAttention's CPU kernel: float32 here (its float16 path rounds the scores)
 # and head sizes that are multiples of 8; of 16 where it turns the queries and keys
@@ -370,23 +370,17 @@ def fuse_attention(g: Graph, classes: dict | None = None, form: str = "rotary") 
 
 def _rebuild(g: Graph, r: _Reader, found: dict[int, _Attention], removed: set[int], rotaries: dict,
              classes: dict | None) -> Graph:
-    new = Graph(opset=g.opset)
-    new.ir_version = g.ir_version
-    made: dict[tuple[int, int], Tensor] = {}
-    new_classes: dict = {}
+    rb = Rebuild(g, classes)
+    new, of = rb.new, rb.of
     lengths_from: dict = {}  # (query's batch and sequence, cache shape) -> the tensors read for them
-
-    def keep_class(old: tuple[int, int], t: Tensor):
-        if classes is not None and old in classes:
-            new_classes[(t.node, t.index)] = classes[old]
 
     def merged_heads(t: Tensor) -> Tensor:
         """[B, N, S, D] -> [B, S, N*D]: the source where ``t`` is its own split into heads."""
         heads = _heads_of(r, t)
         if heads is not None and heads[1] == "bnsd":
-            return made[(heads[0].node, heads[0].index)]
+            return of(heads[0])
         b, n, s, d = t.shape
-        return new.reshape(new.transpose(made[(t.node, t.index)], _SWAP), (b, s, n * d))
+        return new.reshape(new.transpose(of(t), _SWAP), (b, s, n * d))
 
     halves: dict = {}  # angles (cos or sin, [B, 1, S, D]) -> their first half, made once
 
@@ -394,7 +388,7 @@ def _rebuild(g: Graph, r: _Reader, found: dict[int, _Attention], removed: set[in
         key = (t.node, t.index)
         if key not in halves:
             d = t.shape[3]
-            halves[key] = new.split(made[key], 3, (d // 2, d // 2))[0]
+            halves[key] = new.split(of(t), 3, (d // 2, d // 2))[0]
         return halves[key]
 
     batches: dict = {}  # angles -> the first tensor they turn, read for its batch size by all
@@ -402,26 +396,32 @@ def _rebuild(g: Graph, r: _Reader, found: dict[int, _Attention], removed: set[in
     def batch_from(cos: Tensor, x: Tensor) -> Tensor:
         return batches.setdefault((cos.node, cos.index), x)
 
-    def rotated_or_merged(t: Tensor) -> Tensor:
-        """[B, N, S, D] -> [B, S, N*D]: turned by a rotary operator where ``t`` is a
-        rotary embedding of a [B, S, N*D] tensor, else merged back."""
+    def turned_source(t: Tensor):
+        """(the [B, S, N*D] tensor, cos, sin) where ``t`` is a rotary embedding of a
+        projection's output split into heads; else None."""
         turned = rotaries.get(t.node) if t.index == 0 else None
         heads = _heads_of(r, turned[0]) if turned is not None else None
         if heads is None or heads[1] != "bnsd":
+            return None
+        return of(heads[0]), turned[1], turned[2]
+
+    def rotated_or_merged(t: Tensor) -> Tensor:
+        """[B, N, S, D] -> [B, S, N*D]: turned by a rotary operator where ``t`` is a
+        rotary embedding of a [B, S, N*D] tensor, else merged back."""
+        source = turned_source(t)
+        if source is None:
             return merged_heads(t)  # (turned in the heads' layout, where it is)
-        _, cos, sin = turned
-        x = made[(heads[0].node, heads[0].index)]
+        x, cos, sin = source
         return new.add_node("rotary", [x, first_half(cos), first_half(sin), batch_from(cos, x)],
                             num_heads=t.shape[1])[0]
 
     def unturned(t: Tensor, size: int):
-        """(source [B, S, N*D], cos, sin) where ``t`` is a whole-head rotary embedding
-        of the projection's [B, S, N*D] output, for the kernel to turn; else None."""
-        turned = rotaries.get(t.node) if t.index == 0 else None
-        heads = _heads_of(r, turned[0]) if turned is not None else None
-        if heads is None or heads[1] != "bnsd" or turned[1].shape[3] != size or size % _TURNING_HEAD_SIZE_MULTIPLE:
+        """``turned_source(t)`` where it turns whole heads of a size the kernel turns
+        itself, for the kernel to turn; else None."""
+        source = turned_source(t)
+        if source is None or source[1].shape[3] != size or size % _TURNING_HEAD_SIZE_MULTIPLE:
             return None
-        return made[(heads[0].node, heads[0].index)], turned[1], turned[2]
+        return source
 
     def packed(q: Tensor, k: Tensor, v: Tensor) -> Tensor | None:
         """The one tensor ``q``, ``k`` and ``v`` are the three parts of, in order."""
@@ -445,20 +445,20 @@ def _rebuild(g: Graph, r: _Reader, found: dict[int, _Attention], removed: set[in
                 if value is not None and np.isfinite(value) and value != 0:
                     scale *= float(value)
                 else:
-                    q = new.add_node("smul", [q, made[(factor.node, factor.index)]])[0]
-            past_k = made[(a.past_k.node, a.past_k.index)]
-            # the lengths are read from the first attention's query and cache of these
-            # sizes, for every layer: computed once (the check at the second sizes,
-            # where every symbol has another value, sees any that differ)
+                    q = new.add_node("smul", [q, of(factor)])[0]
+            past_k = of(a.past_k)
             qkv = [q, k_turn[0] if turn else rotated_or_merged(a.k_heads), merged_heads(a.v_heads)]
             together = packed(*qkv) if turn else None
             ins = [together] if together is not None else qkv
+            # the lengths are read from the first attention's query and cache of these
+            # sizes, for every layer: computed once (the check at the second sizes,
+            # where every symbol has another value, sees any that differ)
             sizes = lengths_from.setdefault((q.shape[:2], past_k.shape), (ins[0], past_k))
-            ins += [past_k, made[(a.past_v.node, a.past_v.index)], *sizes]
+            ins += [past_k, of(a.past_v), *sizes]
             if turn:
                 ins += [first_half(q_turn[1]), first_half(q_turn[2])]
             if a.bias is not None:
-                ins.append(made[(a.bias.node, a.bias.index)])
+                ins.append(of(a.bias))
             out, present_k, present_v = new.add_node(
                 "gqa", ins, num_heads=a.q_heads.shape[1], kv_num_heads=a.k_heads.shape[1], scale=scale,
                 nan_to_zero=int(a.nan_to_zero), causal=int(a.causal), rotary=int(turn),
@@ -468,20 +468,16 @@ def _rebuild(g: Graph, r: _Reader, found: dict[int, _Attention], removed: set[in
                 heads = a.q_heads.shape[1]
                 out = new.transpose(new.reshape(out, (b, s, heads, hd // heads)), (0, 2, 1, 3))
             for old, t in (((n.id, 0), out), ((a.present_k.id, 0), present_k), ((a.present_v.id, 0), present_v)):
-                made[old] = t
-                keep_class(old, t)
+                rb.keep(old, t)
             continue
         if n.id in removed:
             continue
         if n.id in rotaries:  # in the heads' layout, for the attention as exported
             heads, cos, sin = rotaries[n.id]
-            heads = made[(heads.node, heads.index)]
-            made[(n.id, 0)] = t = new.add_node("rotary", [heads, first_half(cos), first_half(sin),
-                                                          batch_from(cos, heads)])[0]
-            keep_class((n.id, 0), t)
+            heads = of(heads)
+            rb.keep((n.id, 0), new.add_node("rotary", [heads, first_half(cos), first_half(sin),
+                                                       batch_from(cos, heads)])[0])
             continue
-        for i, t in enumerate(copy_node(new, g, n, made)):
-            made[(n.id, i)] = t
-            keep_class((n.id, i), t)
-    # (the heads' splits the operator reads past are dropped)
-    return finish_rebuild(new, g, made, classes, new_classes)
+        for i, t in enumerate(rb.copy(n)):
+            rb.keep((n.id, i), t)
+    return rb.finish()  # (without the heads' splits the operator reads past)

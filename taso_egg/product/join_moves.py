@@ -85,17 +85,12 @@ def _split_pieces(g: Graph, users, outputs) -> tuple[dict, set]:
 
 
 def _rebuild(g: Graph, pieces: dict, joined: set, chains: set, classes: dict | None) -> Graph:
-    new = Graph(opset=g.opset)
-    new.ir_version = g.ir_version
-    made: dict[tuple[int, int], Tensor] = {}
-    new_classes: dict = {}
+    rb = Rebuild(g, classes)
 
     def keep(old, t: Tensor):
-        made[old] = t
-        if classes is not None and old in classes:
-            new_classes[(t.node, t.index)] = classes[old]
+        rb.keep(old, t)
         if old in pieces:
-            _join(new, t, pieces[old], keep)
+            _join(rb.new, t, pieces[old], keep)
 
     for n in g.topo_order():
         if n.id in joined:
@@ -104,37 +99,59 @@ def _rebuild(g: Graph, pieces: dict, joined: set, chains: set, classes: dict | N
             inner = n.inputs[0]
             while g.nodes[inner.node].op == "reshape":
                 inner = g.nodes[inner.node].inputs[0]
-            outs = [new.reshape(made[(inner.node, inner.index)], n.params["shape"])]
+            outs = [rb.new.reshape(rb.of(inner), n.params["shape"])]
         else:
-            outs = copy_node(new, g, n, made)
+            outs = rb.copy(n)
         for i, t in enumerate(outs):
             keep((n.id, i), t)
-    return finish_rebuild(new, g, made, classes, new_classes)
+    return rb.finish()
 
 
-def copy_node(new: Graph, g: Graph, n, made: dict) -> list[Tensor]:
-    """Node ``n`` of ``g`` added to ``new`` as it is (its inputs through ``made``: old
-    tensor -> new), a weight with its data."""
-    if n.op == INPUT.name:
-        return [new.new_input(n.params["shape"], n.params["name"], n.params["dtype"])]
-    if n.op == WEIGHT.name:
-        outs = [new.new_weight(n.params["shape"], name=n.params["name"], dtype=n.params["dtype"])]
-        if n.id in g.weight_data:
-            new.weight_data[outs[0].node] = g.weight_data[n.id]
-        return outs
-    return new.add_node(n.op, [made[(t.node, t.index)] for t in n.inputs], n.name, **n.params)
+class Rebuild:
+    """A pass's new graph, built node by node from ``g`` (``pack_nbits``, ``join_moves``,
+    ``fuse_attention``): ``made`` maps each tensor of ``g`` to its tensor in ``new``;
+    ``classes`` (tensor -> e-class, as ``convert.build_graph`` fills it) follows them,
+    in place, when ``finish`` gives ``new`` the outputs of ``g``."""
 
+    def __init__(self, g: Graph, classes: dict | None):
+        self.g, self.classes = g, classes
+        self.new = Graph(opset=g.opset)
+        self.new.ir_version = g.ir_version
+        self.made: dict[tuple[int, int], Tensor] = {}
+        self._new_classes: dict = {}
 
-def finish_rebuild(new: Graph, g: Graph, made: dict, classes: dict | None, new_classes: dict) -> Graph:
-    """``new`` given ``g``'s outputs, without what no output reads; ``classes`` made
-    ``new_classes`` (the rebuilt tensors'), in place."""
-    for name, t in g.outputs:
-        new.mark_output(made[(t.node, t.index)], name)
-    new.drop_unread()
-    if classes is not None:
-        classes.clear()
-        classes.update({k: c for k, c in new_classes.items() if k[0] in new.nodes})
-    return new
+    def keep(self, old: tuple[int, int], t: Tensor) -> None:
+        """``t`` is what tensor ``old`` of ``g`` became, in its e-class."""
+        self.made[old] = t
+        if self.classes is not None and old in self.classes:
+            self._new_classes[(t.node, t.index)] = self.classes[old]
+
+    def of(self, t: Tensor) -> Tensor:
+        """What tensor ``t`` of ``g`` became."""
+        return self.made[(t.node, t.index)]
+
+    def copy(self, n) -> list[Tensor]:
+        """Node ``n`` of ``g`` added as it is (a weight with its data); its outputs, not
+        yet kept."""
+        new = self.new
+        if n.op == INPUT.name:
+            return [new.new_input(n.params["shape"], n.params["name"], n.params["dtype"])]
+        if n.op == WEIGHT.name:
+            outs = [new.new_weight(n.params["shape"], name=n.params["name"], dtype=n.params["dtype"])]
+            if n.id in self.g.weight_data:
+                new.weight_data[outs[0].node] = self.g.weight_data[n.id]
+            return outs
+        return new.add_node(n.op, [self.of(t) for t in n.inputs], n.name, **n.params)
+
+    def finish(self) -> Graph:
+        """The new graph with ``g``'s outputs, without what none of them reads."""
+        for name, t in self.g.outputs:
+            self.new.mark_output(self.of(t), name)
+        self.new.drop_unread()
+        if self.classes is not None:
+            self.classes.clear()
+            self.classes.update({k: c for k, c in self._new_classes.items() if k[0] in self.new.nodes})
+        return self.new
 
 
 def _join(new: Graph, root: Tensor, piece, keep) -> None:

@@ -16,9 +16,9 @@ import re
 
 import numpy as np
 
-from ..graph import Graph, Tensor
+from ..graph import Graph
 from ..ops import WEIGHT
-from .join_moves import copy_node, finish_rebuild
+from .join_moves import Rebuild
 
 
 def _attributes(node) -> dict:
@@ -57,22 +57,14 @@ def pack_nbits(g: Graph, classes: dict | None = None) -> Graph:
     if not packs:
         return g
     later = {m.id for first, members in packs.items() for m in members if m.id != first}
-    new = Graph(opset=g.opset)
-    new.ir_version = g.ir_version
-    made: dict[tuple[int, int], Tensor] = {}
-    new_classes: dict = {}
-
-    def keep(old: tuple[int, int], t: Tensor) -> None:
-        made[old] = t
-        if classes is not None and old in classes:
-            new_classes[(t.node, t.index)] = classes[old]
-
+    rb = Rebuild(g, classes)
+    new = rb.new
     for n in g.topo_order():
         if n.id in later:
             continue
         if n.id not in packs:
-            for i, t in enumerate(copy_node(new, g, n, made)):
-                keep((n.id, i), t)
+            for i, t in enumerate(rb.copy(n)):
+                rb.keep((n.id, i), t)
             continue
         members = packs[n.id]
         stacked = [np.concatenate([g.weight_array(g.nodes[m.inputs[i].node]) for m in members], axis=0)
@@ -83,11 +75,10 @@ def pack_nbits(g: Graph, classes: dict | None = None) -> Graph:
         out = members[0].outputs[0]
         params = dict(n.params, attrs=_with_n(n, sum(widths)),
                       out_types=((out.shape[:-1] + (sum(widths),), out.dtype),))
-        packed = new.add_node("opaque", [made[(n.inputs[0].node, n.inputs[0].index)], *weights], n.name, **params)[0]
+        packed = new.add_node("opaque", [rb.of(n.inputs[0]), *weights], n.name, **params)[0]
         for m, part in zip(members, new.split(packed, len(out.shape) - 1, widths)):
-            keep((m.id, 0), part)
-    # (the weights the packed ones replace are dropped)
-    return finish_rebuild(new, g, made, classes, new_classes)
+            rb.keep((m.id, 0), part)
+    return rb.finish()  # (without the weights the packed ones replace)
 
 
 def _weight_name(g: Graph, node) -> str:

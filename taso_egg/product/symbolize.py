@@ -98,10 +98,9 @@ def symbolize(at_first, at_second, original, first: Mapping[str, int], second: M
     emit = _SizeNodes(iface, symbols, _names_in(graph))
     for name, (value, terms) in sized.items():
         emit.constant(name, value, terms)
-    nodes = _without_identity_expands(emit.nodes + list(graph.node), shapes, {o.name for o in graph.output})
+    nodes, read = _without_identity_expands(emit.nodes + list(graph.node), shapes, {o.name for o in graph.output})
     del graph.node[:]
     graph.node.extend(nodes)
-    read = _names_read(graph)
     del graph.initializer[:]
     graph.initializer.extend(t for t in kept + emit.initializers if t.name in read)
     _set_interface(graph, iface, g2, symbols, r, a)
@@ -113,37 +112,37 @@ def symbolize(at_first, at_second, original, first: Mapping[str, int], second: M
     return file_backed(FedModel(model, {t.name: fed[t.name] for t in graph.initializer if is_stub(t)}))
 
 
-def _without_identity_expands(nodes: list, shapes: tuple[Mapping, Mapping], outputs: set) -> list:
-    """``nodes`` without each Expand whose output has its input's shape at both sizes
-    (so at every size: both shapes are the same monomials of the dims), its readers
-    reading its input; then without the nodes nothing reads any more (the shape
-    arithmetic such an Expand was given: a decoder's mask is expanded to the shape it
-    has by a dozen kernels)."""
+def _without_identity_expands(nodes: list, shapes: tuple[Mapping, Mapping], outputs: set) -> tuple[list, set]:
+    """``nodes`` (in topological order) without each Expand whose output has its input's
+    shape at both sizes (so at every size: both shapes are the same monomials of the
+    dims), its readers reading its input; then without the nodes nothing reads any more
+    (the shape arithmetic such an Expand was given: a decoder's mask is expanded to the
+    shape it has by a dozen kernels). Also the names the nodes kept read."""
     from onnx import helper
 
+    # what a subgraph reads keeps its name (only the top level's inputs are renamed)
+    in_branches = {name for n in nodes if n.attribute for name in _node_reads(n) - set(n.input)}
     renamed: dict[str, str] = {}
     kept = []
     for n in nodes:
         same = [(sh.get(n.input[0]), sh.get(n.output[0])) for sh in shapes] if n.op_type == "Expand" else []
         if same and all(a is not None and a == b for a, b in same):
-            if n.output[0] in outputs:
+            if n.output[0] in outputs or n.output[0] in in_branches:
                 kept.append(helper.make_node("Identity", [n.input[0]], [n.output[0]], name=n.name))
             else:
                 renamed[n.output[0]] = renamed.get(n.input[0], n.input[0])
             continue
         kept.append(n)
-    for n in kept:
+    # one sweep from the outputs back: a node is kept where one of its outputs is read
+    read, alive = set(outputs), []
+    for n in reversed(kept):
         for i, name in enumerate(n.input):
             if name in renamed:
                 n.input[i] = renamed[name]
-    while True:  # nodes none of whose outputs is read or an output
-        read = set(outputs)
-        for n in kept:
-            read.update(_node_reads(n))
-        alive = [n for n in kept if any(o in read for o in n.output if o)]
-        if len(alive) == len(kept):
-            return kept
-        kept = alive
+        if any(o in read for o in n.output if o):
+            alive.append(n)
+            read |= _node_reads(n)
+    return alive[::-1], read
 
 
 def _node_reads(node) -> set[str]:
@@ -158,13 +157,6 @@ def _node_reads(node) -> set[str]:
             for n in g.node:
                 names |= _node_reads(n)
     return names
-
-
-def _names_read(graph) -> set[str]:
-    read = {o.name for o in graph.output}
-    for n in graph.node:
-        read |= _node_reads(n)
-    return read
 
 
 def _same_structure(g1, g2) -> None:
