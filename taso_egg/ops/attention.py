@@ -56,7 +56,8 @@ def _gqa_inputs(p, ins) -> dict:
     named.update(zip(("past_k", "past_v", "sizes_q", "sizes_cache"), (ins.pop(0) for _ in range(4))))
     if p["rotary"]:
         named["cos"], named["sin"] = ins.pop(0), ins.pop(0)
-    named["bias"] = ins.pop(0) if ins else None
+    last = ins.pop(0) if ins else None
+    named["bias"], named["key_mask"] = (None, last) if p["key_mask"] else (last, None)
     return named
 
 
@@ -70,12 +71,13 @@ def _gqa_infer(p, ins):
     named = _gqa_inputs(p, ins)
     past_k, past_v, sizes_q, sizes_cache = (named[r] for r in ("past_k", "past_v", "sizes_q", "sizes_cache"))
     heads, kv_heads = p["num_heads"], p["kv_num_heads"]
-    floats = [t for r, t in named.items() if t is not None and r not in ("sizes_q", "sizes_cache")]
+    floats = [t for r, t in named.items() if t is not None and r not in ("sizes_q", "sizes_cache", "key_mask")]
     first = floats[0]
     if first.dtype not in _ONNX_DTYPES or any(t.dtype != first.dtype for t in floats):
         fail("gqa", "inputs must be float32 or float16 tensors of one dtype", ins)
-    if (p["packed"] or p["rotary"]) and not p["causal"]:
-        fail("gqa", "a packed query, key and value, and rotary angles, are taken with the causal mask only", ins)
+    if (p["packed"] or p["rotary"] or p["key_mask"]) and not p["causal"]:
+        fail("gqa", "a packed query, key and value, rotary angles and a key mask are taken with the causal "
+                    "mask only", ins)
     if len(first.shape) != 3 or len(past_k.shape) != 4:
         fail("gqa", "query, key and value are [batch, sequence, heads * head size], the caches "
                     "[batch, key/value heads, past, head size]", ins)
@@ -109,6 +111,10 @@ def _gqa_infer(p, ins):
         bias = named["bias"].shape
         if len(bias) != 4 or bias[0] not in (1, batch) or bias[1] not in (1, heads) or bias[2:] != (seq, total):
             fail("gqa", f"the bias must be [batch or 1, heads or 1, {seq}, {total}]", ins)
+    key_mask = named["key_mask"]
+    if p["key_mask"] and (key_mask is None or key_mask.shape != (batch, total)
+                          or not (key_mask.dtype == "bool" or key_mask.dtype.startswith("int"))):
+        fail("gqa", f"the key mask must be an integer or bool [{batch}, {total}]", ins)
     present = TensorType((batch, kv_heads, total, size), q.dtype)
     return [q, present, present]
 
@@ -117,6 +123,9 @@ def _gqa_kernel(xp, p, *ins):
     named = _gqa_inputs(p, ins)
     past_k, past_v, bias = named["past_k"], named["past_v"], named["bias"]
     heads, kv_heads, size = p["num_heads"], p["kv_num_heads"], past_k.shape[3]
+    if p["key_mask"]:  # the keys a row sees: where its mask is not 0
+        seen = xp.asarray(named["key_mask"]) != 0
+        bias = xp.where(seen, xp.zeros((), past_k.dtype), xp.asarray(-np.inf, past_k.dtype))[:, None, None, :]
     if p["packed"]:
         q_end, k_end, _ = _unpacked(p, size)
         qkv = named["qkv"]
@@ -172,7 +181,8 @@ class _Lengths:
         self.ctx, self.i64 = ctx, ctx.int64s
         names = [ctx.fresh("gqa_" + h) for h in ("q_shape", "cache_shape", "batch", "batch_vec", "seq", "past",
                                                   "total")]
-        q_shape, cache_shape, self.batch, self.batch_vec, self.seq, self.past, self.total = names
+        self.q_shape, cache_shape, self.batch, self.batch_vec, self.seq, self.past, self.total = names
+        q_shape = self.q_shape
         ctx.node("Shape", [sizes_q], [q_shape])
         ctx.node("Shape", [sizes_cache], [cache_shape])
         ctx.node("Gather", [q_shape, self.i64(0, "gqa_zero")], [self.batch], axis=0)
@@ -226,11 +236,14 @@ def _gqa_export(ctx, p, in_types, ins, outs):
     past_k, past_v, sizes_q, sizes_cache = (named[r] for r in ("past_k", "past_v", "sizes_q", "sizes_cache"))
     bias = named["bias"] or ""
     heads, kv_heads = p["num_heads"], p["kv_num_heads"]
+    lengths = ctx.shared(("gqa lengths", sizes_q, sizes_cache), lambda: _Lengths(ctx, sizes_q, sizes_cache))
+    if p["key_mask"]:
+        bias = ctx.shared(("gqa key mask", named["key_mask"], sizes_q),
+                          lambda: _key_mask_bias(ctx, named["key_mask"], lengths, in_types[0].dtype))
     types = _gqa_inputs(p, in_types)
     size = types["past_k"].shape[3]
     ctx.opsets.setdefault("com.microsoft", 1)
     fresh = lambda hint: ctx.fresh(f"{outs[0]}_{hint}")  # noqa: E731
-    lengths = ctx.shared(("gqa lengths", sizes_q, sizes_cache), lambda: _Lengths(ctx, sizes_q, sizes_cache))
 
     elem = _ONNX_DTYPES[dtype]
 
@@ -319,6 +332,23 @@ def _gqa_export(ctx, p, in_types, ins, outs):
              else_branch=branch(kernel(kernel_outs), kernel_outs, fresh("kernel")))
 
 
+def _key_mask_bias(ctx, mask, lengths, dtype) -> str:
+    """The bias of a [B, T] key mask: 0 where it is not 0, -inf where it is, for every
+    new token alike ([B, 1, S, T]: the kernel takes no broadcast over the tokens; its
+    own causal mask hides the keys after each)."""
+    names = [ctx.fresh("gqa_key_" + h) for h in ("seen", "seen_rows", "bias_row", "seq_vec", "tokens", "bias")]
+    seen, seen_rows, bias_row, seq_vec, tokens, bias = names
+    ctx.node("Cast", [mask], [seen], to=9)
+    ctx.node("Unsqueeze", [seen, ctx.int64s([1, 2], "gqa_key_axes")], [seen_rows])
+    ctx.node("Where", [seen_rows, ctx.constant(np.zeros((), dtype), "gqa_key_open"),
+                       ctx.constant(np.array(-np.inf, dtype), "gqa_key_closed")], [bias_row])
+    ctx.node("Gather", [lengths.q_shape, ctx.int64s([1], "gqa_seq_axis")], [seq_vec], axis=0)
+    ctx.node("Concat", [ctx.int64s([1, 1], "gqa_key_lead"), seq_vec, ctx.int64s([1], "gqa_key_tail")], [tokens],
+             axis=0)
+    ctx.node("Expand", [bias_row, tokens], [bias])
+    return bias
+
+
 def _angle_cache(ctx, cos, sin, sizes_q, half, lengths):
     """GroupQueryAttention's own rotary reads cos and sin caches by position id, and
     wants at least as many rows as keys: the angles of these very tokens (one row each,
@@ -340,7 +370,7 @@ register(OpSpec(
     name="gqa", inputs=(5, 10),
     params=(Param("num_heads", "int", 1), Param("kv_num_heads", "int", 1), Param("scale", "float", 1.0),
             Param("nan_to_zero", "int", 0), Param("causal", "int", 0), Param("rotary", "int", 0),
-            Param("packed", "int", 0)),
+            Param("packed", "int", 0), Param("key_mask", "int", 0)),
     infer=_gqa_infer, kernel=_gqa_kernel, export=_gqa_export, flops=_gqa_flops,
     multi_output=True, in_rules=False,
     doc="Attention of the new queries over the key/value cache grown by the new keys and values "
@@ -350,7 +380,8 @@ register(OpSpec(
         "com.microsoft GroupQueryAttention with its bias; ``causal``: also its own causal mask, -inf after each "
         "new token's position; with it, ``packed``: query, key and value one tensor [B, S, (H + 2 Hkv) * D] in "
         "their place, ``rotary``: the angles' cos and sin [B|1, 1, S, D/2] after the two size tensors, the "
-        "queries and keys turned by them first."))
+        "queries and keys turned by them first, ``key_mask``: in the bias's place an integer or bool [B, P+S], "
+        "each row seeing the keys where it is not 0 (the bias 0 there, -inf elsewhere)."))
 
 
 # --- rotary position embedding -----------------------------------------------------

@@ -42,6 +42,7 @@ import numpy as np
 from ..graph import Graph, Node, Tensor
 from ..ops import OPS, WEIGHT
 from .join_moves import Rebuild
+from .key_mask import key_mask
 
 # GroupQueryAttention's CPU kernel: float32 here (its float16 path rounds the scores)
 # and head sizes that are multiples of 8; of 16 where it turns the queries and keys
@@ -65,6 +66,7 @@ class _Attention:
     nan_to_zero: bool
     causal: bool            # the mask is 0 / -inf: the kernel's own causal mask may run with it
     removed: set            # node ids the operator replaces
+    key_mask: Tensor | None = None  # [B, T]: the bias is, proved, causal and this mask's zeros
 
 
 class _Reader:
@@ -75,6 +77,13 @@ class _Reader:
             for t in n.inputs:
                 self.users.setdefault((t.node, t.index), []).append(n)
         self.outputs = {(t.node, t.index) for _, t in g.outputs}
+        self.key_masks: dict = {}  # a bias's where node's inputs -> key_mask's answer, proved once
+
+    def key_mask(self, bias: Tensor) -> Tensor | None:
+        key = tuple((t.node, t.index) for t in self.g.nodes[bias.node].inputs)
+        if key not in self.key_masks:
+            self.key_masks[key] = key_mask(self.g, bias)
+        return self.key_masks[key]
 
     def node(self, t: Tensor) -> Node:
         return self.g.nodes[t.node]
@@ -213,8 +222,10 @@ def _match(r: _Reader, softmax: Node) -> _Attention | None:
     # well in a decoder (the second sizes' check, several tokens on a cache, sees one
     # where it does not), so the kernel runs with it and takes every input
     causal = values == {0.0, -np.inf}
+    # where that mask is proved to be the causal one and an input's zeros, the kernel
+    # reads that input: four operators in the place of the export's twenty
     return _Attention(anchor, merged, q_heads, scales, k_heads, v_heads, past_k, past_v, bias, present_k, present_v,
-                      nan, causal, removed)
+                      nan, causal, removed, r.key_mask(bias) if causal else None)
 
 
 def _mask_values(r: _Reader, bias: Tensor) -> set | None:
@@ -458,11 +469,11 @@ def _rebuild(g: Graph, r: _Reader, found: dict[int, _Attention], removed: set[in
             if turn:
                 ins += [first_half(q_turn[1]), first_half(q_turn[2])]
             if a.bias is not None:
-                ins.append(of(a.bias))
+                ins.append(of(a.key_mask if a.key_mask is not None else a.bias))
             out, present_k, present_v = new.add_node(
                 "gqa", ins, num_heads=a.q_heads.shape[1], kv_num_heads=a.k_heads.shape[1], scale=scale,
                 nan_to_zero=int(a.nan_to_zero), causal=int(a.causal), rotary=int(turn),
-                packed=int(together is not None))
+                packed=int(together is not None), key_mask=int(a.key_mask is not None))
             if not a.merged:
                 b, s, hd = out.shape
                 heads = a.q_heads.shape[1]
