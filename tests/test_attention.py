@@ -127,13 +127,16 @@ def _int4(w: np.ndarray, block: int = 32):
     return (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8), scale.astype(np.float32).reshape(-1)
 
 
-def _decoder_step(repeat_kv: bool = True, int4: bool = False, no_key: str = "-inf") -> onnx.ModelProto:
+def _decoder_step(repeat_kv: bool = True, int4: bool = False, no_key: str = "-inf",
+                  mask: str = "padding") -> onnx.ModelProto:
     """One attention layer of a Llama-style decoder step as torch's exporter writes it
     (rotary embedding of q and k, the cache grown by concat, the keys and values repeated
     for their group of query heads, scaled scores, the additive causal and padding mask,
     softmax with SDPA's NaN guard), symbolic batch, sequence and past. ``int4``: the
     projections as onnxruntime's MatMulNBitsQuantizer writes them (block 32). ``no_key``:
-    what the mask adds for a key not seen, -inf or the dtype's minimum ("min")."""
+    what the mask adds for a key not seen, -inf or the dtype's minimum ("min"). ``mask``:
+    the causal mask and the padding ("padding"), also a window of 3 keys ("window"), or
+    the padding read as ``attention_mask == 1`` ("equal_one": 2 keeps no key)."""
     rng = np.random.default_rng(0)
     group = HEADS // KV_HEADS
     inits = []
@@ -210,7 +213,12 @@ def _decoder_step(repeat_kv: bool = True, int4: bool = False, no_key: str = "-in
     keys = node("Range", [i64("start", 0), total, i64("step", 1)])
     rows = node("Add", [node("Range", [i64("start2", 0), seq, i64("step2", 1)]), node("Sub", [total, seq])])
     causal = node("LessOrEqual", [keys, node("Unsqueeze", [rows, i64("ax_last", [1])])])
-    kept = node("Cast", [node("Unsqueeze", ["attention_mask", i64("ax12", [1, 2])])], to=TensorProto.BOOL)
+    if mask == "window":
+        near = node("Greater", [keys, node("Unsqueeze", [node("Sub", [rows, i64("width", 3)]), "ax_last"])])
+        causal = node("And", [causal, near])
+    kept = node("Unsqueeze", ["attention_mask", i64("ax12", [1, 2])])
+    kept = node("Equal", [kept, i64("one_kept", 1)]) if mask == "equal_one" else node("Cast", [kept],
+                                                                                       to=TensorProto.BOOL)
     bias = node("Where", [node("And", [causal, kept]), const("zero", np.zeros(1, np.float32)),
                           const("no_key", np.full(1, -np.inf if no_key == "-inf" else np.finfo(np.float32).min,
                                                   np.float32))])
@@ -290,6 +298,46 @@ def test_the_rewritten_step_equals_the_export_with_holes_and_padding(steps, writ
     for name, a, b in zip(("y", "present_key", "present_value"), got, want):
         assert a.shape == b.shape, name
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=f"{form}: {name}")
+
+
+def _key_mask_reads(model) -> bool:
+    """Whether the attention kernel's bias is made from attention_mask alone (Cast,
+    Unsqueeze, Where, Expand): the export's own mask arithmetic gone."""
+    made = {o: n for n in model.graph.node for o in n.output}
+    kernels = [n for n in model.graph.node if n.op_type == "GroupQueryAttention"]
+    t, chain = kernels[0].input[10], []
+    while t in made:
+        chain.append(made[t].op_type)
+        t = made[t].input[0]
+    return t == "attention_mask" and chain == ["Expand", "Where", "Unsqueeze", "Cast"]
+
+
+def test_the_kernel_reads_the_attention_mask_where_z3_proves_the_bias_causal_and_its_zeros(written):
+    """The export's mask, proved (product/key_mask.py) to be the causal mask and
+    attention_mask's zeros, becomes four operators on attention_mask; its comparisons
+    are gone. The step stays equal to the export (the test above)."""
+    ops = [n.op_type for n in written["kernel", "-inf"].graph.node]
+    assert _key_mask_reads(written["kernel", "-inf"])
+    assert "LessOrEqual" not in ops and "And" not in ops
+
+
+@pytest.mark.parametrize("mask", ["window", "equal_one"])
+def test_a_mask_that_is_not_the_causal_one_and_the_padding_stays_the_exports(mask):
+    """A sliding window hides more keys; ``attention_mask == 1`` keeps none where the mask
+    is 2: no proof, so the kernel gets the export's own mask as its bias, and the step
+    is still the export's (a mask of 2s included)."""
+    from taso_egg import optimize_model
+
+    model = _decoder_step(mask=mask)
+    out = optimize_model(model, measure=0, attention="kernel")[0]
+    assert "GroupQueryAttention" in [n.op_type for n in out.graph.node] and not _key_mask_reads(out)
+    for batch, seq, past in ((2, 1, 6), (3, 4, 6), (2, 5, 0)):
+        feeds = _step_feeds(batch, seq, past, np.random.default_rng(seq + past))
+        feeds["attention_mask"][-1, -1] *= 2  # 2 still keeps its key for the first, none for the second
+        want = _session(model).run(None, feeds)
+        got = _session(out).run(None, feeds)
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
 def _kernel_form_with_head_size(size: int):
