@@ -135,8 +135,9 @@ def _decoder_step(repeat_kv: bool = True, int4: bool = False, no_key: str = "-in
     softmax with SDPA's NaN guard), symbolic batch, sequence and past. ``int4``: the
     projections as onnxruntime's MatMulNBitsQuantizer writes them (block 32). ``no_key``:
     what the mask adds for a key not seen, -inf or the dtype's minimum ("min"). ``mask``:
-    the causal mask and the padding ("padding"), also a window of 3 keys ("window"), or
-    the padding read as ``attention_mask == 1`` ("equal_one": 2 keeps no key)."""
+    the causal mask and the padding ("padding"), also a window of 3 keys ("window") or of
+    4096 ("wide_window"), or the padding read as ``attention_mask == 1`` ("equal_one": 2
+    keeps no key)."""
     rng = np.random.default_rng(0)
     group = HEADS // KV_HEADS
     inits = []
@@ -213,8 +214,9 @@ def _decoder_step(repeat_kv: bool = True, int4: bool = False, no_key: str = "-in
     keys = node("Range", [i64("start", 0), total, i64("step", 1)])
     rows = node("Add", [node("Range", [i64("start2", 0), seq, i64("step2", 1)]), node("Sub", [total, seq])])
     causal = node("LessOrEqual", [keys, node("Unsqueeze", [rows, i64("ax_last", [1])])])
-    if mask == "window":
-        near = node("Greater", [keys, node("Unsqueeze", [node("Sub", [rows, i64("width", 3)]), "ax_last"])])
+    if mask in ("window", "wide_window"):
+        width = i64("width", 3 if mask == "window" else 4096)
+        near = node("Greater", [keys, node("Unsqueeze", [node("Sub", [rows, width]), "ax_last"])])
         causal = node("And", [causal, near])
     kept = node("Unsqueeze", ["attention_mask", i64("ax12", [1, 2])])
     kept = node("Equal", [kept, i64("one_kept", 1)]) if mask == "equal_one" else node("Cast", [kept],
@@ -321,7 +323,19 @@ def test_the_kernel_reads_the_attention_mask_where_z3_proves_the_bias_causal_and
     assert "LessOrEqual" not in ops and "And" not in ops
 
 
-@pytest.mark.parametrize("mask", ["window", "equal_one"])
+@pytest.mark.parametrize("mask,proved", [("padding", True), ("window", False), ("wide_window", False),
+                                         ("equal_one", False)])
+def test_z3_proves_a_mask_causal_and_padding_for_every_size_and_nothing_else(mask, proved):
+    """The proof is over the dims, not at the sizes a model is priced at: a window of
+    4096 keys, which no cache shorter than that shows, is no proof."""
+    from taso_egg.onnx_io.key_masks import key_masks
+
+    found = key_masks(_decoder_step(mask=mask))
+    assert found == ({[n for n in _decoder_step().graph.node if n.op_type == "Where"][0].output[0]: "attention_mask"}
+                     if proved else {})
+
+
+@pytest.mark.parametrize("mask", ["window", "wide_window", "equal_one"])
 def test_a_mask_that_is_not_the_causal_one_and_the_padding_stays_the_exports(mask):
     """A sliding window hides more keys; ``attention_mask == 1`` keeps none where the mask
     is 2: no proof, so the kernel gets the export's own mask as its bias, and the step

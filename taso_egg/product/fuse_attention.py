@@ -42,7 +42,6 @@ import numpy as np
 from ..graph import Graph, Node, Tensor
 from ..ops import OPS, WEIGHT
 from .join_moves import Rebuild
-from .key_mask import key_mask
 
 # GroupQueryAttention's CPU kernel: float32 here (its float16 path rounds the scores)
 # and head sizes that are multiples of 8; of 16 where it turns the queries and keys
@@ -70,20 +69,21 @@ class _Attention:
 
 
 class _Reader:
-    def __init__(self, g: Graph):
+    def __init__(self, g: Graph, classes: dict | None = None, key_masks: dict | None = None):
         self.g = g
         self.users: dict[tuple[int, int], list[Node]] = {}
         for n in g.nodes.values():
             for t in n.inputs:
                 self.users.setdefault((t.node, t.index), []).append(n)
         self.outputs = {(t.node, t.index) for _, t in g.outputs}
-        self.key_masks: dict = {}  # a bias's where node's inputs -> key_mask's answer, proved once
+        proved = key_masks or {}
+        self.masks = {key: proved[c] for key, c in (classes or {}).items() if c in proved}
+        self.inputs = {n.params["name"]: n.out() for n in g.inputs()}
 
     def key_mask(self, bias: Tensor) -> Tensor | None:
-        key = tuple((t.node, t.index) for t in self.g.nodes[bias.node].inputs)
-        if key not in self.key_masks:
-            self.key_masks[key] = key_mask(self.g, bias)
-        return self.key_masks[key]
+        """The input ``bias`` is proved to be the causal mask and the zeros of, if any."""
+        name = self.masks.get((bias.node, bias.index))
+        return self.inputs.get(name) if name is not None else None
 
     def node(self, t: Tensor) -> Node:
         return self.g.nodes[t.node]
@@ -356,16 +356,19 @@ def _constant(r: _Reader, t: Tensor, depth: int = 0):
     return spec.kernel(np, n.params, *values)[t.index]
 
 
-def fuse_attention(g: Graph, classes: dict | None = None, form: str = "rotary") -> Graph:
+def fuse_attention(g: Graph, classes: dict | None = None, form: str = "rotary",
+                   key_masks: dict | None = None) -> Graph:
     """``g`` with a decoder's attention written in ``form`` (``options.ATTENTION_FORMS``):
     "rotary", each rotary position embedding ``_rotary`` recognizes made one ``rotary``;
     "kernel", also each attention over a cache ``_match`` recognizes made one ``gqa``
     (reading its queries and keys turned in the [B, S, N*D] layout); "none", ``g``.
     ``g`` itself where nothing matches. ``classes`` (tensor -> e-class, as
-    ``convert.build_graph`` fills it) follows the rebuilt tensors, in place."""
+    ``convert.build_graph`` fills it) follows the rebuilt tensors, in place.
+    ``key_masks`` (e-class -> input name): the masks proved to be the causal mask and
+    that input's zeros (``onnx_io/key_masks.py``), which the kernel reads as the input."""
     if form == "none":
         return g
-    r = _Reader(g)
+    r = _Reader(g, classes, key_masks)
     rotaries = {n.id: turned for n in g.topo_order() if n.op == "ewadd" and (turned := _rotary(r, n.out()))}
     found: dict[int, _Attention] = {}
     taken: set[int] = set()

@@ -176,6 +176,16 @@ class OptimizeResult:
         return self.cost_before / self.cost_after if self.cost_after > 0 else math.inf
 
 
+def _proved_key_masks(saturation: Saturation, attention: str) -> dict:
+    """The e-classes of the input's masks proved causal and an input's zeros (the
+    importer's ``Graph.key_masks``) -> that input's name, where the kernel form reads them."""
+    proved = saturation.graph.key_masks
+    if attention != "kernel" or not proved:
+        return {}
+    classes = tensor_classes(saturation)
+    return {classes[key]: name for key, name in proved.items() if key in classes}
+
+
 def extract_graph(saturation: Saturation, extractor: str = ExtractionOptions.extractor,
                   cost_model: CostModel | None = None, time_limit: float | None = None,
                   forbidden=frozenset(), attention: str = "none", pack: bool = False) -> Extraction:
@@ -202,7 +212,7 @@ def extract_graph(saturation: Saturation, extractor: str = ExtractionOptions.ext
     # onnxruntime's attention kernels, which no rule writes (they take the cache and the
     # positions as the graph holds them), after the data movement in steps is joined:
     # the kernel takes a packed projection's one split as one tensor
-    graph = fuse_attention(join_moves(graph, classes), classes, attention)
+    graph = fuse_attention(join_moves(graph, classes), classes, attention, _proved_key_masks(saturation, attention))
     return Extraction(graph, result.dag_cost, result.seconds, extractor, result.status,
                       [node for _, node in picks], classes, time.process_time() - cpu_start, dict(picks),
                       forbidden=frozenset(forbidden))
