@@ -73,9 +73,10 @@ class Graph:
         self._next_id = 0
         self.opset = opset or DEFAULT_OPSET
         self.ir_version = 0  # an imported model's IR version, kept on export
-        # an imported decoder's masks proved to be the causal mask and an input's zeros at
-        # every size (onnx_io/key_masks.py): tensor -> that input's name
-        self.key_masks: dict[tuple[int, int], str] = {}
+        # an imported decoder's additive masks (where(c, 0, -inf)): tensor -> its ONNX name,
+        # and the model they come from, for onnx_io/key_masks.py to prove where asked
+        self.masks: dict[tuple[int, int], str] = {}
+        self.source = None
 
     # --- construction --------------------------------------------------------------
 

@@ -29,7 +29,7 @@ from ..ops import ONNX_IMPORTERS, TensorType
 from ..ops.opaque import outer_reads, run_node
 from ..ops.precision import is_quantizing, quantized_operators, widens_stored
 from .fed import FedModel, is_stub
-from .key_masks import key_masks
+from .key_masks import mask_wheres
 from .onnx_nodes import attr_blobs, attr_value, constant_value, empty_positions, in_topological_order, static_type
 from .reading import default_opset, read_model, upgraded
 
@@ -129,10 +129,12 @@ class _Importer:
             if vi.name not in self.values and vi.name not in self.consts:
                 raise OnnxImportError(f"graph output {vi.name!r} is produced by no node")
             self.g.mark_output(self.tensor(vi.name), vi.name)
-        for where, mask in key_masks(self.proto.model if isinstance(self.proto, FedModel) else self.proto).items():
+        for where in mask_wheres(graph):
             t = self.values.get(where)
             if t is not None and self.g.nodes[t.node].op == "where":
-                self.g.key_masks[(t.node, t.index)] = mask
+                self.g.masks[(t.node, t.index)] = where
+        if self.g.masks:
+            self.g.source = self.proto.model if isinstance(self.proto, FedModel) else self.proto
         return self.g
 
     # --- set-up --------------------------------------------------------------------

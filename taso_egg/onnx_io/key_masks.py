@@ -66,8 +66,8 @@ def key_masks(model) -> dict[str, str]:
 
     graph = model.graph
     consts = _constants(graph)
-    wheres = [n for n in graph.node if n.op_type == "Where" and n.domain in ("", "ai.onnx") and len(n.input) == 3
-              and all(_mask_values(consts.get(x)) is not None for x in n.input[1:])]
+    wanted = set(mask_wheres(graph, consts))
+    wheres = [n for n in graph.node if n.output and n.output[0] in wanted]
     if not wheres:
         return {}
     key = hash((tuple((n.op_type, tuple(n.input), tuple(n.output), n.SerializeToString()) for n in graph.node),
@@ -113,6 +113,15 @@ def _symbolic_types(model) -> list:
         except Exception:  # noqa: BLE001 - inference is a help: the shapes it gives are read
             inferred = light.graph
     return list(inferred.value_info) + list(inferred.input) + list(inferred.output)
+
+
+def mask_wheres(graph, consts: dict | None = None) -> list[str]:
+    """The outputs of the graph's ``Where`` nodes of a 0 and a -inf: the additive masks
+    ``key_masks`` may prove."""
+    consts = _constants(graph) if consts is None else consts
+    return [n.output[0] for n in graph.node if n.op_type == "Where" and n.domain in ("", "ai.onnx")
+            and len(n.input) == 3 and sorted(_mask_values(consts.get(x)) or "" for x in n.input[1:])
+            == ["closed", "open"]]
 
 
 def _constants(graph) -> dict[str, np.ndarray]:

@@ -26,7 +26,10 @@ the shapes: that input runs the formula in standard operators, every other the k
 (``tests/test_attention.py`` holds the kernel, both branches and onnxruntime's own
 kernel equal, holey and left-padded masks included).
 
-With ``causal``, two options save kernels: ``rotary`` (the queries and keys turned by
+With ``causal``, three options save kernels: ``key_mask`` (an integer [B, T] mask in
+the bias's place, a key seen where it is not 0: the bias the export computes in some
+twenty operators where it is proved to be the causal mask and that input's zeros,
+``onnx_io/key_masks.py``, made from the input in four), ``rotary`` (the queries and keys turned by
 the angles given first, as the ``rotary`` operator turns them: GroupQueryAttention's
 ``do_rotary``, reading its cos and sin caches by position id, given one row for each
 token and each token its own row, so any positions are exact) and ``packed`` (the

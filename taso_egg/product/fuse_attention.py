@@ -25,7 +25,9 @@ turned by rotary embedding are turned in the [B, S, N*D] layout the projections 
 as GroupQueryAttention takes them: by the kernel itself where both turn whole heads by
 the same angles under the causal mask (its head size a multiple of 16), reading q, k
 and v as one tensor where they are the three parts of one split (a packed projection,
-joined by ``join_moves`` first), else by ``rotary`` operators. Every intermediate must feed the next step alone;
+joined by ``join_moves`` first), else by ``rotary`` operators; the mask it reads as
+the model's attention_mask where that is proved (``onnx_io/key_masks.py``), else as
+the export's bias. Every intermediate must feed the next step alone;
 the caches may also be outputs (the present cache), which the operator then returns.
 Anything else (another layout, a bias the kernel cannot take, a head size it refuses)
 is left as it is. What the pass writes is checked like every candidate: numerically

@@ -30,6 +30,7 @@ from ..graph import Graph
 from ..options import ExtractionOptions, Hooks, Limits, OptimizeOptions
 from .phases import PhaseTimes
 from ..onnx_io.exporter import export_for_check, fed_from_check
+from ..onnx_io.key_masks import key_masks
 from ..onnx_io.fed import FedModel, feed, inline
 from ..rules.corpus import FUSIONS, RuleFamily, load_corpus
 from .fuse_attention import fuse_attention
@@ -177,13 +178,15 @@ class OptimizeResult:
 
 
 def _proved_key_masks(saturation: Saturation, attention: str) -> dict:
-    """The e-classes of the input's masks proved causal and an input's zeros (the
-    importer's ``Graph.key_masks``) -> that input's name, where the kernel form reads them."""
-    proved = saturation.graph.key_masks
-    if attention != "kernel" or not proved:
+    """The e-classes of the input's masks (``Graph.masks``) proved to be the causal mask
+    and an input's zeros (``onnx_io/key_masks.py``) -> that input's name: what the
+    kernel form reads in their place."""
+    g = saturation.graph
+    if attention != "kernel" or not g.masks:
         return {}
+    proved = key_masks(g.source)
     classes = tensor_classes(saturation)
-    return {classes[key]: name for key, name in proved.items() if key in classes}
+    return {classes[key]: proved[name] for key, name in g.masks.items() if name in proved and key in classes}
 
 
 def extract_graph(saturation: Saturation, extractor: str = ExtractionOptions.extractor,
