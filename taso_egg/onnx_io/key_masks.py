@@ -85,7 +85,8 @@ def _proved(model, consts, wheres, z3) -> dict[str, str]:
     for n in wheres:
         try:
             mask = proof.prove(n)
-        except _NoProof as e:
+        except Exception as e:  # noqa: BLE001 - whatever stops the evaluation (_NoProof, an index the
+            # model would refuse, Z3 giving up) leaves the export's mask, which is always right
             log.debug("mask %s: no proof (%s)", n.output[0], e)
             continue
         if mask is not None:
@@ -279,8 +280,7 @@ class _Proof:
         return _Lazy(tuple(z3.IntVal(d) for d in items.shape), at)
 
     def small(self, name: str) -> np.ndarray:
-        """The elements of a small tensor (a target shape, axes) as Python ints where
-        they are numbers, else Z3 terms."""
+        """The elements of a small tensor (a target shape, axes), Z3 terms."""
         v = self.value(name)
         if isinstance(v, _Small):
             return v.items
@@ -444,6 +444,8 @@ def _reshape(p: _Proof, node):
     x = p.lazy(p.value(node.input[0]))
     target = p.small(node.input[1]).ravel()
     z3 = p.z3
+    if any(a.name == "allowzero" and a.i for a in node.attribute):
+        raise _NoProof("a reshape that allows zeros")
     shape, unknown = [], None
     for axis, t in enumerate(target):
         n = _number(z3, t)
@@ -467,15 +469,15 @@ def _axes(p: _Proof, node) -> list[int]:
 
 
 def _unsqueeze(p: _Proof, node):
-    v = p.value(node.input[0])
+    v, axes = p.value(node.input[0]), _axes(p, node)
     if isinstance(v, _Small):
         items = v.items
-        for axis in sorted(a % (items.ndim + len(_axes(p, node)) ) for a in _axes(p, node)):
+        for axis in sorted(a % (items.ndim + len(axes)) for a in axes):
             items = np.expand_dims(items, axis)
         return _Small(items)
     x = p.lazy(v)
-    rank = len(x.shape) + len(_axes(p, node))
-    axes = sorted(a % rank for a in _axes(p, node))
+    rank = len(x.shape) + len(axes)
+    axes = sorted(a % rank for a in axes)
     shape, rest = [], iter(x.shape)
     for axis in range(rank):
         shape.append(p.z3.IntVal(1) if axis in axes else next(rest))
