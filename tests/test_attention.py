@@ -89,6 +89,44 @@ def test_gqa_computes_what_onnxruntimes_kernels_do_for_any_mask(batch, seq, past
         np.testing.assert_array_equal(kernel[1], want["present_k"])
 
 
+@pytest.mark.parametrize("window", [-1, 3])
+@pytest.mark.parametrize("batch,seq,past", [(2, 1, 5), (2, 4, 0), (3, 4, 5)])
+def test_gqa_reading_the_key_mask_computes_the_full_mask_and_window(batch, seq, past, window):
+    """``key_mask`` (the [B, T] attention_mask in the bias's place) and ``window`` (the
+    kernel's local_window_size): our semantics, onnxruntime's kernel as exported, and the
+    operator given the full additive mask (causal, padding, window) all equal."""
+    rng = np.random.default_rng(batch * 100 + seq * 10 + past + window)
+    total = past + seq
+    mask = _holey_mask(batch, total, rng)
+    full = _mask_bias(mask, seq)
+    if window > 0:
+        own = past + np.arange(seq)[:, None]
+        full = np.where((np.arange(total)[None, :] <= own - window)[None, None], -np.inf, full).astype(np.float32)
+    results = []
+    for reads_mask in (True, False):
+        g = Graph(opset=17)
+        q = g.new_input((batch, seq, HEADS * SIZE), "q")
+        k, v = (g.new_input((batch, seq, KV_HEADS * SIZE), n) for n in ("k", "v"))
+        past_k, past_v = (g.new_input((batch, KV_HEADS, past, SIZE), n) for n in ("past_k", "past_v"))
+        last = g.new_input((batch, total), "mask", dtype="int64") if reads_mask else \
+            g.new_input((batch, 1, seq, total), "bias")
+        outs = g.add_node("gqa", [q, k, v, past_k, past_v, q, past_k, last], num_heads=HEADS,
+                          kv_num_heads=KV_HEADS, scale=0.3, nan_to_zero=1, causal=1, key_mask=int(reads_mask),
+                          window=window if reads_mask else -1)
+        for name, t in zip(("out", "present_k", "present_v"), outs):
+            g.mark_output(t, name)
+        feeds = {n: rng.standard_normal(t.shape).astype(np.float32) if not results else results[0][0][n]
+                 for n, t in (("q", q), ("k", k), ("v", v), ("past_k", past_k), ("past_v", past_v))}
+        feeds.update({"mask": mask} if reads_mask else {"bias": full})
+        want = executor.run(g, feeds)
+        got = dict(zip(["out", "present_k", "present_v"], _session(export_onnx(g)).run(None, feeds)))
+        results.append((feeds, want, got))
+    (_, ours, kernel), (_, full_mask, _) = results
+    for name in ours:
+        np.testing.assert_allclose(kernel[name], ours[name], rtol=1e-5, atol=1e-6, err_msg=name)
+        np.testing.assert_allclose(ours[name], full_mask[name], rtol=1e-6, atol=1e-7, err_msg=name)
+
+
 @pytest.mark.parametrize("layout", ["bsnd", "bnsd"])
 def test_rotary_computes_what_onnxruntimes_kernel_does_at_any_position(layout):
     rng = np.random.default_rng(3)
@@ -323,35 +361,53 @@ def test_the_kernel_reads_the_attention_mask_where_z3_proves_the_bias_causal_and
     assert "LessOrEqual" not in ops and "And" not in ops
 
 
-@pytest.mark.parametrize("mask,proved", [("padding", True), ("window", False), ("wide_window", False),
-                                         ("equal_one", False)])
-def test_z3_proves_a_mask_causal_and_padding_for_every_size_and_nothing_else(mask, proved):
+@pytest.mark.parametrize("mask,proved", [("padding", -1), ("window", 3), ("wide_window", 4096),
+                                         ("equal_one", None)])
+def test_z3_proves_a_mask_causal_padding_and_its_window_for_every_size_and_nothing_else(mask, proved):
     """The proof is over the dims, not at the sizes a model is priced at: a window of
-    4096 keys, which no cache shorter than that shows, is no proof."""
+    4096 keys, which no cache shorter than that shows, is proved as a window of 4096;
+    ``attention_mask == 1`` is not the padding (a 2 keeps no key)."""
     from taso_egg.onnx_io.key_masks import key_masks
 
-    found = key_masks(_decoder_step(mask=mask))
-    assert found == ({[n for n in _decoder_step().graph.node if n.op_type == "Where"][0].output[0]: "attention_mask"}
-                     if proved else {})
-
-
-@pytest.mark.parametrize("mask", ["window", "wide_window", "equal_one"])
-def test_a_mask_that_is_not_the_causal_one_and_the_padding_stays_the_exports(mask):
-    """A sliding window hides more keys; ``attention_mask == 1`` keeps none where the mask
-    is 2: no proof, so the kernel gets the export's own mask as its bias, and the step
-    is still the export's (a mask of 2s included)."""
-    from taso_egg import optimize_model
-
     model = _decoder_step(mask=mask)
-    out = optimize_model(model, measure=0, attention="kernel")[0]
-    assert "GroupQueryAttention" in [n.op_type for n in out.graph.node] and not _key_mask_reads(out)
+    where = [n for n in model.graph.node if n.op_type == "Where"][0].output[0]
+    assert key_masks(model) == ({where: ("attention_mask", proved)} if proved is not None else {})
+
+
+def _equal_to_the_export(model, out):
     for batch, seq, past in ((2, 1, 6), (3, 4, 6), (2, 5, 0)):
         feeds = _step_feeds(batch, seq, past, np.random.default_rng(seq + past))
-        feeds["attention_mask"][-1, -1] *= 2  # 2 still keeps its key for the first, none for the second
+        feeds["attention_mask"][-1, -1] *= 2  # 2 keeps its key, read as != 0; none, read as == 1
         want = _session(model).run(None, feeds)
         got = _session(out).run(None, feeds)
         for a, b in zip(got, want):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mask,width", [("window", 3), ("wide_window", 4096)])
+def test_a_sliding_window_is_the_kernels_local_window(mask, width):
+    """A mask proved causal, padding and a window of ``width`` keys: the kernel reads
+    attention_mask and hides the rest itself (local_window_size), equal to the export
+    where the window of 3 hides keys (a cache of 6)."""
+    from taso_egg import optimize_model
+
+    model = _decoder_step(mask=mask)
+    out = optimize_model(model, measure=0, attention="kernel")[0]
+    kernel = [n for n in out.graph.node if n.op_type == "GroupQueryAttention"][0]
+    assert _key_mask_reads(out)
+    assert {a.name: a.i for a in kernel.attribute}["local_window_size"] == width
+    _equal_to_the_export(model, out)
+
+
+def test_a_mask_read_as_equal_to_one_stays_the_exports():
+    """``attention_mask == 1`` is no proof: the kernel gets the export's own mask as its
+    bias, and the step is still the export's (a mask of 2s included)."""
+    from taso_egg import optimize_model
+
+    model = _decoder_step(mask="equal_one")
+    out = optimize_model(model, measure=0, attention="kernel")[0]
+    assert "GroupQueryAttention" in [n.op_type for n in out.graph.node] and not _key_mask_reads(out)
+    _equal_to_the_export(model, out)
 
 
 def _kernel_form_with_head_size(size: int):

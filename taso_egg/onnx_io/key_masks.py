@@ -18,9 +18,11 @@ model's dim_params as Z3 integers, a dim written as an expression of others, suc
 of the mask's computation is a shape of Z3 terms and a function from a Z3 index to a
 Z3 term; the few operators masks are made of are evaluated so (``_OPS``). Anything
 else (another input read by value, an operator not listed, a float beside the mask,
-a broadcast the dims do not settle) is no proof, and that mask stays as exported. A
-sliding window, which hides keys only once the cache is longer than it, is no proof
-either: the claim is for every size, not for the sizes a model is priced at."""
+a broadcast the dims do not settle) is no proof, and that mask stays as exported. The
+claim is for every size, not for the sizes a model is priced at: a sliding window,
+which hides keys only once the cache is longer than it, is proved as one (``k > T - S +
+q - width`` too, the width one of the integers the mask is computed with; the kernel's
+``local_window_size``), or not at all."""
 
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ _MAX_SMALL = 64        # constants of at most this many elements are read as val
 # million, a broadcast's a few thousand
 _Z3_RLIMIT = 40_000_000
 _CACHE: dict = {}      # the model's fingerprint -> its proved masks (a model is imported at several sizes)
+_MAX_WINDOWS = 4       # window widths tried a mask
 
 
 class _NoProof(Exception):
@@ -58,10 +61,11 @@ class _Lazy:
     at: Callable
 
 
-def key_masks(model) -> dict[str, str]:
-    """ONNX ``Where`` output name -> the name of the input whose zeros, with the causal
-    mask, it is (0 where a key is seen, -inf elsewhere), for every mask of ``model``
-    (a ModelProto, its dims symbolic or not) so proved."""
+def key_masks(model) -> dict[str, tuple[str, int]]:
+    """ONNX ``Where`` output name -> (the name of the input whose zeros, with the causal
+    mask, it is: 0 where a key is seen, -inf elsewhere; the width of the sliding window
+    that also hides the keys before ``k > T - S + q - width``, -1 for none), for every
+    mask of ``model`` (a ModelProto, its dims symbolic or not) so proved."""
     import z3
 
     graph = model.graph
@@ -79,7 +83,7 @@ def key_masks(model) -> dict[str, str]:
     return dict(_CACHE[key])
 
 
-def _proved(model, consts, wheres, z3) -> dict[str, str]:
+def _proved(model, consts, wheres, z3) -> dict[str, tuple[str, int]]:
     proof = _Proof(model, consts, z3)
     proved = {}
     for n in wheres:
@@ -166,12 +170,14 @@ class _Proof:
         self.side: list = []      # what defines the quotients and remainders of reshapes
         self.mask: str | None = None
         self.memo: dict = {}
+        self.numbers: set = set()  # the integer constants read: a window's width is one
 
     # --- the claim --------------------------------------------------------------------
 
-    def prove(self, where) -> str | None:
+    def prove(self, where) -> tuple[str, int] | None:
+        """(the mask input, the window: -1 for none) where proved, else None."""
         z3 = self.z3
-        self.mask, self.memo, self.side = None, {}, []
+        self.mask, self.memo, self.side, self.numbers = None, {}, [], set()
         cond = self.lazy(self.value(where.input[0]))
         polarity = _mask_values(self.consts[where.input[1]]), _mask_values(self.consts[where.input[2]])
         if polarity not in (("open", "closed"), ("closed", "open")) or len(cond.shape) != 4 or self.mask is None:
@@ -182,14 +188,21 @@ class _Proof:
         idx = z3.Ints("b h q k")
         within = [z3.And(0 <= i, i < d) for i, d in zip(idx, cond.shape)]
         b, _, q, k = idx
-        seen = z3.And(k <= total - seq + q, self._cell(mask, b, k) != 0)
-        claim = cond.at(tuple(idx)) == (seen if polarity[0] == "open" else z3.Not(seen))
-        solver = z3.Solver()
-        solver.set("rlimit", _Z3_RLIMIT)
-        solver.add(*self.facts, *self.side, *within)
-        # the mask is [B, T] for the scores' B and T (a batch of 1 would not follow the rows)
-        solver.add(z3.Not(z3.And(claim, mask_shape[0] == batch, mask_shape[1] == total)))
-        return self.mask if solver.check() == z3.unsat else None
+        found = cond.at(tuple(idx))
+        # no window, else a window of one of the numbers the mask is computed with
+        for window in [-1] + sorted(w for w in self.numbers if w > 0)[:_MAX_WINDOWS]:
+            seen = z3.And(k <= total - seq + q, self._cell(mask, b, k) != 0)
+            if window > 0:  # the keys within the window: k > its own position - window
+                seen = z3.And(seen, k > total - seq + q - window)
+            claim = found == (seen if polarity[0] == "open" else z3.Not(seen))
+            solver = z3.Solver()
+            solver.set("rlimit", _Z3_RLIMIT)
+            solver.add(*self.facts, *self.side, *within)
+            # the mask is [B, T] for the scores' B and T (a batch of 1 would not follow the rows)
+            solver.add(z3.Not(z3.And(claim, mask_shape[0] == batch, mask_shape[1] == total)))
+            if solver.check() == z3.unsat:
+                return self.mask, window
+        return None
 
     def _cell(self, mask_vi, b, k):
         z3 = self.z3
@@ -241,7 +254,10 @@ class _Proof:
     def _compute(self, name: str):
         z3 = self.z3
         if name in self.consts:
-            return _Small(_terms(z3, self.consts[name]))
+            value = self.consts[name]
+            if value.size == 1 and value.dtype.kind in "iu":
+                self.numbers.add(int(value.reshape(-1)[0]))
+            return _Small(_terms(z3, value))
         if name in self.inputs:
             vi = self.inputs[name]
             elem = vi.type.tensor_type.elem_type

@@ -78,7 +78,7 @@ def _gqa_infer(p, ins):
     first = floats[0]
     if first.dtype not in _ONNX_DTYPES or any(t.dtype != first.dtype for t in floats):
         fail("gqa", "inputs must be float32 or float16 tensors of one dtype", ins)
-    if (p["packed"] or p["rotary"] or p["key_mask"]) and not p["causal"]:
+    if (p["packed"] or p["rotary"] or p["key_mask"] or p["window"] >= 0) and not p["causal"]:
         fail("gqa", "a packed query, key and value, rotary angles and a key mask are taken with the causal "
                     "mask only", ins)
     if len(first.shape) != 3 or len(past_k.shape) != 4:
@@ -154,9 +154,12 @@ def _gqa_kernel(xp, p, *ins):
     scores = scores * xp.asarray(p["scale"], dtype=q.dtype)
     if bias is not None:
         scores = scores + bias
-    if p["causal"]:  # key j is seen by new token i only where j <= past + i
-        later = xp.arange(total)[None, :] > (total - seq) + xp.arange(seq)[:, None]
-        scores = xp.where(later, xp.asarray(-np.inf, dtype=q.dtype), scores)
+    if p["causal"]:  # key j is seen by new token i only where j <= past + i (and past + i - window < j)
+        own = (total - seq) + xp.arange(seq)[:, None]
+        hidden = xp.arange(total)[None, :] > own
+        if p["window"] >= 0:
+            hidden = hidden | (xp.arange(total)[None, :] <= own - p["window"])
+        scores = xp.where(hidden, xp.asarray(-np.inf, dtype=q.dtype), scores)
     with np.errstate(invalid="ignore"):  # a row that sees no key: NaN, zeroed below as the export does
         shifted = xp.exp(scores - scores.max(axis=-1, keepdims=True))
         weights = shifted / shifted.sum(axis=-1, keepdims=True)
@@ -276,11 +279,13 @@ def _gqa_export(ctx, p, in_types, ins, outs):
                                  lambda: _angle_cache(ctx, named["cos"], named["sin"], sizes_q, half, lengths))
         inputs = [q, k, v, past_k, past_v, lengths.seqlens_k, lengths.total32, *turning, bias]
         inputs += ["", "", "", "", "", lengths.query_seqlens] if p["causal"] else []
-        turn = {"do_rotary": 1, "rotary_interleaved": 0} if p["rotary"] else {}
+        options = {"do_rotary": 1, "rotary_interleaved": 0} if p["rotary"] else {}
+        if p["window"] >= 0:
+            options["local_window_size"] = p["window"]
         nodes = [helper.make_node("GroupQueryAttention", inputs if bias or p["causal"] else inputs[:7],
                                   [raw, results[1], results[2]], name=fresh("GroupQueryAttention"),
                                   domain="com.microsoft", num_heads=heads, kv_num_heads=kv_heads,
-                                  causal=int(p["causal"]), scale=float(p["scale"]), **turn)]
+                                  causal=int(p["causal"]), scale=float(p["scale"]), **options)]
         if p["nan_to_zero"]:
             nan_guard(nodes, raw, "kernel", results[0])
         return nodes
@@ -373,7 +378,7 @@ register(OpSpec(
     name="gqa", inputs=(5, 10),
     params=(Param("num_heads", "int", 1), Param("kv_num_heads", "int", 1), Param("scale", "float", 1.0),
             Param("nan_to_zero", "int", 0), Param("causal", "int", 0), Param("rotary", "int", 0),
-            Param("packed", "int", 0), Param("key_mask", "int", 0)),
+            Param("packed", "int", 0), Param("key_mask", "int", 0), Param("window", "int", -1)),
     infer=_gqa_infer, kernel=_gqa_kernel, export=_gqa_export, flops=_gqa_flops,
     multi_output=True, in_rules=False,
     doc="Attention of the new queries over the key/value cache grown by the new keys and values "
@@ -384,7 +389,9 @@ register(OpSpec(
         "new token's position; with it, ``packed``: query, key and value one tensor [B, S, (H + 2 Hkv) * D] in "
         "their place, ``rotary``: the angles' cos and sin [B|1, 1, S, D/2] after the two size tensors, the "
         "queries and keys turned by them first, ``key_mask``: in the bias's place an integer or bool [B, P+S], "
-        "each row seeing the keys where it is not 0 (the bias 0 there, -inf elsewhere)."))
+        "each row seeing the keys where it is not 0 (the bias 0 there, -inf elsewhere); ``window`` (with the "
+        "causal mask, where not -1): also -inf where a key is ``window`` or more positions before the token's own, "
+        "its local_window_size."))
 
 
 # --- rotary position embedding -----------------------------------------------------

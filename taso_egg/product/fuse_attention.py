@@ -67,7 +67,7 @@ class _Attention:
     nan_to_zero: bool
     causal: bool            # the mask is 0 / -inf: the kernel's own causal mask may run with it
     removed: set            # node ids the operator replaces
-    key_mask: Tensor | None = None  # [B, T]: the bias is, proved, causal and this mask's zeros
+    key_mask: tuple | None = None  # ([B, T] input, window or -1): the bias is, proved, causal and its zeros
 
 
 class _Reader:
@@ -82,10 +82,13 @@ class _Reader:
         self.masks = {key: proved[c] for key, c in (classes or {}).items() if c in proved}
         self.inputs = {n.params["name"]: n.out() for n in g.inputs()}
 
-    def key_mask(self, bias: Tensor) -> Tensor | None:
-        """The input ``bias`` is proved to be the causal mask and the zeros of, if any."""
-        name = self.masks.get((bias.node, bias.index))
-        return self.inputs.get(name) if name is not None else None
+    def key_mask(self, bias: Tensor) -> tuple[Tensor, int] | None:
+        """(the input ``bias`` is proved to be the causal mask and the zeros of, the width
+        of the sliding window it also has or -1), if any."""
+        proved = self.masks.get((bias.node, bias.index))
+        if proved is None or proved[0] not in self.inputs:
+            return None
+        return self.inputs[proved[0]], proved[1]
 
     def node(self, t: Tensor) -> Node:
         return self.g.nodes[t.node]
@@ -474,11 +477,12 @@ def _rebuild(g: Graph, r: _Reader, found: dict[int, _Attention], removed: set[in
             if turn:
                 ins += [first_half(q_turn[1]), first_half(q_turn[2])]
             if a.bias is not None:
-                ins.append(of(a.key_mask if a.key_mask is not None else a.bias))
+                ins.append(of(a.key_mask[0] if a.key_mask is not None else a.bias))
             out, present_k, present_v = new.add_node(
                 "gqa", ins, num_heads=a.q_heads.shape[1], kv_num_heads=a.k_heads.shape[1], scale=scale,
                 nan_to_zero=int(a.nan_to_zero), causal=int(a.causal), rotary=int(turn),
-                packed=int(together is not None), key_mask=int(a.key_mask is not None))
+                packed=int(together is not None), key_mask=int(a.key_mask is not None),
+                window=a.key_mask[1] if a.key_mask is not None else -1)
             if not a.merged:
                 b, s, hd = out.shape
                 heads = a.q_heads.shape[1]

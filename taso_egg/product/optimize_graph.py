@@ -178,9 +178,9 @@ class OptimizeResult:
 
 
 def _proved_key_masks(saturation: Saturation, attention: str) -> dict:
-    """The e-classes of the input's masks (``Graph.masks``) proved to be the causal mask
-    and an input's zeros (``onnx_io/key_masks.py``) -> that input's name: what the
-    kernel form reads in their place."""
+    """The e-classes of the input's masks (``Graph.masks``) proved to be the causal mask,
+    maybe a sliding window, and an input's zeros (``onnx_io/key_masks.py``) -> (that
+    input's name, the window's width or -1): what the kernel form reads in their place."""
     g = saturation.graph
     if attention != "kernel" or not g.masks:
         return {}
