@@ -154,13 +154,15 @@ class _Proof:
         self.mask: str | None = None
         self.memo: dict = {}
         self.numbers: set = set()  # the integer constants read: a window's width is one
+        self.count = 0             # integers made fresh in this proof
+        self.answers: dict = {}    # a question's text -> Z3's answer
 
     # --- the claim --------------------------------------------------------------------
 
     def prove(self, where) -> tuple[str, int] | None:
         """(the mask input, the window: -1 for none) where proved, else None."""
         z3 = self.z3
-        self.mask, self.memo, self.side, self.numbers = None, {}, [], set()
+        self.mask, self.memo, self.side, self.numbers, self.count = None, {}, [], set(), 0
         cond = self.lazy(self.value(where.input[0]))
         polarity = _mask_values(self.consts[where.input[1]]), _mask_values(self.consts[where.input[2]])
         if polarity not in (("open", "closed"), ("closed", "open")) or len(cond.shape) != 4 or self.mask is None:
@@ -178,14 +180,30 @@ class _Proof:
             if window > 0:  # the keys within the window: k > its own position - window
                 seen = z3.And(seen, k > total - seq + q - window)
             claim = found == (seen if polarity[0] == "open" else z3.Not(seen))
-            solver = z3.Solver()
-            solver.set("rlimit", _Z3_RLIMIT)
-            solver.add(*self.facts, *self.side, *within)
             # the mask is [B, T] for the scores' B and T (a batch of 1 would not follow the rows)
-            solver.add(z3.Not(z3.And(claim, mask_shape[0] == batch, mask_shape[1] == total)))
-            if solver.check() == z3.unsat:
+            question = [*self.facts, *self.side, *within,
+                        z3.Not(z3.And(claim, mask_shape[0] == batch, mask_shape[1] == total))]
+            if self._unsat(question):
                 return self.mask, window
         return None
+
+    def _unsat(self, question: list) -> bool:
+        """Whether Z3 finds the assertions unsatisfiable; asked once for each distinct
+        question (the layers of a decoder ask the same one under other tensor names)."""
+        z3 = self.z3
+        key = z3.And(question).sexpr()
+        if key not in self.answers:
+            solver = z3.Solver()
+            solver.set("rlimit", _Z3_RLIMIT)
+            solver.add(*question)
+            self.answers[key] = solver.check() == z3.unsat
+        return self.answers[key]
+
+    def fresh(self, hint: str):
+        """A new integer, named by its order in this proof (so that equal questions read
+        equal)."""
+        self.count += 1
+        return self.z3.Int(f"{hint}_{self.count}")
 
     def _cell(self, mask_vi, b, k):
         z3 = self.z3

@@ -5,8 +5,8 @@ A tensor is ``Small`` (a shape known as numbers, its elements Z3 terms: shape
 arithmetic, constants) or ``Lazy`` (a shape of Z3 terms, and a function from a Z3 index
 tuple to the element there). Each operator of ``OPS`` takes the evaluator (``value``,
 ``lazy``, ``small``, ``shape_of`` of a tensor name, ``equal`` of two dims, its Z3 module
-``z3`` and ``side``, the definitions of the quotients and remainders a reshape's
-flattening introduces) and the ONNX node; ``NoProof`` where a node is not one these
+``z3``, ``fresh`` integers and ``side``, the definitions of the quotients and
+remainders a reshape's flattening introduces) and the ONNX node; ``NoProof`` where a node is not one these
 evaluate (another op, a float, a broadcast the dims do not settle)."""
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def _reshape_to(p, x: Lazy, shape: tuple) -> Lazy:
             flat = flat * d + a
         out = []
         for d in reversed(x.shape):  # flat = quotient * d + remainder, 0 <= remainder < d
-            quotient, remainder = z3.FreshInt("quotient"), z3.FreshInt("remainder")
+            quotient, remainder = p.fresh("quotient"), p.fresh("remainder")
             p.side += [flat == quotient * d + remainder, 0 <= remainder, remainder < d]
             out.append(remainder)
             flat = quotient
