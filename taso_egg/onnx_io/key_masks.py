@@ -113,20 +113,19 @@ def mask_wheres(graph, consts: dict | None = None) -> list[str]:
 
 
 def _constants(graph) -> dict[str, np.ndarray]:
+    """The graph's small constants (initializers and Constant nodes' values) by name."""
     from onnx import numpy_helper
 
+    tensors = [(t.name, t) for t in graph.initializer]
+    tensors += [(n.output[0], a.t) for n in graph.node if n.op_type == "Constant" and n.domain in ("", "ai.onnx")
+                for a in n.attribute if a.name == "value"]
     out = {}
-    for t in graph.initializer:
+    for name, t in tensors:
         if np.prod(t.dims, dtype=np.int64) <= MAX_SMALL:
             try:
-                out[t.name] = numpy_helper.to_array(t)
-            except Exception:  # noqa: BLE001 - data held elsewhere: not a constant read here
+                out[name] = numpy_helper.to_array(t)
+            except Exception:  # noqa: BLE001 - data held elsewhere, or malformed: not a constant read here
                 continue
-    for n in graph.node:
-        if n.op_type == "Constant" and n.domain in ("", "ai.onnx"):
-            for a in n.attribute:
-                if a.name == "value" and np.prod(a.t.dims, dtype=np.int64) <= MAX_SMALL:
-                    out[n.output[0]] = numpy_helper.to_array(a.t)
     return out
 
 
