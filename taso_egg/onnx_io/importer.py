@@ -129,7 +129,7 @@ class _Importer:
             if vi.name not in self.values and vi.name not in self.consts:
                 raise OnnxImportError(f"graph output {vi.name!r} is produced by no node")
             self.g.mark_output(self.tensor(vi.name), vi.name)
-        for where in mask_wheres(graph):
+        for where in mask_wheres(graph, self.consts):  # (the constants read once, above)
             t = self.values.get(where)
             if t is not None and self.g.nodes[t.node].op == "where":
                 self.g.masks[(t.node, t.index)] = where

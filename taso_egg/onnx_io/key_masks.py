@@ -57,7 +57,7 @@ def key_masks(model) -> dict[str, tuple[str, int]]:
     wheres = [n for n in graph.node if n.output and n.output[0] in wanted]
     if not wheres:
         return {}
-    key = hash((tuple((n.op_type, tuple(n.input), tuple(n.output), n.SerializeToString()) for n in graph.node),
+    key = hash((tuple(n.SerializeToString() for n in graph.node),
                 tuple((name, a.tobytes()) for name, a in sorted(consts.items())),
                 tuple(vi.SerializeToString() for vi in graph.input)))
     if key not in _CACHE:
@@ -224,25 +224,27 @@ class _Proof:
             return z3.IntVal(d.dim_value)
         if not d.dim_param:
             raise NoProof("an unnamed dim")
-        if d.dim_param not in self.symbols:
-            self.symbols[d.dim_param] = self._expression(d.dim_param)
-        return self.symbols[d.dim_param]
+        return self._expression(d.dim_param)
 
     def _expression(self, text: str):
-        """A dim_param as a Z3 term: a name, or an expression of names (``a + b``)."""
+        """A dim_param as a Z3 term, made once: a name (at least 0), or an expression of
+        names (``a + b``)."""
         import sympy
 
+        if text in self.symbols:
+            return self.symbols[text]
         z3 = self.z3
         try:
             expr = sympy.sympify(text.replace(".", "_"), evaluate=True) if any(c in text for c in "+-*") else None
         except (sympy.SympifyError, TypeError, SyntaxError):
             expr = None
         if expr is None or not expr.free_symbols:
-            sym = z3.Int(text)
-            self.facts.append(sym >= 0)
-            return sym
-        names = {s: self._expression(str(s)) for s in expr.free_symbols}
-        return _sympy_to_z3(expr, names, z3)
+            term = z3.Int(text)
+            self.facts.append(term >= 0)
+        else:
+            term = _sympy_to_z3(expr, {s: self._expression(str(s)) for s in expr.free_symbols}, z3)
+        self.symbols[text] = term
+        return term
 
     # --- values ---------------------------------------------------------------------------
 
@@ -310,11 +312,7 @@ class _Proof:
 
     def equal(self, a, b) -> bool:
         """Whether two dims are equal for every value of the dims."""
-        z3 = self.z3
-        solver = z3.Solver()
-        solver.set("rlimit", _Z3_RLIMIT)
-        solver.add(*self.facts, a != b)
-        return solver.check() == z3.unsat
+        return self._unsat([*self.facts, a != b])
 
 
 def _sympy_to_z3(expr, names, z3):

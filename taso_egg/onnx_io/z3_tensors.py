@@ -92,11 +92,10 @@ def _elementwise(fn):
 
 def _cast(p, node):
     to = next(a.i for a in node.attribute if a.name == "to")
-    z3 = p.z3
     if to == 9:
-        fn = lambda z, v: v if z3.is_bool(v) else v != 0  # noqa: E731
+        fn = lambda z, v: v if z.is_bool(v) else v != 0  # noqa: E731
     elif to in (2, 3, 4, 5, 6, 7, 12, 13):
-        fn = lambda z, v: z3.If(v, 1, 0) if z3.is_bool(v) else v  # noqa: E731
+        fn = lambda z, v: z.If(v, 1, 0) if z.is_bool(v) else v  # noqa: E731
     else:
         raise NoProof("a cast of the mask to a float")
     return _elementwise(fn)(p, node)

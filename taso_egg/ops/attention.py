@@ -79,8 +79,8 @@ def _gqa_infer(p, ins):
     if first.dtype not in _ONNX_DTYPES or any(t.dtype != first.dtype for t in floats):
         fail("gqa", "inputs must be float32 or float16 tensors of one dtype", ins)
     if (p["packed"] or p["rotary"] or p["key_mask"] or p["window"] >= 0) and not p["causal"]:
-        fail("gqa", "a packed query, key and value, rotary angles and a key mask are taken with the causal "
-                    "mask only", ins)
+        fail("gqa", "a packed query, key and value, rotary angles, a key mask and a window are taken with the "
+                    "causal mask only", ins)
     if len(first.shape) != 3 or len(past_k.shape) != 4:
         fail("gqa", "query, key and value are [batch, sequence, heads * head size], the caches "
                     "[batch, key/value heads, past, head size]", ins)
