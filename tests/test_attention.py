@@ -325,6 +325,22 @@ def test_the_attention_kernels_are_written(written):
     assert "GroupQueryAttention" in branches and "Softmax" in branches
 
 
+@pytest.mark.parametrize("form", ["rotary", "kernel"])
+def test_the_angles_are_computed_once_at_half_width(written, form):
+    """The kernels read each position's first half of the angles: cos and sin of the
+    frequencies themselves (no concat(f, f) to slice in two), the frequencies the
+    positions times inv_freq as MatMul broadcasts it (no Expand over the batch). The
+    step stays equal to the export (the tests below)."""
+    nodes = written[form, "-inf"].graph.node
+    made = {o: n for n in nodes for o in n.output}
+    for n in nodes:
+        if n.op_type in ("Cos", "Sin"):
+            assert made[n.input[0]].op_type != "Concat"
+    assert "Slice" not in {n.op_type for n in nodes}
+    assert not [n for n in nodes if n.op_type == "MatMul" and n.input[0] in made
+                and made[n.input[0]].op_type == "Expand"]
+
+
 @pytest.mark.parametrize("form,no_key", FORMS)
 @pytest.mark.parametrize("batch,seq,past", [(2, 1, 5), (2, 1, 9), (2, 5, 0), (1, 3, 4), (3, 4, 6)])
 def test_the_rewritten_step_equals_the_export_with_holes_and_padding(steps, written, form, no_key, batch, seq,

@@ -1,9 +1,10 @@
 """Pricing e-nodes: the operator configuration each e-node of a saturated e-graph runs
 as if extracted (the cost model's key), shared by extraction (``api.extract_graph``)
 and the profiler (which measures every configuration a saturation could need); and
-which nested concats the graph builder flattens, so that extraction does not pay for
-them (``extract.egraph``'s absorption); and the saturated e-graph priced, as the
-extractors take it (``priced_egraph``)."""
+what runs fused, so that extraction does not pay for it twice (``extract.egraph``'s
+absorption): nested concats the graph builder flattens, a sigmoid onnxruntime fuses
+into x * sigmoid(x); and the saturated e-graph priced, as the extractors take it
+(``priced_egraph``)."""
 
 from __future__ import annotations
 
@@ -96,6 +97,22 @@ def nested_concats(node_class, children, concat_axis) -> dict[int, set[int]]:
             if axis is not None and (node_class[node], axis) in readers}
 
 
+def fused_sigmoids(node_class, children, ops) -> dict[int, set[int]]:
+    """Each sigmoid e-node -> the products x * sigmoid(x) that read its class, x its
+    own input. onnxruntime runs such a pair as one kernel (QuickGelu, its fusion of
+    SiLU), so the sigmoid costs nothing where those products are its only readers: an
+    extraction then keeps SiLU's pair together (silu(g) * u, not sigmoid(g) * (g * u),
+    one kernel more at the same price)."""
+    products: dict[tuple[int, int], set[int]] = {}
+    for node, op in enumerate(ops):
+        if op == "ewmul" and len(children[node]) == 2:
+            a, b = children[node]
+            products.setdefault((a, b), set()).add(node)
+            products.setdefault((b, a), set()).add(node)
+    return {node: products[(children[node][0], node_class[node])] for node, op in enumerate(ops)
+            if op == "sigmoid" and len(children[node]) == 1 and (children[node][0], node_class[node]) in products}
+
+
 def priced_egraph(saturation: Saturation, model: CostModel, forbidden=frozenset()):
     """The saturated e-graph as the extractors take it (``extract.egraph.EGraph``), each
     e-node priced by ``model``; e-nodes that cannot run (no known input shape) and
@@ -119,5 +136,7 @@ def priced_egraph(saturation: Saturation, model: CostModel, forbidden=frozenset(
             ops.append(n.op)
             concat_axis.append(n.params["axis"] if n.op == CONCAT.name else None)
     roots = [index[r] for r in eg.roots]
+    absorbers = nested_concats(node_class, children, concat_axis)
+    absorbers.update(fused_sigmoids(node_class, children, ops))
     return xeg.EGraph(class_ids, node_ids, node_class, costs, children, roots, ops, "saturation",
-                      absorbers=nested_concats(node_class, children, concat_axis)), configs
+                      absorbers=absorbers), configs

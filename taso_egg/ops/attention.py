@@ -204,6 +204,25 @@ class _Lengths:
         ctx.node("Cast", [self.total], [self.total32], to=6)
         self._query, self._refused = None, None
 
+    def token_rows(self, cos: str) -> str:
+        """[B, S]: each new token's row in ``cos`` [B or 1, 1, S, D/2] made rows
+        ([B * S] or [S]): b * S + s, or s for every batch row."""
+        return self.ctx.shared(("gqa token rows", self.q_shape, cos), lambda: self._token_rows(cos))
+
+    def _token_rows(self, cos: str) -> str:
+        ctx, i64 = self.ctx, self.i64
+        names = [ctx.fresh("gqa_" + h) for h in ("angle_shape", "angle_rows", "angle_count", "numbers", "numbered",
+                                                 "batch_seq", "token_rows")]
+        shape, angle_rows, count, numbers, numbered, batch_seq, rows = names
+        ctx.node("Shape", [cos], [shape])
+        ctx.node("Gather", [shape, i64([0, 2], "gqa_angle_axes")], [angle_rows], axis=0)
+        ctx.node("ReduceProd", [angle_rows], [count], keepdims=0)
+        ctx.node("Range", [i64(0, "gqa_zero_scalar"), count, i64(1, "gqa_one_scalar")], [numbers])
+        ctx.node("Reshape", [numbers, angle_rows], [numbered])
+        ctx.node("Gather", [self.q_shape, i64([0, 1], "gqa_batch_seq_axes")], [batch_seq], axis=0)
+        ctx.node("Expand", [numbered, batch_seq], [rows])
+        return rows
+
     @property
     def query_seqlens(self) -> str:
         if self._query is None:
@@ -275,8 +294,8 @@ def _gqa_export(ctx, p, in_types, ins, outs):
         turning = ["", "", ""]
         if p["rotary"]:
             half = types["cos"].shape[3]
-            turning = ctx.shared(("gqa angles", named["cos"], named["sin"], sizes_q, lengths),
-                                 lambda: _angle_cache(ctx, named["cos"], named["sin"], sizes_q, half, lengths))
+            turning = ctx.shared(("gqa angles", named["cos"], named["sin"], lengths),
+                                 lambda: _angle_cache(ctx, named["cos"], named["sin"], half, lengths))
         inputs = [q, k, v, past_k, past_v, lengths.seqlens_k, lengths.total32, *turning, bias]
         inputs += ["", "", "", "", "", lengths.query_seqlens] if p["causal"] else []
         options = {"do_rotary": 1, "rotary_interleaved": 0} if p["rotary"] else {}
@@ -357,21 +376,22 @@ def _key_mask_bias(ctx, mask, lengths, dtype) -> str:
     return bias
 
 
-def _angle_cache(ctx, cos, sin, sizes_q, half, lengths):
+def _angle_cache(ctx, cos, sin, half, lengths):
     """GroupQueryAttention's own rotary reads cos and sin caches by position id, and
     wants at least as many rows as keys: the angles of these very tokens (one row each,
-    numbered as ``rotary`` numbers them), then as many rows of zeros as keys, never
+    ``_Lengths.token_rows`` each token's), then as many rows of zeros as keys, never
     read."""
-    positions, cos_rows, sin_rows = ctx.shared(("rotary rows", cos, sin, sizes_q),
-                                               lambda: _rotary_rows(ctx, cos, sin, sizes_q, half))
-    names = [ctx.fresh("gqa_" + h) for h in ("total_vec", "pads", "cos_cache", "sin_cache")]
-    total_vec, pads, cos_cache, sin_cache = names
+    rows_shape = ctx.int64s([-1, half], "rotary_rows_shape")
+    names = [ctx.fresh("gqa_" + h) for h in ("cos_rows", "sin_rows", "total_vec", "pads", "cos_cache", "sin_cache")]
+    cos_rows, sin_rows, total_vec, pads, cos_cache, sin_cache = names
+    ctx.node("Reshape", [cos, rows_shape], [cos_rows])
+    ctx.node("Reshape", [sin, rows_shape], [sin_rows])
     ctx.node("Reshape", [lengths.total, ctx.int64s([1], "gqa_one_vec")], [total_vec])
     ctx.node("Concat", [ctx.int64s([0, 0], "gqa_no_pad"), total_vec, ctx.int64s([0], "gqa_pad_zero")], [pads],
              axis=0)
     ctx.node("Pad", [cos_rows, pads], [cos_cache])
     ctx.node("Pad", [sin_rows, pads], [sin_cache])
-    return [cos_cache, sin_cache, positions]
+    return [cos_cache, sin_cache, lengths.token_rows(cos)]
 
 
 register(OpSpec(

@@ -282,6 +282,11 @@ def retyped(candidate: Graph, candidate_classes: Mapping, input_classes: Mapping
     # rows, batch and positions merged, reshaped back after its bias) keeps its target
     known.update({(tuple(n.inputs[0].shape), n.params["shape"]): s.params["shape"]
                   for n, s in zip(inputs.nodes.values(), sized.nodes.values()) if n.op == RESHAPE.name})
+    # and, for one that keeps its last axis, by the axes before it: the same reshape of
+    # a tensor of another last axis (the first half of rotary angles) keeps their target
+    known.update({_KEEPS_LAST + (tuple(n.inputs[0].shape[:-1]), n.params["shape"][:-1]): s.params["shape"][:-1]
+                  for n, s in zip(inputs.nodes.values(), sized.nodes.values())
+                  if n.op == RESHAPE.name and n.inputs[0].shape[-1:] == n.params["shape"][-1:]})
 
     def wanted(key):
         source = of_class.get(candidate_classes.get(key))
@@ -433,6 +438,10 @@ def wrong_values(dyn: DynamicModel, candidate: Graph, at_second: Graph, made: Ma
     return bad
 
 
+# The key ``known`` files a reshape that keeps its last axis under, beside the axes before it.
+_KEEPS_LAST = ("keeps the last axis",)
+
+
 def _sized_params(node, wants, in_shapes, known: Mapping | None = None) -> tuple[dict, bool]:
     """``node``'s parameters with those that are sizes (a target shape, a split's
     sizes, an opaque node's output types) taken from its outputs' wanted types; a
@@ -469,6 +478,9 @@ def _sized_params(node, wants, in_shapes, known: Mapping | None = None) -> tuple
         if "shape" in params and len(node.inputs) == 1 and \
                 math.prod(params["shape"]) == node.inputs[0].type.size:
             same = (known or {}).get((tuple(node.inputs[0].shape), params["shape"]))
+            if same is None and in_shapes[0][-1:] == params["shape"][-1:] == node.inputs[0].shape[-1:]:
+                lead = (known or {}).get(_KEEPS_LAST + (tuple(node.inputs[0].shape[:-1]), params["shape"][:-1]))
+                same = None if lead is None else tuple(lead) + tuple(in_shapes[0][-1:])
             if same is not None and math.prod(same) == math.prod(in_shapes[0]):
                 params["shape"] = tuple(same)
                 return params, False

@@ -302,22 +302,33 @@ def _rotated_half(r: _Reader, t: Tensor):
 def _equal_halves(r: _Reader, t: Tensor) -> bool:
     """Whether each row of ``t`` along its last axis is two equal halves, as rotary's
     angles are (cos(concat(f, f))): traced back through what acts on whole rows alike."""
+    return _halves_chain(r, t) is not None
+
+
+def _halves_chain(r: _Reader, t: Tensor):
+    """(f, steps) where ``t`` is ``concat(f, f)`` along its last axis carried up
+    through ``steps`` (each (node, the input that carries it), the last nearest ``t``)
+    that act on whole rows alike: a reshape keeping the last axis, a product with a
+    scalar or a tensor of last axis 1, cos and sin. Else None."""
+    steps = []
     while True:
         n = r.node(t)
         if n.op == "concat" and len(n.inputs) == 2 and n.inputs[0] == n.inputs[1] \
                 and n.params["axis"] % len(t.shape) == len(t.shape) - 1:
-            return True
+            return n.inputs[0], steps[::-1]
         if n.op == "reshape" and n.inputs[0].shape[-1:] == t.shape[-1:]:
-            t = n.inputs[0]
+            wide = n.inputs[0]
         elif n.op in ("smul", "ewmul") and len(n.inputs) == 2:
-            wide = [u for u in n.inputs if u.shape[-1:] == t.shape[-1:]]
-            if len(wide) != 1 or any(u.shape and u.shape[-1] != 1 for u in n.inputs if u is not wide[0]):
-                return False
-            t = wide[0]
+            wides = [u for u in n.inputs if u.shape[-1:] == t.shape[-1:]]
+            if len(wides) != 1 or any(u.shape and u.shape[-1] != 1 for u in n.inputs if u is not wides[0]):
+                return None
+            wide = wides[0]
         elif n.op == "opaque" and n.params["op_type"] in ("Cos", "Sin") and len(n.inputs) == 1:
-            t = n.inputs[0]
+            wide = n.inputs[0]
         else:
-            return False
+            return None
+        steps.append((n, wide))
+        t = wide
 
 
 def _rotary(r: _Reader, t: Tensor):
@@ -401,13 +412,22 @@ def _rebuild(g: Graph, r: _Reader, found: dict[int, _Attention], removed: set[in
         b, n, s, d = t.shape
         return new.reshape(new.transpose(of(t), _SWAP), (b, s, n * d))
 
-    halves: dict = {}  # angles (cos or sin, [B, 1, S, D]) -> their first half, made once
+    halves: dict = {}  # angles (cos or sin, [B, 1, S, D]) -> their first half; f -> itself; made once
 
     def first_half(t: Tensor) -> Tensor:
+        """The first half of angles ``t``: where they are concat(f, f) carried up by
+        row-wise steps (``_halves_chain``), those steps on ``f`` (no concat, half the cos
+        and sin, no split); else ``t`` split."""
         key = (t.node, t.index)
         if key not in halves:
-            d = t.shape[3]
-            halves[key] = new.split(of(t), 3, (d // 2, d // 2))[0]
+            chain = _halves_chain(r, t)
+            if chain is None:
+                halves[key] = new.split(of(t), 3, (t.shape[3] // 2,) * 2)[0]
+                return halves[key]
+            f, steps = chain
+            if (f.node, f.index) not in halves:  # cos and sin share f
+                halves[(f.node, f.index)] = _unexpanded(r, new, of, f)
+            halves[key] = _on_half(new, of, halves[(f.node, f.index)], steps)
         return halves[key]
 
     batches: dict = {}  # angles -> the first tensor they turn, read for its batch size by all
@@ -501,3 +521,37 @@ def _rebuild(g: Graph, r: _Reader, found: dict[int, _Attention], removed: set[in
         for i, t in enumerate(rb.copy(n)):
             rb.keep((n.id, i), t)
     return rb.finish()  # (without the heads' splits the operator reads past)
+
+
+def _unexpanded(r: _Reader, new: Graph, of, f: Tensor) -> Tensor:
+    """``f`` in ``new``; where it is transpose(matmul(expand(w), p)) (rotary's angles:
+    the frequencies expanded over the batch, times the positions), transpose(matmul(w,
+    p)) where ``w`` is 1 along every batch axis: matmul broadcasts it to the very same
+    products, without the Expand and what computes its shape."""
+    t = r.node(f)
+    m = r.node(t.inputs[0]) if t.op == "transpose" else None
+    e = r.node(m.inputs[0]) if m is not None and m.op == "matmul" and m.params["activation"] == "NONE" else None
+    if e is None or e.op != "opaque" or e.params["op_type"] != "Expand":
+        return of(f)
+    w, wide = e.inputs[0], m.inputs[0]
+    if len(w.shape) != len(wide.shape) or w.shape[-2:] != wide.shape[-2:] or any(d != 1 for d in w.shape[:-2]):
+        return of(f)
+    product = new.add_node("matmul", [of(w), of(m.inputs[1])], activation="NONE")[0]
+    if product.shape != m.outputs[0].shape:  # the positions do not cover the batch: keep the Expand
+        return of(f)
+    return new.transpose(product, t.params["perm"])
+
+
+def _on_half(new: Graph, of, x: Tensor, steps) -> Tensor:
+    """The row-wise ``steps`` of ``_halves_chain`` taken on ``x`` (``f`` in ``new``)
+    instead of on concat(f, f): each row's first half of what they made."""
+    for node, wide in steps:
+        half = node.outputs[0].shape[:-1] + (node.outputs[0].shape[-1] // 2,)
+        if node.op == "reshape":
+            x = new.reshape(x, half)
+        elif node.op == "opaque":
+            params = dict(node.params, out_types=((half, node.outputs[0].dtype),))
+            x = new.add_node("opaque", [x], **params)[0]
+        else:
+            x = new.add_node(node.op, [x if u is wide else of(u) for u in node.inputs])[0]
+    return x
