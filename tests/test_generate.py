@@ -269,6 +269,22 @@ def test_a_padded_batch_is_compared_with_the_first_model_at_every_call(tmp_path,
     found = padded.run_padded([a, a, other])
     assert [len(c.logits) for c in found] == [2 + padded.STEPS] * 3
     assert found[1].worst == (0.0, 0.0) and found[2].worst[0] > 1e-3
+    # caches are compared by the input each feeds, whatever order a model declares them in
+    # (onnxruntime-genai's: every layer's key, then every value)
+    two = onnx.load(a)  # a second cache, the first doubled
+    key = next(i for i in two.graph.input if i.name == "past.0.key")
+    value = onnx.ValueInfoProto()
+    value.CopyFrom(key)
+    value.name = "past.0.value"
+    two.graph.initializer.append(onnx.numpy_helper.from_array(np.array(2.0, np.float32), "two"))
+    two.graph.node.append(onnx.helper.make_node("Mul", ["present.0.key", "two"], ["present.0.value"]))
+    two.graph.output.append(onnx.helper.make_tensor_value_info("present.0.value", onnx.TensorProto.FLOAT, None))
+    for name, order in (("two.onnx", [key, value]), ("two_reordered.onnx", [value, key])):
+        kept = [i for i in two.graph.input if not i.name.startswith("past")]
+        del two.graph.input[:]
+        two.graph.input.extend(kept + order)
+        onnx.save(two, tmp_path / name)
+    assert padded.run_padded([str(tmp_path / "two.onnx"), str(tmp_path / "two_reordered.onnx")])[1].worst == (0, 0)
     assert bench.main(["--generate", a, other, "--padded"]) == 0
     assert "left-padded" in capsys.readouterr().out
     with pytest.raises(SystemExit):

@@ -81,15 +81,16 @@ def run_padded(paths: list[str], threads: int = 1, seed: int = 0) -> list[Compar
             if out is not None:
                 caches[i] = {slot.input: value for slot, value in zip(d.cache, out[1:])}
             results.append(out)
-        want = results[0]
+        want, want_cache = results[0], caches[0]
         scale = float(np.abs(want[0]).max()) or 1.0
-        cache_scale = max(float(np.abs(v).max()) for v in want[1:]) or 1.0
-        for comparison, got in zip(found, results):
+        cache_scale = max(float(np.abs(v).max()) for v in want_cache.values()) or 1.0
+        for comparison, got, cache in zip(found, results, caches):
             if got is None:
                 continue
             comparison.logits.append(float(np.abs(got[0] - want[0]).max()) / scale)
-            comparison.cache.append(max(float(np.abs(a - b).max()) for a, b in zip(got[1:], want[1:]))
-                                    / cache_scale)
+            # by the cache input each present tensor feeds: models order their outputs differently
+            comparison.cache.append(max(float(np.abs(cache[name] - value).max()) for name, value in want_cache.items()
+                                        if name in cache) / cache_scale)
         past = mask.shape[1]
         next_tokens = want[0][:, -1].argmax(axis=-1)
     return found
