@@ -493,7 +493,7 @@ def test_the_extractors_objective_is_what_the_built_graph_costs(model):
                    for n in ext.graph.nodes.values())
 
 
-def test_silu_times_up_is_extracted_as_onnxruntime_fuses_it():
+def test_silu_times_up_is_extracted_as_onnxruntime_fuses_it(tmp_path):
     """silu(g) * u reassociated as sigmoid(g) * (g * u) costs the same per operator, but
     onnxruntime fuses x * sigmoid(x) into one kernel (QuickGelu) and cannot fuse the
     other: the sigmoid is priced as absorbed by x * sigmoid(x), so extraction keeps
@@ -517,8 +517,7 @@ def test_silu_times_up_is_extracted_as_onnxruntime_fuses_it():
              any(out.nodes[t.node].op == "sigmoid" and out.nodes[t.node].inputs[0] in n.inputs for t in n.inputs)]
     assert len(pairs) == 1
     so = ort.SessionOptions()
-    with __import__("tempfile").TemporaryDirectory() as tmp:
-        so.optimized_model_filepath = f"{tmp}/seen.onnx"
-        ort.InferenceSession(export_onnx(out).SerializeToString(), so, providers=["CPUExecutionProvider"])
-        kernels = [n.op_type for n in onnx.load(so.optimized_model_filepath).graph.node]
+    so.optimized_model_filepath = str(tmp_path / "seen.onnx")
+    ort.InferenceSession(export_onnx(out).SerializeToString(), so, providers=["CPUExecutionProvider"])
+    kernels = [n.op_type for n in onnx.load(so.optimized_model_filepath).graph.node]
     assert "QuickGelu" in kernels and "Sigmoid" not in kernels

@@ -202,26 +202,15 @@ class _Lengths:
         ctx.node("Expand", [last, self.batch_vec], [last_rows])
         ctx.node("Cast", [last_rows], [self.seqlens_k], to=6)
         ctx.node("Cast", [self.total], [self.total32], to=6)
-        self._query, self._refused = None, None
+        self._query, self._refused, self._batch_seq = None, None, None
 
-    def token_rows(self, cos: str) -> str:
-        """[B, S]: each new token's row in ``cos`` [B or 1, 1, S, D/2] made rows
-        ([B * S] or [S]): b * S + s, or s for every batch row."""
-        return self.ctx.shared(("gqa token rows", self.q_shape, cos), lambda: self._token_rows(cos))
-
-    def _token_rows(self, cos: str) -> str:
-        ctx, i64 = self.ctx, self.i64
-        names = [ctx.fresh("gqa_" + h) for h in ("angle_shape", "angle_rows", "angle_count", "numbers", "numbered",
-                                                 "batch_seq", "token_rows")]
-        shape, angle_rows, count, numbers, numbered, batch_seq, rows = names
-        ctx.node("Shape", [cos], [shape])
-        ctx.node("Gather", [shape, i64([0, 2], "gqa_angle_axes")], [angle_rows], axis=0)
-        ctx.node("ReduceProd", [angle_rows], [count], keepdims=0)
-        ctx.node("Range", [i64(0, "gqa_zero_scalar"), count, i64(1, "gqa_one_scalar")], [numbers])
-        ctx.node("Reshape", [numbers, angle_rows], [numbered])
-        ctx.node("Gather", [self.q_shape, i64([0, 1], "gqa_batch_seq_axes")], [batch_seq], axis=0)
-        ctx.node("Expand", [numbered, batch_seq], [rows])
-        return rows
+    @property
+    def batch_seq(self) -> str:
+        """[B, S] of the query, as a shape."""
+        if self._batch_seq is None:
+            self._batch_seq = self.ctx.fresh("gqa_batch_seq")
+            self.ctx.node("Gather", [self.q_shape, self.i64([0, 1], "gqa_batch_seq_axes")], [self._batch_seq], axis=0)
+        return self._batch_seq
 
     @property
     def query_seqlens(self) -> str:
@@ -379,19 +368,18 @@ def _key_mask_bias(ctx, mask, lengths, dtype) -> str:
 def _angle_cache(ctx, cos, sin, half, lengths):
     """GroupQueryAttention's own rotary reads cos and sin caches by position id, and
     wants at least as many rows as keys: the angles of these very tokens (one row each,
-    ``_Lengths.token_rows`` each token's), then as many rows of zeros as keys, never
+    numbered as ``rotary`` numbers them), then as many rows of zeros as keys, never
     read."""
-    rows_shape = ctx.int64s([-1, half], "rotary_rows_shape")
-    names = [ctx.fresh("gqa_" + h) for h in ("cos_rows", "sin_rows", "total_vec", "pads", "cos_cache", "sin_cache")]
-    cos_rows, sin_rows, total_vec, pads, cos_cache, sin_cache = names
-    ctx.node("Reshape", [cos, rows_shape], [cos_rows])
-    ctx.node("Reshape", [sin, rows_shape], [sin_rows])
+    positions, cos_rows, sin_rows = ctx.shared(("rotary rows", cos, sin, lengths.q_shape),
+                                               lambda: _rotary_rows(ctx, cos, sin, half, lengths.batch_seq))
+    names = [ctx.fresh("gqa_" + h) for h in ("total_vec", "pads", "cos_cache", "sin_cache")]
+    total_vec, pads, cos_cache, sin_cache = names
     ctx.node("Reshape", [lengths.total, ctx.int64s([1], "gqa_one_vec")], [total_vec])
     ctx.node("Concat", [ctx.int64s([0, 0], "gqa_no_pad"), total_vec, ctx.int64s([0], "gqa_pad_zero")], [pads],
              axis=0)
     ctx.node("Pad", [cos_rows, pads], [cos_cache])
     ctx.node("Pad", [sin_rows, pads], [sin_cache])
-    return [cos_cache, sin_cache, lengths.token_rows(cos)]
+    return [cos_cache, sin_cache, positions]
 
 
 register(OpSpec(
@@ -462,33 +450,42 @@ def _rotary_export(ctx, p, in_types, ins, outs):
     it. The rows and numbers are made once for every layer that shares the angles."""
     x, cos, sin, sizes = ins
     ctx.opsets.setdefault("com.microsoft", 1)
+    half = in_types[1].shape[3]
     positions, cos_rows, sin_rows = ctx.shared(("rotary rows", cos, sin, sizes),
-                                               lambda: _rotary_rows(ctx, cos, sin, sizes, in_types[1].shape[3]))
+                                               lambda: _rotary_rows(ctx, cos, sin, half, _batch_by_one(ctx, sizes)))
     heads = {"num_heads": p["num_heads"]} if len(in_types[0].shape) == 3 else {}
     ctx.node("RotaryEmbedding", [x, positions, cos_rows, sin_rows], outs, domain="com.microsoft", interleaved=0,
              **heads)
 
 
-def _rotary_rows(ctx, cos, sin, sizes, half):
+def _rotary_rows(ctx, cos, sin, half, rows_of):
+    """(positions, cos rows, sin rows): the angles [B or 1, 1, S, D/2] as rows, one a
+    token, each token given its own row (b * S + s; s where the angles are the same for
+    every batch row, numbered once), the numbers expanded to the shape ``rows_of``
+    ([B, S], or [B, 1])."""
     i64 = ctx.int64s
     rows_shape = i64([-1, half], "rotary_rows_shape")
-    cos_rows, sin_rows = ctx.fresh("rotary_cos_rows"), ctx.fresh("rotary_sin_rows")
+    names = [ctx.fresh("rotary_" + h) for h in ("cos_rows", "sin_rows", "shape", "batch_seq", "count", "numbers",
+                                                "numbered", "positions")]
+    cos_rows, sin_rows, shape, batch_seq, count, numbers, numbered, positions = names
     ctx.node("Reshape", [cos, rows_shape], [cos_rows])
     ctx.node("Reshape", [sin, rows_shape], [sin_rows])
-    names = [ctx.fresh("rotary_" + h) for h in ("shape", "batch_seq", "count", "numbers", "numbered", "sizes_shape",
-                                                "batch", "batch_by_one", "positions")]
-    shape, batch_seq, count, numbers, numbered, sizes_shape, batch, batch_by_one, positions = names
     ctx.node("Shape", [cos], [shape])
     ctx.node("Gather", [shape, i64([0, 2], "rotary_batch_seq_axes")], [batch_seq], axis=0)
     ctx.node("ReduceProd", [batch_seq], [count], keepdims=0)
     ctx.node("Range", [i64(0, "rotary_start"), count, i64(1, "rotary_step")], [numbers])
     ctx.node("Reshape", [numbers, batch_seq], [numbered])
-    # angles the same for every batch row ([1, 1, S, D/2]) are numbered once, for all rows
-    ctx.node("Shape", [sizes], [sizes_shape])
-    ctx.node("Gather", [sizes_shape, i64([0], "rotary_batch_axis")], [batch], axis=0)
-    ctx.node("Concat", [batch, i64([1], "rotary_one")], [batch_by_one], axis=0)
-    ctx.node("Expand", [numbered, batch_by_one], [positions])
+    ctx.node("Expand", [numbered, rows_of], [positions])
     return positions, cos_rows, sin_rows
+
+
+def _batch_by_one(ctx, sizes) -> str:
+    """[B, 1] as a shape, B read from ``sizes`` [B, ...]."""
+    sizes_shape, batch, batch_by_one = (ctx.fresh("rotary_" + h) for h in ("sizes_shape", "batch", "batch_by_one"))
+    ctx.node("Shape", [sizes], [sizes_shape])
+    ctx.node("Gather", [sizes_shape, ctx.int64s([0], "rotary_batch_axis")], [batch], axis=0)
+    ctx.node("Concat", [batch, ctx.int64s([1], "rotary_one")], [batch_by_one], axis=0)
+    return batch_by_one
 
 
 register(OpSpec(

@@ -412,7 +412,8 @@ def _rebuild(g: Graph, r: _Reader, found: dict[int, _Attention], removed: set[in
         b, n, s, d = t.shape
         return new.reshape(new.transpose(of(t), _SWAP), (b, s, n * d))
 
-    halves: dict = {}  # angles (cos or sin, [B, 1, S, D]) -> their first half; f -> itself; made once
+    halves: dict = {}  # angles (cos or sin, [B, 1, S, D]) -> their first half, made once
+    sources: dict = {}  # the f of concat(f, f) the angles come from -> it in ``new`` (cos and sin share it)
 
     def first_half(t: Tensor) -> Tensor:
         """The first half of angles ``t``: where they are concat(f, f) carried up by
@@ -425,9 +426,9 @@ def _rebuild(g: Graph, r: _Reader, found: dict[int, _Attention], removed: set[in
                 halves[key] = new.split(of(t), 3, (t.shape[3] // 2,) * 2)[0]
                 return halves[key]
             f, steps = chain
-            if (f.node, f.index) not in halves:  # cos and sin share f
-                halves[(f.node, f.index)] = _unexpanded(r, new, of, f)
-            halves[key] = _on_half(new, of, halves[(f.node, f.index)], steps)
+            if (f.node, f.index) not in sources:
+                sources[(f.node, f.index)] = _unexpanded(r, new, of, f)
+            halves[key] = _on_half(new, of, sources[(f.node, f.index)], steps)
         return halves[key]
 
     batches: dict = {}  # angles -> the first tensor they turn, read for its batch size by all
@@ -533,13 +534,14 @@ def _unexpanded(r: _Reader, new: Graph, of, f: Tensor) -> Tensor:
     e = r.node(m.inputs[0]) if m is not None and m.op == "matmul" and m.params["activation"] == "NONE" else None
     if e is None or e.op != "opaque" or e.params["op_type"] != "Expand":
         return of(f)
-    w, wide = e.inputs[0], m.inputs[0]
+    w, wide, positions = e.inputs[0], m.inputs[0], m.inputs[1]
     if len(w.shape) != len(wide.shape) or w.shape[-2:] != wide.shape[-2:] or any(d != 1 for d in w.shape[:-2]):
         return of(f)
-    product = new.add_node("matmul", [of(w), of(m.inputs[1])], activation="NONE")[0]
-    if product.shape != m.outputs[0].shape:  # the positions do not cover the batch: keep the Expand
+    # where the positions do not cover the expanded batch, the Expand stays
+    if np.broadcast_shapes(w.shape[:-2], positions.shape[:-2]) + (w.shape[-2], positions.shape[-1]) \
+            != m.outputs[0].shape:
         return of(f)
-    return new.transpose(product, t.params["perm"])
+    return new.transpose(new.add_node("matmul", [of(w), of(positions)], activation="NONE")[0], t.params["perm"])
 
 
 def _on_half(new: Graph, of, x: Tensor, steps) -> Tensor:
