@@ -93,7 +93,7 @@ def fast_path(path: Path, where: str, max_position: int) -> onnx.ModelProto:
         helper.make_node("ReduceMin", ["attention_mask"], ["fast_mask_min"], keepdims=0),
         helper.make_node("Greater", ["fast_mask_min", "fast_zero"], ["fast_no_zero"]),
         helper.make_node("Shape", [past], ["fast_past_vec"], start=2, end=3),
-        helper.make_node("Shape", ["input_ids"], ["fast_seq_vec"], start=1, end=2),
+        helper.make_node("Shape", ["position_ids"], ["fast_seq_vec"], start=1, end=2),
         helper.make_node("Squeeze", ["fast_past_vec"], ["fast_past"]),
         helper.make_node("Squeeze", ["fast_seq_vec"], ["fast_seq"]),
         helper.make_node("Add", ["fast_past", "fast_seq"], ["fast_total"]),
