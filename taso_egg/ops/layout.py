@@ -214,7 +214,11 @@ register(OpSpec(
 @onnx_importer("Concat")
 def _import_concat(ctx, node, attrs):
     ins = [ctx.tensor(n) for n in node.input]
-    return [ctx.g.concat(int(attrs["axis"]), ins)]
+    axis = int(attrs["axis"])
+    # parts empty along the axis add nothing (transformers' partial rotary embedding
+    # whose turned part is the whole head: concat(turned x, x[..., D:])); one part left is it
+    parts = [t for t in ins if t.shape[axis] != 0] or ins
+    return [parts[0]] if len(parts) == 1 else [ctx.g.concat(axis, parts)]
 
 
 @onnx_importer("Split")

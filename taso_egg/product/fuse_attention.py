@@ -266,18 +266,6 @@ def _heads_of(r: _Reader, t: Tensor):
     return (x, layout) if x.shape == (b, s, heads * size) else None
 
 
-def _without_empty_parts(r: _Reader, t: Tensor) -> Tensor:
-    """``t``, or its one part where it is a concat of that part and parts empty along
-    the axis (a partial rotary embedding whose rotary part is the whole head, as
-    transformers writes Phi-3's: the part passed through is ``x[..., D:]``)."""
-    n = r.node(t)
-    if n.op != "concat":
-        return t
-    axis = n.params["axis"] % len(t.shape)
-    parts = [u for u in n.inputs if u.shape[axis] != 0]
-    return parts[0] if len(parts) == 1 and parts[0].shape == t.shape else t
-
-
 def _swaps(r: _Reader, t: Tensor) -> tuple[Tensor, int]:
     """``t`` with the [B, S, N, D] <-> [B, N, S, D] transposes on it peeled, and how many."""
     count = 0
@@ -451,7 +439,6 @@ def _rebuild(g: Graph, r: _Reader, found: dict[int, _Attention], removed: set[in
     def turned_source(t: Tensor):
         """(the [B, S, N*D] tensor, cos, sin) where ``t`` is a rotary embedding of a
         projection's output split into heads; else None."""
-        t = _without_empty_parts(r, t)
         turned = rotaries.get(t.node) if t.index == 0 else None
         heads = _heads_of(r, turned[0]) if turned is not None else None
         if heads is None or heads[1] != "bnsd":
