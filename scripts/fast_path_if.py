@@ -33,6 +33,8 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper, utils
 
+from taso_egg.onnx_io.onnx_nodes import needed_nodes
+
 
 def _angle_table(path: Path, cos_rows: str, sin_rows: str, positions: int) -> tuple[np.ndarray, np.ndarray]:
     """The model's angles for positions 0 .. positions-1, by its own subgraph."""
@@ -46,16 +48,6 @@ def _angle_table(path: Path, cos_rows: str, sin_rows: str, positions: int) -> tu
 
 def _copy(n: onnx.NodeProto) -> onnx.NodeProto:
     return onnx.NodeProto.FromString(n.SerializeToString())
-
-
-def _needed(nodes: list, outputs: list[str]) -> list:
-    """``nodes`` less those no output reads."""
-    need, kept = set(outputs), []
-    for n in reversed(nodes):
-        if any(o in need for o in n.output):
-            kept.append(n)
-            need |= set(n.input)
-    return kept[::-1]
 
 
 def fast_path(path: Path, where: str, max_position: int) -> onnx.ModelProto:
@@ -86,7 +78,7 @@ def fast_path(path: Path, where: str, max_position: int) -> onnx.ModelProto:
         return n
 
     guard_nodes = {id(x) for pair in guards.values() for x in pair}
-    fast = _needed([fast_form(n) if n.op_type == "GroupQueryAttention" else _copy(n)
+    fast = needed_nodes([fast_form(n) if n.op_type == "GroupQueryAttention" else _copy(n)
                     for n in g.node if id(n) not in guard_nodes], outputs)
     past = next(i.name for i in g.input if i.name.startswith("past"))
     cond = [

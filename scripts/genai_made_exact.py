@@ -30,6 +30,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from taso_egg.onnx_io.onnx_nodes import needed_nodes
+
 
 def made_exact(model: onnx.ModelProto, parts: set[str], nan_guard: bool) -> onnx.ModelProto:
     g = model.graph
@@ -95,14 +97,9 @@ def made_exact(model: onnx.ModelProto, parts: set[str], nan_guard: bool) -> onnx
             n.output[0] = raw
             nodes += [helper.make_node("IsNaN", [raw], [raw + "_isnan"]),
                       helper.make_node("Where", [raw + "_isnan", "x_open", raw], [out])]
-    # what no output reads is left out (onnxruntime would run it)
-    needed, kept = {o.name for o in g.output}, []
-    for n in reversed(added + nodes):
-        if any(o in needed for o in n.output):
-            kept.append(n)
-            needed |= set(n.input)
+    kept = needed_nodes(added + nodes, [o.name for o in g.output])
     del g.node[:]
-    g.node.extend(reversed(kept))
+    g.node.extend(kept)
     return model
 
 

@@ -1,5 +1,6 @@
 """What an ONNX graph's nodes and values say, read from protobuf: the nodes in
-topological order, attribute values, a Constant node's value, a value's static type."""
+topological order, those an output reads, attribute values, a Constant node's value, a
+value's static type."""
 
 from __future__ import annotations
 
@@ -37,6 +38,17 @@ def in_topological_order(nodes):
                 state[idx] = 2
                 order.append(nodes[idx])
     return order
+
+
+def needed_nodes(nodes, outputs) -> list:
+    """``nodes`` (in topological order) less those no name of ``outputs`` reads, in
+    their order: what onnxruntime would otherwise run for nothing."""
+    needed, kept = set(outputs), []
+    for n in reversed(nodes):
+        if any(o in needed for o in n.output):
+            kept.append(n)
+            needed |= set(n.input)
+    return kept[::-1]
 
 
 def static_type(vi):

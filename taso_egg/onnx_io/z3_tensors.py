@@ -16,6 +16,7 @@ from typing import Callable
 
 import numpy as np
 
+
 class NoProof(Exception):
     """A node these operators do not evaluate."""
 
